@@ -1,0 +1,69 @@
+"""The interfaces a plugin implements. Third-party plugins import only this module.
+
+A log parser turns one line of trainer output into a StepRecord (or None when the
+line is not a step line). A checkpoint format recognises committed and in-flight
+checkpoint names in the checkpoint directory and verifies a committed one.
+Neither may import torch at module level: the daemon and TUI must start fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One optimisation step as the trainer logged it."""
+
+    step: int
+    loss: float
+    """Training loss; may be nan or inf (a divergence)."""
+    dt: float | None = None
+    """Seconds the step took, when the line says."""
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    """Other `key: value` pairs on the line (lr, arm, tokens, ...)."""
+
+
+class LogParser(Protocol):
+    """Parses trainer output lines. Constructed with the `[telemetry]` options."""
+
+    def parse(self, line: str) -> StepRecord | None:
+        """The step this line reports, or None for any other line (never raises)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """What verification learned about a committed checkpoint."""
+
+    step: int
+    path: Path
+    bytes: int
+    n_params: int | None = None
+    """Parameter count from the file's header, when the format records it."""
+
+
+class CheckpointFormat(Protocol):
+    """A checkpoint naming and verification scheme. Constructed with `[checkpoints]` options."""
+
+    name: str
+
+    def step_of(self, path: Path) -> int | None:
+        """The step of a committed checkpoint's main path, or None if not one of ours."""
+        ...
+
+    def is_in_flight(self, path: Path) -> bool:
+        """True for a write in progress (a temporary name): never counted or resumed."""
+        ...
+
+    def verify(self, path: Path) -> CheckpointInfo:
+        """Check the committed checkpoint; raise CheckpointInvalid with the reason."""
+        ...
+
+    def companions(self, path: Path) -> list[Path]:
+        """Files that belong to this checkpoint (sidecars): moved and deleted with it."""
+        ...
+

@@ -1,0 +1,305 @@
+"""The run's configuration: `RUN/trainwarden.toml`, one frozen dataclass per table.
+
+Every field carries a one-line docstring (read by `trainwarden init` and the README's
+config reference). Loading validates types and ranges and names the file, the key,
+the bad value and what would be valid; a typo gets the nearest known key suggested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from supervisor.errors import ConfigError
+
+CONFIG_NAME = "trainwarden.toml"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    """Display name of the run (TUI header, journal)."""
+    log: str = "training.log"
+    """Trainer stdout+stderr, relative to the run directory; appended, never truncated."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    command: list[str] = field(default_factory=list)
+    """The trainer's argv, run with the run directory as working directory (required)."""
+    resume_args: list[str] = field(default_factory=list)
+    """Appended to command when resuming; {checkpoint} and {step} are substituted."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for the trainer."""
+    stop_timeout_s: float = 120.0
+    """Seconds a stopping trainer gets to save and exit before SIGKILL."""
+    total_steps: int | None = None
+    """Planned number of steps (ETA and progress); optional."""
+    signal_target: Literal["group", "main", "children"] = "group"
+    """Who gets SIGUSR1/SIGTERM: the whole process group, the main process, or its children."""
+
+
+@dataclass(frozen=True)
+class CheckpointsConfig:
+    dir: str = "checkpoints"
+    """Checkpoint directory, relative to the run directory."""
+    format: str = "andrea-bin"
+    """Checkpoint format plugin (entry point group trainwarden.formats)."""
+    keep_last: int = 3
+    """How many newest verified, unpinned checkpoints retention keeps (>= 1)."""
+    pinned: list[int] = field(default_factory=list)
+    """Steps whose checkpoints retention never deletes."""
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    backoff_initial_s: float = 5.0
+    """First delay before restarting a crashed trainer, seconds (0 restarts at once)."""
+    backoff_max_s: float = 300.0
+    """Upper bound of the doubling restart delay, seconds."""
+    max_restarts_without_progress: int = 5
+    """Restarts in a row without a new checkpoint before halting in crash_loop."""
+    stall_timeout_s: float = 600.0
+    """Seconds without a step line (and no checkpoint being written) that count as a hang."""
+    divergence_retries: int = 1
+    """Rollbacks allowed for a recurring divergence before halting in diverged."""
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    parser: str = "step-line"
+    """Log parser plugin (entry point group trainwarden.parsers)."""
+    max_loss: float = 20.0
+    """A loss above this counts as a divergence, like a non-finite one."""
+    window: int = 20
+    """Steps in the rolling window for tokens/s and the loss moving average."""
+    tokens_per_step: int | None = None
+    """Tokens processed per optimisation step (batch x sequence length x accumulation)."""
+    n_params: int | Literal["auto"] | None = None
+    """Model parameters N for MFU; "auto" reads it from the newest checkpoint header."""
+    peak_tflops: float | Literal["auto"] = "auto"
+    """Accelerator peak dense TFLOP/s; "auto" looks up the GPU's NVML name."""
+    attention: dict[str, int] = field(default_factory=dict)
+    """{n_layer, seq_len, d_model} to add the attention FLOPs to 6N."""
+    vocab_size: int | None = None
+    """Vocabulary size V; ln(V) is shown as the collapse reference."""
+    resume_tolerance: float = 0.0
+    """Largest |difference| of replayed losses that still counts as an exact resume."""
+    logging_steps: int = 1
+    """For the hf-trainer parser: steps between logged lines without a step."""
+    ema_beta: float = 0.98
+    """Smoothing of the loss EMA."""
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    socket: str = ".trainwarden/control.sock"
+    """Control socket path, relative to the run directory."""
+    allow_uids: list[int] = field(default_factory=list)
+    """Other user ids allowed to connect (the daemon's own uid always is)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    run_dir: Path
+    path: Path
+    run: RunConfig = field(default_factory=RunConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / self.run.log
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / self.checkpoints.dir
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / self.control.socket
+
+
+TABLES: dict[str, type] = {
+    "run": RunConfig,
+    "trainer": TrainerConfig,
+    "checkpoints": CheckpointsConfig,
+    "restart": RestartConfig,
+    "telemetry": TelemetryConfig,
+    "control": ControlConfig,
+}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The one-line docstrings under each field, read from the source."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, following in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+        ):
+            docs[node.target.id] = str(following.value.value)
+    return docs
+
+
+def _nearest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"a table of {_describe(typing.get_args(tp)[1])}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, str(tp)
+    )
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return value in typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return isinstance(value, dict) and all(_matches(v, item) for v in value.values())
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _build_table(path: Path, table: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [{table}] must be a table, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise ConfigError(
+                f"{path}: unknown key '{table}.{key}'{_nearest(key, names)}; "
+                f"known keys in [{table}]: {', '.join(names)}"
+            )
+        if not _matches(value, hints[key]):
+            raise ConfigError(
+                f"{path}: '{table}.{key}' = {value!r} is invalid: expected {_describe(hints[key])}"
+            )
+        values[key] = float(value) if hints[key] is float else value
+    return cls(**values)
+
+
+def _check_ranges(path: Path, cfg: Config) -> None:
+    def bad(key: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(f"{path}: '{key}' = {value!r} is invalid: expected {expected}")
+
+    if not cfg.trainer.command:
+        raise ConfigError(
+            f"{path}: '[trainer] command' is missing: give the trainer's argv, for example "
+            'command = ["python", "-m", "trainer", "--run-dir", "."]'
+        )
+    if cfg.checkpoints.keep_last < 1:
+        raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
+    for key in ("backoff_initial_s", "backoff_max_s"):
+        if getattr(cfg.restart, key) < 0:
+            raise bad(f"restart.{key}", getattr(cfg.restart, key), "a number >= 0")
+    if cfg.restart.backoff_max_s < cfg.restart.backoff_initial_s:
+        raise bad(
+            "restart.backoff_max_s",
+            cfg.restart.backoff_max_s,
+            f"a number >= restart.backoff_initial_s ({cfg.restart.backoff_initial_s})",
+        )
+    if cfg.restart.max_restarts_without_progress < 1:
+        raise bad(
+            "restart.max_restarts_without_progress",
+            cfg.restart.max_restarts_without_progress,
+            "an integer >= 1",
+        )
+    if cfg.restart.stall_timeout_s <= 0:
+        raise bad("restart.stall_timeout_s", cfg.restart.stall_timeout_s, "a number > 0")
+    if cfg.restart.divergence_retries < 0:
+        raise bad("restart.divergence_retries", cfg.restart.divergence_retries, "an integer >= 0")
+    if cfg.trainer.stop_timeout_s <= 0:
+        raise bad("trainer.stop_timeout_s", cfg.trainer.stop_timeout_s, "a number > 0")
+    if cfg.trainer.total_steps is not None and cfg.trainer.total_steps < 1:
+        raise bad("trainer.total_steps", cfg.trainer.total_steps, "an integer >= 1")
+    if cfg.telemetry.window < 1:
+        raise bad("telemetry.window", cfg.telemetry.window, "an integer >= 1")
+    if not 0 < cfg.telemetry.ema_beta < 1:
+        raise bad("telemetry.ema_beta", cfg.telemetry.ema_beta, "a number between 0 and 1")
+    if cfg.telemetry.logging_steps < 1:
+        raise bad("telemetry.logging_steps", cfg.telemetry.logging_steps, "an integer >= 1")
+    attention_keys = {"n_layer", "seq_len", "d_model"}
+    if cfg.telemetry.attention and set(cfg.telemetry.attention) != attention_keys:
+        raise bad(
+            "telemetry.attention",
+            cfg.telemetry.attention,
+            "a table with exactly n_layer, seq_len and d_model, "
+            "for example { n_layer = 12, seq_len = 1024, d_model = 768 }",
+        )
+    for rel, key in ((cfg.run.log, "run.log"), (cfg.checkpoints.dir, "checkpoints.dir")):
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise bad(key, rel, "a path inside the run directory")
+
+
+def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
+    """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message."""
+    run_dir = Path(run_dir).resolve()
+    path = run_dir / CONFIG_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: no config file; create one with `trainwarden init {run_dir}`"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    tables: dict[str, Any] = {}
+    for table, value in raw.items():
+        if table not in TABLES:
+            raise ConfigError(
+                f"{path}: unknown table [{table}]{_nearest(table, list(TABLES))}; "
+                f"known tables: {', '.join(TABLES)}"
+            )
+        tables[table] = _build_table(path, table, TABLES[table], value)
+    cfg = Config(run_dir=run_dir, path=path, **tables)
+    _check_ranges(path, cfg)
+    if check_plugins:
+        from supervisor import plugins
+
+        plugins.check_configured(cfg)
+    return cfg

@@ -1,0 +1,49 @@
+"""The exceptions trainwarden raises; each carries a one-line, user-facing message."""
+
+
+class TrainwardenError(Exception):
+    """Base class: the message is what the user sees."""
+
+    exit_code = 1
+
+
+class ConfigError(TrainwardenError):
+    """The run's configuration is missing, unreadable or invalid."""
+
+    exit_code = 2
+
+
+class UsageError(TrainwardenError):
+    """The command line asked for something that cannot be done as asked."""
+
+    exit_code = 2
+
+
+class CheckpointInvalid(TrainwardenError):
+    """A checkpoint file failed verification by its format plugin."""
+
+
+class PluginError(TrainwardenError):
+    """A plugin could not be found or loaded."""
+
+    exit_code = 2
+
+
+class ProtocolError(TrainwardenError):
+    """A control-socket message is malformed or breaks the protocol."""
+
+
+class DaemonNotRunning(TrainwardenError):
+    """No daemon answers on the run's control socket."""
+
+
+class LockHeld(TrainwardenError):
+    """Another daemon already supervises this run directory."""
+
+
+class CommandRefused(TrainwardenError):
+    """The daemon refused an operator command; `code` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
