@@ -1,0 +1,335 @@
+"""The control socket: a Unix stream server speaking newline-delimited JSON.
+
+Each connection has an outbox drained by its own writer task, so the daemon only ever
+appends to outboxes and never waits for a client. Telemetry-like topics keep only the
+newest frame; replies, events and checkpoint lists are kept in order up to a bound,
+past which the connection is dropped (a stuck subscriber costs the daemon nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from supervisor import PROTOCOL_VERSION, __version__
+from supervisor.errors import LockHeld, ProtocolError
+from supervisor.journal import tail_records
+from supervisor.protocol import MAX_LINE, TOPICS, connect_path, decode, encode
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Daemon
+
+log = logging.getLogger("trainwarden.control")
+
+REPLACEABLE = frozenset({"telemetry", "gpu", "host", "bandit", "samples", "state"})
+MAX_QUEUED = 2000
+MAX_CONNECTIONS = 256
+ACTING = ("save", "stop", "start", "pin", "unpin", "shutdown", "pivot")
+
+
+class Outbox:
+    """What one connection has yet to be sent."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] = {}
+        self.ordered: deque[dict[str, Any]] = deque()
+        self.wake = asyncio.Event()
+        self.overflowed = False
+
+    def push_topic(self, topic: str, data: Any) -> None:
+        if topic in REPLACEABLE:
+            self.latest[topic] = data
+        else:
+            self.put({"topic": topic, "data": data})
+            return
+        self.wake.set()
+
+    def put(self, message: dict[str, Any]) -> None:
+        if len(self.ordered) >= MAX_QUEUED:
+            self.overflowed = True
+        else:
+            self.ordered.append(message)
+        self.wake.set()
+
+    def take(self) -> list[dict[str, Any]]:
+        messages = list(self.ordered)
+        self.ordered.clear()
+        messages += [{"topic": t, "data": d} for t, d in self.latest.items()]
+        self.latest.clear()
+        self.wake.clear()
+        return messages
+
+
+class Connection:
+    def __init__(self, writer: asyncio.StreamWriter, uid: int | None) -> None:
+        self.writer = writer
+        self.uid = uid
+        self.outbox = Outbox()
+        self.topics: set[str] = set()
+        self.closed = False
+
+    async def pump(self) -> None:
+        """Send the outbox until the connection closes; drops it when it overflows."""
+        try:
+            while not self.closed:
+                await self.outbox.wake.wait()
+                if self.outbox.overflowed:
+                    log.warning("dropping a client that does not keep up (uid %s)", self.uid)
+                    break
+                for message in self.outbox.take():
+                    self.writer.write(encode(message))
+                await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.outbox.wake.set()
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+class ControlServer:
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.path = daemon.cfg.socket_path
+        self.allowed = {os.getuid(), *daemon.cfg.control.allow_uids}
+        self.connections: set[Connection] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.acting = asyncio.Lock()
+        self.acting_cmd: str | None = None
+
+    # -------------------------------------------------------------- socket setup
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.path.exists() or self.path.is_symlink():
+            if await self._answers():
+                raise LockHeld(f"a live daemon already answers on {self.path}")
+            self.path.unlink()
+        address, fd = connect_path(self.path)
+        old_umask = os.umask(0o177)
+        try:
+            self.server = await asyncio.start_unix_server(
+                self._serve, address, limit=MAX_LINE + 1
+            )
+        finally:
+            os.umask(old_umask)
+            if fd is not None:
+                os.close(fd)
+        os.chmod(self.path, 0o600)
+        self.daemon.journal.listeners.append(lambda record: self.publish("events", record))  # type: ignore[union-attr]
+
+    async def _answers(self) -> bool:
+        address, fd = connect_path(self.path)
+        try:
+            _reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(address), 1.0)
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            if fd is not None:
+                os.close(fd)
+        writer.close()
+        return True
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    # -------------------------------------------------------------- broadcast
+
+    def publish(self, topic: str, data: Any) -> None:
+        for conn in self.connections:
+            if topic in conn.topics:
+                conn.outbox.push_topic(topic, data)
+
+    # -------------------------------------------------------------- one connection
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            uid = peer_uid(writer)
+        except OSError:
+            uid = None
+        if uid not in self.allowed or len(self.connections) >= MAX_CONNECTIONS:
+            code, why = (
+                ("forbidden", f"uid {uid} may not control this run; add it to [control] allow_uids")
+                if uid not in self.allowed
+                else ("busy", f"too many connections ({MAX_CONNECTIONS}); try again later")
+            )
+            with contextlib.suppress(Exception):
+                writer.write(encode({"id": None, "ok": False, "error": {"code": code, "message": why}}))
+                await writer.drain()
+            writer.close()
+            return
+        conn = Connection(writer, uid)
+        self.connections.add(conn)
+        pump = asyncio.get_running_loop().create_task(conn.pump())
+        try:
+            while not conn.closed:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    conn.outbox.put(_error(None, "too_large", f"line exceeds {MAX_LINE} bytes"))
+                    break
+                except (ConnectionError, OSError):
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                await self._request(conn, line)
+        finally:
+            self.connections.discard(conn)
+            # Let the pump flush what is queued, then close.
+            conn.outbox.wake.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(pump), 1.0)
+            conn.close()
+
+    async def _request(self, conn: Connection, line: bytes) -> None:
+        try:
+            message = decode(line)
+        except ProtocolError as exc:
+            conn.outbox.put(_error(None, "bad_request", str(exc)))
+            return
+        rid = message.get("id")
+        if rid is not None and (not isinstance(rid, int | str) or isinstance(rid, bool)):
+            conn.outbox.put(_error(None, "bad_request", "'id' must be an integer or a string"))
+            return
+        cmd = message.get("cmd")
+        if not isinstance(cmd, str):
+            conn.outbox.put(_error(rid, "bad_request", "'cmd' must be a string naming a command"))
+            return
+        args = {k: v for k, v in message.items() if k not in ("id", "cmd")}
+        try:
+            if cmd in ACTING:
+                result = await self._acting(conn, cmd, args)
+            else:
+                handler = getattr(self, f"cmd_{cmd}", None)
+                if handler is None:
+                    known = ", ".join(sorted([*READS, *ACTING]))
+                    conn.outbox.put(_error(rid, "unknown_command", f"unknown command '{cmd}'; known: {known}"))
+                    return
+                result = handler(conn, args)
+        except CommandError as exc:
+            conn.outbox.put(_error(rid, exc.code, str(exc)))
+            return
+        except Exception as exc:  # never let one request take the daemon down
+            log.exception("control request %r failed", cmd)
+            conn.outbox.put(_error(rid, "internal", f"{type(exc).__name__}: {exc}"))
+            return
+        conn.outbox.put({"id": rid, "ok": True, "result": result})
+
+    async def _acting(self, conn: Connection, cmd: str, args: dict[str, Any]) -> Any:
+        _check_args(cmd, args)
+        if self.acting.locked():
+            raise CommandError(
+                "busy", f"another operator command ({self.acting_cmd}) is in progress; try again when it finishes"
+            )
+        async with self.acting:
+            self.acting_cmd = cmd
+            try:
+                reply = await self.daemon.operator(cmd, args, conn.uid)
+            finally:
+                self.acting_cmd = None
+        if not reply.ok:
+            raise CommandError(reply.code, reply.message)
+        return reply.result
+
+    # -------------------------------------------------------------- read commands
+
+    def cmd_hello(self, conn: Connection, args: dict[str, Any]) -> Any:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "version": __version__,
+            "run": self.daemon.cfg.run.name,
+            "run_dir": str(self.daemon.cfg.run_dir),
+        }
+
+    def cmd_status(self, conn: Connection, args: dict[str, Any]) -> Any:
+        return self.daemon.status_view()
+
+    def cmd_checkpoints(self, conn: Connection, args: dict[str, Any]) -> Any:
+        return self.daemon.checkpoints_view()
+
+    def cmd_events(self, conn: Connection, args: dict[str, Any]) -> Any:
+        n = _int_arg(args, "n", 50, 1, 100_000)
+        return {"events": tail_records(self.daemon.files.journal, n)}
+
+    def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
+        start = _int_arg(args, "start", None, 0, None)
+        end = _int_arg(args, "end", None, 0, None)
+        points = _int_arg(args, "points", 200, 1, 100_000)
+        assert self.daemon.hub is not None
+        return self.daemon.hub.history_query(start, end, points)
+
+    def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
+        topics = args.get("topics", list(TOPICS))
+        if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+            raise CommandError("bad_argument", "'topics' must be a list of topic names")
+        unknown = [t for t in topics if t not in TOPICS]
+        if unknown:
+            raise CommandError(
+                "bad_argument", f"unknown topic(s) {', '.join(unknown)}; known: {', '.join(TOPICS)}"
+            )
+        conn.topics.update(topics)
+        assert self.daemon.hub is not None
+        return {"snapshot": {t: self.daemon.hub.snapshot(t) for t in topics}}
+
+
+READS = ("hello", "status", "checkpoints", "events", "history", "subscribe")
+
+
+class CommandError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _error(rid: Any, code: str, message: str) -> dict[str, Any]:
+    return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
+
+
+def _int_arg(args: dict[str, Any], name: str, default: int | None, low: int, high: int | None) -> Any:
+    value = args.get(name, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise CommandError("bad_argument", f"'{name}' must be an integer {bound}, got {value!r}")
+    return value
+
+
+def _check_args(cmd: str, args: dict[str, Any]) -> None:
+    if cmd in ("pin", "unpin"):
+        _int_arg(args, "step", None, 0, None)
+        if "step" not in args:
+            raise CommandError("bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number")
+    if cmd == "save":
+        if not isinstance(args.get("wait", False), bool):
+            raise CommandError("bad_argument", "'wait' must be true or false")
+        timeout = args.get("timeout_s")
+        if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0):
+            raise CommandError("bad_argument", f"'timeout_s' must be a positive number, got {timeout!r}")

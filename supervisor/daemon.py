@@ -1,0 +1,426 @@
+"""The daemon: one asyncio loop that owns the state, feeds events to the policy and
+carries out the actions it returns (the imperative shell around supervisor.policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from supervisor import PROTOCOL_VERSION, __version__, policy
+from supervisor import plugins as plugin_registry
+from supervisor.checkpoints import CheckpointStore, CheckpointWatcher, Verdict
+from supervisor.config import Config
+from supervisor.journal import Journal, read_records
+from supervisor.notify import NOTIFY_ENV_KEYS
+from supervisor.process import TrainerIdentity, send_signal, spawn, stop_leftover
+from supervisor.rundir import RunFiles, acquire_lock, write_atomic
+from supervisor.telemetry_hub import TelemetryHub
+
+log = logging.getLogger("trainwarden.daemon")
+
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": signal.SIGKILL}
+
+
+def rules_from(cfg: Config) -> policy.Rules:
+    return policy.Rules(
+        keep_last=cfg.checkpoints.keep_last,
+        backoff_initial_s=cfg.restart.backoff_initial_s,
+        backoff_max_s=cfg.restart.backoff_max_s,
+        max_restarts_without_progress=cfg.restart.max_restarts_without_progress,
+        stall_timeout_s=cfg.restart.stall_timeout_s,
+        stop_timeout_s=cfg.trainer.stop_timeout_s,
+        max_loss=cfg.telemetry.max_loss,
+        divergence_retries=cfg.restart.divergence_retries,
+    )
+
+
+def last_state_record(journal_path: Path) -> tuple[dict[str, Any] | None, bool]:
+    """(the newest persisted state, whether the previous daemon exited cleanly)."""
+    state = None
+    last_kind = None
+    for record in read_records(journal_path):
+        last_kind = record.get("kind")
+        if last_kind == "state":
+            state = record.get("state")
+    clean = last_kind in (None, "daemon_exit")
+    return state, clean
+
+
+class Daemon:
+    def __init__(self, cfg: Config, notifier: Any = None) -> None:
+        self.cfg = cfg
+        self.files = RunFiles(cfg.run_dir)
+        self.rules = rules_from(cfg)
+        self.fmt = plugin_registry.checkpoint_format(cfg.checkpoints.format)
+        self.store = CheckpointStore(cfg.checkpoint_dir, self.fmt)
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.state = policy.State()
+        self.persisted: dict[str, Any] | None = None
+        self.exit_code: int | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.journal: Journal | None = None
+        self.lock_fd: int | None = None
+        self.notifier = notifier
+        self.hub: TelemetryHub | None = None
+        self.server: Any = None
+        self.replies: dict[int, asyncio.Future[policy.Reply]] = {}
+        self.request_ids = iter(range(1, 1 << 62))
+        self.started_t = time.time()
+        self.known_commits: dict[str, float] = {}
+        self.ready_sent = False
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.lock_fd = acquire_lock(self.files)
+        try:
+            return await self._run(loop)
+        finally:
+            os.close(self.lock_fd)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
+        write_atomic(self.files.daemon_pid, f"{os.getpid()}\n".encode(), mode=0o644)
+        restored, clean = last_state_record(self.files.journal)
+        self.journal = Journal(self.files.journal)
+        self.journal.append(
+            "daemon_start",
+            {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
+        )
+        self.state = policy.restore(restored or {}, self.rules)
+        self.state = replace(
+            self.state, pinned=self.state.pinned | frozenset(self.cfg.checkpoints.pinned)
+        )
+        self.persisted = policy.persisted(self.state)
+
+        self.hub = TelemetryHub(self.cfg, self.files, self.journal, loop, self._on_step)
+        self.hub.load_history(seg=self.state.seg)
+        self.hub.start_follower()
+
+        leftover = TrainerIdentity.load(self.files.trainer_pid)
+        if leftover is not None and leftover.alive():
+            self.journal.append("leftover_trainer", {"pid": leftover.pid, "action": "stopping"})
+            await asyncio.to_thread(stop_leftover, leftover, self.cfg.trainer.stop_timeout_s)
+            self.journal.append("leftover_trainer_stopped", {"pid": leftover.pid})
+            await self.hub.drain_log()
+        with contextlib.suppress(FileNotFoundError):
+            self.files.trainer_pid.unlink()
+
+        self.store.ensure()
+        stale = self.store.remove_stale_in_flight()
+        if stale:
+            self.journal.append("stale_tmp_removed", {"names": stale})
+        await self._scan_checkpoints()
+
+        watcher = CheckpointWatcher(
+            self.store, loop, on_committed=self._on_committed_name, on_writing=self._on_writing
+        )
+        watcher.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        from supervisor.control import ControlServer
+
+        self.server = ControlServer(self)
+        await self.server.start()
+        self.hub.sinks.append(self.server.publish)
+        self.hub.start_samplers()
+
+        self.queue.put_nowait(
+            policy.Startup(
+                time.monotonic(),
+                last_logged_step=self.hub.history_last_step(),
+                unclean=not clean,
+            )
+        )
+        watchdog_task = loop.create_task(self._watchdog_pings())
+        try:
+            await self._event_loop()
+        finally:
+            watchdog_task.cancel()
+            if self.notifier is not None:
+                self.notifier.stopping()
+            watcher.stop()
+            await self.server.close()
+            self.hub.close()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            with contextlib.suppress(FileNotFoundError):
+                self.files.trainer_pid.unlink()
+            self.journal.append("daemon_exit", {"code": self.exit_code})
+            self.journal.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.files.daemon_pid.unlink()
+        return self.exit_code or 0
+
+    async def _watchdog_pings(self) -> None:
+        """WATCHDOG=1 from the event loop itself, so a wedged loop gets the unit restarted."""
+        interval = getattr(self.notifier, "watchdog_interval_s", None)
+        if not interval:
+            return
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    async def _event_loop(self) -> None:
+        while self.exit_code is None:
+            due = policy.deadline(self.state, self.rules)
+            timeout = None if due is None else max(0.0, due - time.monotonic())
+            try:
+                event = await asyncio.wait_for(self.queue.get(), timeout)
+            except TimeoutError:
+                event = policy.Tick(time.monotonic())
+            await self.handle(event)
+
+    async def handle(self, event: Any) -> None:
+        assert self.journal is not None and self.hub is not None
+        before = self.state
+        self.state, actions = policy.decide(self.state, event, self.rules)
+        now_persisted = policy.persisted(self.state)
+        if now_persisted != self.persisted:
+            self.persisted = now_persisted
+            self.journal.append("state", {"state": now_persisted})
+        for action in actions:
+            await self.execute(action)
+        if self.state.phase != before.phase or self.state.trainer_pid != before.trainer_pid:
+            self.hub.publish_state(self.state_view())
+            self._notify_status()
+        if before.checkpoints != self.state.checkpoints or before.pinned != self.state.pinned:
+            self.hub.publish("checkpoints", self.checkpoints_view())
+
+    # ------------------------------------------------------------------ executor
+
+    async def execute(self, action: Any) -> None:
+        assert self.journal is not None
+        journal = self.journal
+        if isinstance(action, policy.Record):
+            journal.append(action.kind, action.fields)
+        elif isinstance(action, policy.Spawn):
+            await self._spawn(action)
+        elif isinstance(action, policy.SignalTrainer):
+            pid = self.state.trainer_pid or (self.proc.pid if self.proc else None)
+            journal.append("signal", {"signal": action.signal, "pid": pid, "reason": action.reason})
+            if pid is not None:
+                send_signal(pid, SIGNALS[action.signal], self.cfg.trainer.signal_target)
+        elif isinstance(action, policy.Delete):
+            journal.append("delete", {"step": action.step, "name": action.name, "reason": action.reason})
+            removed = await asyncio.to_thread(self.store.delete, action.name)
+            self.known_commits.pop(action.name, None)
+            log.info("deleted %s", removed)
+        elif isinstance(action, policy.Quarantine):
+            journal.append(
+                "quarantine", {"step": action.step, "name": action.name, "reason": action.reason}
+            )
+            await asyncio.to_thread(self.store.quarantine, action.name)
+            self.known_commits.pop(action.name, None)
+        elif isinstance(action, policy.Reply):
+            future = self.replies.pop(action.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(action)
+        elif isinstance(action, policy.Exit):
+            self.exit_code = action.code
+
+    async def _spawn(self, action: policy.Spawn) -> None:
+        assert self.journal is not None and self.hub is not None
+        cfg = self.cfg
+        argv = list(cfg.trainer.command)
+        env = {**os.environ, **cfg.trainer.env}
+        env.pop("TRAINWARDEN_RESUME", None)
+        env.pop("TRAINWARDEN_PIVOT", None)
+        for key in NOTIFY_ENV_KEYS:
+            # The trainer must not talk to systemd as if it were the daemon.
+            env.pop(key, None)
+        env["TRAINWARDEN_RUN_DIR"] = str(cfg.run_dir)
+        env["TRAINWARDEN_SEG"] = str(action.seg)
+        if action.resume is not None:
+            path = self.store.dir / action.resume.name
+            env["TRAINWARDEN_RESUME"] = str(path)
+            argv += [
+                a.replace("{checkpoint}", str(path)).replace("{step}", str(action.resume.step))
+                for a in cfg.trainer.resume_args
+            ]
+        if action.pivot:
+            env["TRAINWARDEN_PIVOT"] = "1"
+        self.journal.append(
+            "spawn",
+            {
+                "seg": action.seg,
+                "resume": policy.ckpt_json(action.resume),
+                "pivot": action.pivot,
+                "argv": argv,
+            },
+        )
+        self.hub.begin_segment(action.seg, action.resume.step if action.resume else None)
+        try:
+            proc = await spawn(argv, cfg.run_dir, env, cfg.log_path)
+        except OSError as exc:
+            self.queue.put_nowait(policy.SpawnFailed(time.monotonic(), f"{argv[0]}: {exc.strerror or exc}"))
+            return
+        self.proc = proc
+        self.journal.append("trainer_started", {"pid": proc.pid, "seg": action.seg})
+        try:
+            TrainerIdentity.of(proc.pid).save(self.files.trainer_pid)
+        except Exception as exc:  # it may already have died; its exit is reported below
+            log.warning("could not record the trainer's identity: %s", exc)
+        self.queue.put_nowait(policy.TrainerSpawned(time.monotonic(), proc.pid))
+        asyncio.get_running_loop().create_task(self._await_exit(proc))
+
+    async def _await_exit(self, proc: asyncio.subprocess.Process) -> None:
+        returncode = await proc.wait()
+        # The trainer's last lines (its final checkpoint, its last steps) are in the log
+        # before its exit: read them first so the policy sees them in order.
+        if self.hub is not None:
+            await self.hub.drain_log()
+        self.queue.put_nowait(policy.TrainerExited(time.monotonic(), proc.pid, returncode))
+        if self.ready_sent is False:
+            self._send_ready()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def _scan_checkpoints(self) -> None:
+        names, _ = self.store.scan()
+        verdicts = await asyncio.to_thread(lambda: [self.store.verify(n) for n in names])
+        good = []
+        for verdict in verdicts:
+            if verdict.info is None:
+                assert self.journal is not None
+                self.journal.append(
+                    "quarantine", {"step": verdict.step, "name": verdict.name, "reason": verdict.reason}
+                )
+                await asyncio.to_thread(self.store.quarantine, verdict.name)
+                continue
+            mtime = verdict.info.path.stat().st_mtime
+            self.known_commits[verdict.name] = mtime
+            good.append(policy.Ckpt(verdict.info.step, verdict.name, verdict.info.bytes, mtime))
+            if self.hub is not None:
+                self.hub.checkpoint_seen(verdict.info)
+        self.state = replace(self.state, checkpoints=tuple(sorted(good, key=lambda c: c.step)))
+
+    async def _verify_and_report(self, name: str) -> None:
+        verdict: Verdict = await asyncio.to_thread(self.store.verify, name)
+        now = time.monotonic()
+        if verdict.info is None:
+            if verdict.reason.startswith("vanished"):
+                return
+            self.queue.put_nowait(policy.CheckpointRejected(now, verdict.step, name, verdict.reason))
+            return
+        try:
+            mtime = verdict.info.path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if self.known_commits.get(name) == mtime:
+            return
+        self.known_commits[name] = mtime
+        if self.hub is not None:
+            self.hub.checkpoint_seen(verdict.info)
+        self.queue.put_nowait(
+            policy.CheckpointCommitted(now, verdict.info.step, name, verdict.info.bytes, mtime)
+        )
+
+    # ------------------------------------------------------------------ inputs from others
+
+    def _on_committed_name(self, name: str) -> None:
+        asyncio.get_running_loop().create_task(self._verify_and_report(name))
+
+    def _on_writing(self) -> None:
+        self.queue.put_nowait(policy.CheckpointWriting(time.monotonic()))
+
+    def _on_signal(self, sig: int) -> None:
+        self.queue.put_nowait(policy.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))
+
+    def _on_step(self, step: int, loss: float) -> None:
+        self.queue.put_nowait(policy.StepLogged(time.monotonic(), step, loss))
+        if not self.ready_sent and self.state.trainer_alive:
+            self._send_ready()
+
+    async def operator(self, cmd: str, args: dict[str, Any], uid: int | None) -> policy.Reply:
+        """Queue an operator command and wait for the policy's reply."""
+        request_id = next(self.request_ids)
+        future: asyncio.Future[policy.Reply] = asyncio.get_running_loop().create_future()
+        self.replies[request_id] = future
+        self.queue.put_nowait(policy.Operator(time.monotonic(), request_id, cmd, args, uid))
+        try:
+            return await future
+        finally:
+            self.replies.pop(request_id, None)
+
+    # ------------------------------------------------------------------ views
+
+    def _send_ready(self) -> None:
+        self.ready_sent = True
+        if self.notifier is not None:
+            self.notifier.ready()
+            self._notify_status()
+
+    def _notify_status(self) -> None:
+        if self.notifier is None:
+            return
+        step = self.hub.last_step if self.hub else None
+        self.notifier.status(f"{self.state.phase}, step {step if step is not None else '-'}")
+        if not self.ready_sent and (self.state.trainer_alive or self.state.phase in policy.HALTED):
+            self._send_ready()
+
+    def state_view(self) -> dict[str, Any]:
+        s = self.state
+        detail: dict[str, Any] = {}
+        if s.phase == "backoff" and s.backoff_until is not None:
+            detail["restart_in_s"] = round(max(0.0, s.backoff_until - time.monotonic()), 3)
+        if s.halt_reason and s.phase in policy.HALTED:
+            detail["reason"] = s.halt_reason
+        if s.stop_reason:
+            detail["stop_reason"] = s.stop_reason
+        uptime = None
+        if s.trainer_started_t is not None and s.trainer_alive:
+            uptime = round(time.monotonic() - s.trainer_started_t, 3)
+        return {
+            "state": s.phase,
+            "detail": detail,
+            "trainer_pid": s.trainer_pid,
+            "trainer_uptime_s": uptime,
+            "restarts": s.restarts,
+            "restarts_without_progress": s.restarts_without_progress,
+            "seg": s.seg,
+        }
+
+    def checkpoints_view(self) -> dict[str, Any]:
+        doomed = policy.next_to_delete(self.state, self.rules)
+        return {
+            "checkpoints": [
+                {
+                    "step": c.step,
+                    "name": c.name,
+                    "path": str(self.store.dir / c.name),
+                    "bytes": c.bytes,
+                    "mtime": c.mtime,
+                    "verified": True,
+                    "pinned": c.step in self.state.pinned,
+                    "next_to_delete": c.step == doomed,
+                }
+                for c in self.state.checkpoints
+            ],
+            "quarantined": [{"name": n} for n in self.store.quarantined()],
+        }
+
+    def status_view(self) -> dict[str, Any]:
+        assert self.hub is not None
+        view: dict[str, Any] = {
+            "protocol": PROTOCOL_VERSION,
+            "version": __version__,
+            "run": self.cfg.run.name,
+            "run_dir": str(self.cfg.run_dir),
+            "daemon_pid": os.getpid(),
+            "daemon_started_at": self.started_t,
+            "total_steps": self.cfg.trainer.total_steps,
+            **self.state_view(),
+        }
+        view.update(self.hub.status_fields())
+        view["step"] = self.hub.last_step
+        view.update(self.checkpoints_view())
+        return view

@@ -1,0 +1,58 @@
+"""`trainwarden daemon --detach`: start the daemon in its own session and wait until it answers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from supervisor.config import Config
+from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError, TrainwardenError
+from supervisor.protocol import Client
+from supervisor.rundir import RunFiles
+
+
+def _tail(path: os.PathLike[str], lines: int = 1) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            text = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def start_detached(cfg: Config, timeout_s: float = 60.0) -> int:
+    files = RunFiles(cfg.run_dir)
+    files.make_state_dir()
+    log_fd = os.open(files.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "daemon", str(cfg.run_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            cwd=cfg.run_dir,
+        )
+    finally:
+        os.close(log_fd)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            raise TrainwardenError(
+                f"the daemon exited with status {code}: {_tail(files.daemon_log)} "
+                f"(full log: {files.daemon_log})"
+            )
+        try:
+            with Client(cfg.socket_path, timeout=2.0) as client:
+                client.request("hello")
+            return proc.pid
+        except (DaemonNotRunning, ProtocolError, CommandRefused, OSError):
+            time.sleep(0.05)
+    raise TrainwardenError(
+        f"the daemon (pid {proc.pid}) did not answer within {timeout_s:.0f} s; see {files.daemon_log}"
+    )

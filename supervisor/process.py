@@ -1,0 +1,112 @@
+"""The trainer as a child process: spawn it in its own session, signal it, find leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psutil
+
+from supervisor.rundir import write_atomic
+
+
+@dataclass(frozen=True)
+class TrainerIdentity:
+    """Enough to tell our trainer from an unrelated process that reused its pid."""
+
+    pid: int
+    create_time: float
+    cmdline: list[str]
+
+    @classmethod
+    def of(cls, pid: int) -> TrainerIdentity:
+        proc = psutil.Process(pid)
+        return cls(pid, proc.create_time(), proc.cmdline())
+
+    def save(self, path: Path) -> None:
+        data = {"pid": self.pid, "create_time": self.create_time, "cmdline": self.cmdline}
+        write_atomic(path, orjson.dumps(data))
+
+    @classmethod
+    def load(cls, path: Path) -> TrainerIdentity | None:
+        try:
+            data = orjson.loads(path.read_bytes())
+            return cls(int(data["pid"]), float(data["create_time"]), list(data["cmdline"]))
+        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+            return None
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return (
+                abs(proc.create_time() - self.create_time) < 0.05
+                and proc.cmdline() == self.cmdline
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+
+def send_signal(pid: int, sig: int, target: str = "group") -> None:
+    """Deliver sig to the trainer: its process group, only its main process, or its children.
+
+    The trainer leads its own session, so its pgid is its pid. "children" serves
+    launchers such as torchrun whose workers must get SIGUSR1 while the agent must not;
+    SIGKILL always goes to the whole group so nothing is left behind.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if sig == signal.SIGKILL or target == "group":
+            os.killpg(pid, sig)
+        elif target == "main":
+            os.kill(pid, sig)
+        else:
+            try:
+                children = psutil.Process(pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for child in children:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.send_signal(sig)
+
+
+async def spawn(
+    argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
+) -> asyncio.subprocess.Process:
+    """Start the trainer in a new session with stdout and stderr appended to the run log."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log_fd)
+
+
+def stop_leftover(identity: TrainerIdentity, timeout_s: float) -> bool:
+    """Stop a trainer an earlier daemon left running: SIGTERM its group, then SIGKILL.
+
+    Blocking (the daemon calls it before its loop supervises anything). True if one ran.
+    """
+    if not identity.alive():
+        return False
+    send_signal(identity.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and identity.alive():
+        time.sleep(0.05)
+    if identity.alive():
+        send_signal(identity.pid, signal.SIGKILL)
+        while identity.alive():
+            time.sleep(0.02)
+    return True

@@ -1,0 +1,111 @@
+"""Where the daemon keeps its own files inside a run directory, and the one-daemon lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.errors import LockHeld
+
+STATE_DIR = ".trainwarden"
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    run_dir: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.run_dir / STATE_DIR
+
+    @property
+    def journal(self) -> Path:
+        return self.state_dir / "journal.jsonl"
+
+    @property
+    def lock(self) -> Path:
+        return self.state_dir / "lock"
+
+    @property
+    def daemon_pid(self) -> Path:
+        return self.state_dir / "daemon.pid"
+
+    @property
+    def trainer_pid(self) -> Path:
+        return self.state_dir / "trainer.pid"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.state_dir / "daemon.log"
+
+    @property
+    def log_offset(self) -> Path:
+        return self.state_dir / "log.offset"
+
+    @property
+    def loss_history(self) -> Path:
+        return self.run_dir / ".loss.json"
+
+    @property
+    def bandit_state(self) -> Path:
+        return self.run_dir / ".state.json"
+
+    @property
+    def samples(self) -> Path:
+        return self.run_dir / ".samples.json"
+
+    @property
+    def policy(self) -> Path:
+        return self.run_dir / "policy.json"
+
+    def make_state_dir(self) -> None:
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+
+
+def acquire_lock(files: RunFiles) -> int:
+    """Hold the run's lock for the daemon's lifetime; LockHeld names the holder's pid."""
+    files.make_state_dir()
+    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = read_pid(files.daemon_pid)
+        who = f"pid {holder}" if holder else "another process"
+        raise LockHeld(
+            f"another trainwarden daemon ({who}) already supervises {files.run_dir}; "
+            f"stop it with `trainwarden shutdown {files.run_dir}` first"
+        ) from None
+    return fd
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write a small file so readers see the old or the new content, never a mix."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """A rename or unlink is durable only once its directory is fsynced."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

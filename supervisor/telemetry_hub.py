@@ -1,0 +1,346 @@
+"""What the daemon knows about the run besides its state: the followed log, the loss
+history, the monitor's figures, the resume audit, GPU/host samples and the trainer's
+bandit and sample files, and the topics they are published on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from plugins.api import CheckpointInfo
+from supervisor import plugins as plugin_registry
+from supervisor.config import Config
+from supervisor.journal import Journal, tail_records
+from supervisor.logfollow import LogFollower
+from supervisor.lossdb import LossHistory, LossWriter, ResumeAudit
+from supervisor.rundir import RunFiles
+from supervisor.telemetry import Monitor, no_gpu_reason, settings_from_config
+
+log = logging.getLogger("trainwarden.telemetry")
+
+SAMPLE_INTERVAL_S = 2.0
+PUBLISH_INTERVAL_S = 0.2
+OFFSET_SAVE_INTERVAL_S = 1.0
+MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
+
+
+class TelemetryHub:
+    def __init__(
+        self,
+        cfg: Config,
+        files: RunFiles,
+        journal: Journal,
+        loop: asyncio.AbstractEventLoop,
+        on_step: Callable[[int, float], None],
+    ) -> None:
+        self.cfg = cfg
+        self.files = files
+        self.journal = journal
+        self.loop = loop
+        self.on_step = on_step
+        self.parser = plugin_registry.log_parser(
+            cfg.telemetry.parser, dataclasses.asdict(cfg.telemetry)
+        )
+        self.monitor = Monitor(settings_from_config(cfg.telemetry, cfg.trainer.total_steps))
+        self.history = LossHistory()
+        self.writer: LossWriter | None = None
+        self.follower: LogFollower | None = None
+        self.audit: ResumeAudit | None = None
+        self.audit_result: dict[str, Any] | None = None
+        self.seg = 0
+        self.last_step: int | None = None
+        self.sinks: list[Callable[[str, Any], None]] = []
+        self.latest: dict[str, Any] = {"gpu": None, "host": None, "bandit": None, "samples": None}
+        self.newest_checkpoint: CheckpointInfo | None = None
+        self.newest_checkpoint_t: float | None = None
+        self.checkpoint_spacing: int | None = None
+        self.disk_low = False
+        self._publish_handle: asyncio.Handle | None = None
+        self._offset_saved_t = 0.0
+        self._offset_fd: int | None = None
+        self._sampler_task: asyncio.Task[None] | None = None
+        self._file_mtimes: dict[str, float] = {}
+        self.gpu_sampler: Any = None
+        self.host_sampler: Any = None
+
+    # -------------------------------------------------------------- history and log
+
+    def load_history(self, seg: int) -> None:
+        """Rebuild telemetry from .loss.json (not the whole log) at daemon start."""
+        self.seg = seg
+        self.history = LossHistory.load(self.files.loss_history)
+        for step, loss, dt, t in self.history.recent(self.cfg.telemetry.window * 2):
+            self.monitor.observe(step, loss, dt, t)
+        self.last_step = self.history.last_step
+        self.writer = LossWriter(self.files.loss_history)
+
+    def history_last_step(self) -> int | None:
+        return self.history.last_step
+
+    def start_follower(self) -> None:
+        offset = self._saved_offset()
+        self._offset_fd = os.open(
+            self.files.log_offset, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        self.follower = LogFollower(self.cfg.log_path, offset, self._on_lines, self.loop)
+        self.follower.start()
+
+    def _saved_offset(self) -> int:
+        try:
+            return int(self.files.log_offset.read_text().strip() or 0)
+        except (OSError, ValueError):
+            # No record of where we were: old lines belong to earlier runs of the log.
+            try:
+                return self.cfg.log_path.stat().st_size
+            except OSError:
+                return 0
+
+    async def drain_log(self) -> None:
+        """Read whatever the log holds now (a trainer's last words before its exit)."""
+        if self.follower is not None:
+            await asyncio.sleep(0)
+            self.follower.read_new()
+
+    def _on_lines(self, lines: list[str]) -> None:
+        parse = self.parser.parse
+        for line in lines:
+            record = parse(line)
+            if record is None:
+                continue
+            # The policy first: a divergence is acted on before any bookkeeping.
+            self.on_step(record.step, record.loss)
+            now = time.time()
+            if self.writer is not None:
+                self.writer.append(record.step, record.loss, record.dt, now, self.seg)
+            self.history.add(record.step, record.loss, record.dt, now, self.seg)
+            self.monitor.observe_record(record, now)
+            self.last_step = record.step
+            if self.audit is not None:
+                result = self.audit.observe(record.step, record.loss)
+                if result is not None:
+                    self._finish_audit(result)
+        self._save_offset()
+        self._schedule_publish()
+
+    def _save_offset(self) -> None:
+        now = time.monotonic()
+        if self.follower is None or self._offset_fd is None:
+            return
+        if now - self._offset_saved_t < OFFSET_SAVE_INTERVAL_S:
+            return
+        self._offset_saved_t = now
+        text = f"{self.follower.offset}\n".encode()
+        os.pwrite(self._offset_fd, text.ljust(24), 0)
+
+    def begin_segment(self, seg: int, resume_step: int | None) -> None:
+        """A trainer starts: its lines belong to `seg`; audit the steps it replays."""
+        if self.audit is not None:
+            result = self.audit.finish()
+            if result is not None:
+                self._finish_audit(result)
+        self.seg = seg
+        self.audit = None
+        last = self.history.last_step
+        if resume_step is not None and last is not None and last > resume_step:
+            self.audit = ResumeAudit(
+                self.history, resume_step, last, self.cfg.telemetry.resume_tolerance
+            )
+
+    def _finish_audit(self, result: Any) -> None:
+        self.audit = None
+        fields = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+        kind = "resume_verified" if fields.get("status") == "verified" else "resume_drift"
+        self.audit_result = fields
+        self.journal.append(kind, fields)
+
+    def history_query(self, start: int | None, end: int | None, points: int) -> dict[str, Any]:
+        result = self.history.query(start, end, points)
+        result["markers"] = self._markers()
+        result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
+        return result
+
+    def _markers(self) -> list[dict[str, Any]]:
+        markers = []
+        for record in tail_records(self.files.journal, 2000):
+            kind = MARKER_KINDS.get(record.get("kind", ""))
+            if kind is None:
+                continue
+            step = record.get("step")
+            if kind == "restart":
+                resume = record.get("resume") or {}
+                step = resume.get("step", 0)
+            elif kind == "crash":
+                step = record.get("last_step")
+            if isinstance(step, int):
+                markers.append({"step": step, "kind": kind})
+        return markers
+
+    # -------------------------------------------------------------- checkpoints
+
+    def checkpoint_seen(self, info: CheckpointInfo) -> None:
+        previous = self.newest_checkpoint
+        if previous is not None and info.step <= previous.step:
+            return
+        if previous is not None:
+            self.checkpoint_spacing = info.step - previous.step
+        self.newest_checkpoint = info
+        self.newest_checkpoint_t = time.time()
+        if self.cfg.telemetry.n_params == "auto" and info.n_params:
+            self.monitor.set_n_params(info.n_params)
+
+    # -------------------------------------------------------------- publishing
+
+    def publish(self, topic: str, data: Any) -> None:
+        for sink in self.sinks:
+            sink(topic, data)
+
+    def publish_state(self, data: dict[str, Any]) -> None:
+        self.latest["state"] = data
+        self.publish("state", data)
+
+    def _schedule_publish(self) -> None:
+        # Coalesce: at 10,000 lines/s subscribers still get a few frames a second.
+        if self._publish_handle is None:
+            self._publish_handle = self.loop.call_later(PUBLISH_INTERVAL_S, self._publish_telemetry)
+
+    def _publish_telemetry(self) -> None:
+        self._publish_handle = None
+        self.publish("telemetry", self.telemetry())
+
+    def telemetry(self) -> dict[str, Any]:
+        data = self.monitor.snapshot()
+        data["step"] = self.last_step
+        newest = self.newest_checkpoint
+        data["last_checkpoint_step"] = newest.step if newest else None
+        data["last_checkpoint_age_s"] = (
+            round(time.time() - self.newest_checkpoint_t, 1) if self.newest_checkpoint_t else None
+        )
+        data["next_checkpoint_step"] = (
+            newest.step + self.checkpoint_spacing if newest and self.checkpoint_spacing else None
+        )
+        data["resume_audit"] = self.audit_result
+        return data
+
+    def snapshot(self, topic: str) -> Any:
+        if topic == "telemetry":
+            return self.telemetry()
+        if topic == "events":
+            return tail_records(self.files.journal, 50)
+        return self.latest.get(topic)
+
+    def status_fields(self) -> dict[str, Any]:
+        fields = self.telemetry()
+        fields["gpu"] = self.latest.get("gpu")
+        fields["gpu_status"] = self.gpu_status()
+        fields["host"] = self.latest.get("host")
+        fields["disk_low"] = self.disk_low
+        fields["log"] = self.follower.stats_dict() if self.follower else None
+        return fields
+
+    def gpu_status(self) -> str:
+        if self.gpu_sampler is None:
+            return "not sampled yet"
+        if not getattr(self.gpu_sampler, "available", False):
+            return getattr(self.gpu_sampler, "reason", None) or no_gpu_reason()
+        return "ok"
+
+    # -------------------------------------------------------------- samplers
+
+    def start_samplers(self) -> None:
+        self._sampler_task = self.loop.create_task(self._sample_forever())
+
+    async def _sample_forever(self) -> None:
+        from supervisor.gpu import GpuSampler
+        from supervisor.host import HostSampler
+
+        self.gpu_sampler = await asyncio.to_thread(GpuSampler)
+        self.host_sampler = HostSampler(self.cfg.checkpoint_dir)
+        if not self.gpu_sampler.available:
+            if self.cfg.telemetry.peak_tflops == "auto":
+                self.monitor.set_peak_tflops(None, no_gpu_reason())
+        else:
+            name = await asyncio.to_thread(self.gpu_sampler.name)
+            if self.cfg.telemetry.peak_tflops == "auto":
+                self.monitor.set_gpu_name(name)
+        while True:
+            try:
+                await self._sample_once()
+            except Exception:  # a sampler failure must never stop supervision
+                log.exception("sampling failed")
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def _sample_once(self) -> None:
+        from supervisor.host import disk_low
+
+        gpu = await asyncio.to_thread(self.gpu_sampler.sample)
+        gpu_data = gpu.to_dict() if gpu is not None else None
+        self.latest["gpu"] = gpu_data
+        self.publish("gpu", gpu_data)
+        pid = self._trainer_pid()
+        host = await asyncio.to_thread(self.host_sampler.sample, pid)
+        host_data = host.to_dict()
+        self.latest["host"] = host_data
+        self.publish("host", host_data)
+        newest = self.newest_checkpoint
+        if newest is not None:
+            low = disk_low(host.disk_free_bytes, newest.bytes)
+            if low != self.disk_low:
+                self.disk_low = low
+                self.journal.append(
+                    "disk_low" if low else "disk_ok",
+                    {"free_bytes": host.disk_free_bytes, "checkpoint_bytes": newest.bytes},
+                )
+        for topic, path in (("bandit", self.files.bandit_state), ("samples", self.files.samples)):
+            data = await asyncio.to_thread(self._read_if_changed, topic, path)
+            if data is not None:
+                self.latest[topic] = data
+                self.publish(topic, data)
+
+    def _trainer_pid(self) -> int | None:
+        from supervisor.rundir import read_pid
+
+        with contextlib.suppress(Exception):
+            data = orjson.loads(self.files.trainer_pid.read_bytes())
+            return int(data["pid"])
+        return read_pid(self.files.trainer_pid)
+
+    def _read_if_changed(self, topic: str, path: Path) -> Any:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return None
+        if self._file_mtimes.get(topic) == mtime:
+            return None
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            # The trainer writes these atomically; a bad one is its bug, not ours.
+            log.warning("ignoring %s: %s", path.name, exc)
+            self._file_mtimes[topic] = mtime
+            return None
+        self._file_mtimes[topic] = mtime
+        return data if isinstance(data, dict) else None
+
+    def close(self) -> None:
+        if self._sampler_task is not None:
+            self._sampler_task.cancel()
+        if self.follower is not None:
+            self.follower.read_new()
+            self.follower.stop()
+            if self._offset_fd is not None:
+                os.pwrite(self._offset_fd, f"{self.follower.offset}\n".encode().ljust(24), 0)
+        if self._offset_fd is not None:
+            os.close(self._offset_fd)
+            self._offset_fd = None
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,359 @@
+"""The policy function alone: no processes, no files, time as a number in each event."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor import policy as p
+
+RULES = p.Rules(
+    keep_last=3,
+    backoff_initial_s=1.0,
+    backoff_max_s=8.0,
+    max_restarts_without_progress=3,
+    stall_timeout_s=60.0,
+    stop_timeout_s=10.0,
+    max_loss=20.0,
+    divergence_retries=1,
+)
+
+
+def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
+    state = state or p.State()
+    log: list[object] = []
+    for event in events:
+        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
+        log.extend(actions)
+    return state, log
+
+
+def kinds(actions: list[object], cls: type) -> list:
+    return [a for a in actions if isinstance(a, cls)]
+
+
+def commit(step: int, t: float = 1.0) -> p.CheckpointCommitted:
+    return p.CheckpointCommitted(t, step, f"step_{step:06d}.bin", 100)
+
+
+def started(pid: int = 100, t: float = 0.0) -> tuple[p.State, list]:
+    return run([p.Startup(t), p.TrainerSpawned(t, pid)])
+
+
+# ------------------------------------------------------------------ life cycle
+
+
+def test_startup_spawns_from_newest_checkpoint():
+    state = p.State(checkpoints=(p.Ckpt(100, "step_000100.bin", 1), p.Ckpt(200, "step_000200.bin", 1)))
+    state, actions = run([p.Startup(0.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 200
+    assert spawn.seg == 1 and state.phase == "starting"
+
+
+def test_first_step_line_makes_it_running_and_exit_zero_is_finished():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 1, 3.0)], state)
+    assert state.phase == "running" and state.last_step == 1
+    state, actions = run([p.TrainerExited(2.0, 100, 0)], state)
+    assert state.phase == "finished"
+    assert not kinds(actions, p.Spawn)
+
+
+def test_crash_restarts_after_doubling_backoff_and_halts_in_crash_loop():
+    state, _ = started()
+    delays = []
+    pid = 100
+    t = 0.0
+    for _ in range(RULES.max_restarts_without_progress):
+        state, actions = run([p.TrainerExited(t, pid, 1)], state)
+        assert state.phase == "backoff"
+        delays.append(state.backoff_until - t)
+        t = state.backoff_until
+        state, actions = run([p.Tick(t)], state)
+        assert kinds(actions, p.Spawn)
+        pid += 1
+        state, _ = run([p.TrainerSpawned(t, pid)], state)
+    assert delays == [1.0, 2.0, 4.0]
+    state, actions = run([p.TrainerExited(t, pid, 1)], state)
+    assert state.phase == "crash_loop"
+    assert any(isinstance(a, p.Record) and a.kind == "halt" for a in actions)
+    assert not kinds(actions, p.Spawn)
+
+
+def test_progress_resets_backoff_and_counter():
+    state, _ = started()
+    state, _ = run([p.TrainerExited(0.0, 100, 1), p.Tick(1.0), p.TrainerSpawned(1.0, 101)], state)
+    assert state.restarts_without_progress == 1 and state.next_backoff_s == 2.0
+    state, _ = run([p.StepLogged(2.0, 1, 3.0), commit(10, 3.0)], state)
+    assert state.restarts_without_progress == 0 and state.next_backoff_s in (None, 1.0)
+
+
+def test_zero_backoff_restarts_in_the_same_decision():
+    rules = replace(RULES, backoff_initial_s=0.0)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], rules=rules)
+    state, actions = run([p.TrainerExited(1.0, 1, -9)], state, rules)
+    assert kinds(actions, p.Spawn) and state.phase == "starting"
+
+
+def test_checkpoint_the_trainer_dies_on_twice_is_quarantined_and_the_older_one_used():
+    ckpts = (p.Ckpt(100, "step_000100.bin", 1), p.Ckpt(200, "step_000200.bin", 1))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
+    assert state.resume_step == 200
+    state, actions = run([p.TrainerExited(1.0, 1, 1)], state)
+    assert not kinds(actions, p.Quarantine)
+    state, actions = run([p.Tick(10.0), p.TrainerSpawned(10.0, 2), p.TrainerExited(11.0, 2, 1)], state)
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 200
+    state, actions = run([p.Tick(100.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 100
+
+
+def test_a_step_beyond_the_checkpoint_clears_its_suspicion():
+    ckpts = (p.Ckpt(100, "step_000100.bin", 1),)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1), p.TrainerExited(1.0, 1, 1)], p.State(checkpoints=ckpts))
+    assert p.failures_of(state, 100) == 1
+    state, _ = run([p.Tick(5.0), p.TrainerSpawned(5.0, 2), p.StepLogged(6.0, 101, 2.0)], state)
+    assert p.failures_of(state, 100) == 0
+    state, actions = run([p.TrainerExited(7.0, 2, 1)], state)
+    assert not kinds(actions, p.Quarantine)
+
+
+def test_stall_sends_sigterm_then_sigkill_then_restarts():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 1, 3.0)], state)
+    assert p.deadline(state, RULES) == 61.0
+    state, actions = run([p.Tick(61.0)], state)
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGTERM"]
+    state, actions = run([p.Tick(71.0)], state)
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGKILL"]
+    state, actions = run([p.TrainerExited(71.1, 100, -9)], state)
+    crash = [a for a in actions if isinstance(a, p.Record) and a.kind == "crash"]
+    assert crash and "hang" in crash[0].fields["cause"]
+    assert state.phase == "backoff"
+
+
+def test_checkpoint_writing_extends_the_stall_deadline():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 1, 3.0), p.CheckpointWriting(50.0)], state)
+    state, actions = run([p.Tick(61.0)], state)
+    assert not kinds(actions, p.SignalTrainer)
+    assert p.deadline(state, RULES) == 110.0
+
+
+def test_divergence_kills_at_once_quarantines_poisoned_and_rolls_back():
+    ckpts = tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in (100, 200, 300))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
+    state, actions = run([p.StepLogged(1.0, 250, math.nan)], state)
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGKILL"]
+    assert [q.step for q in kinds(actions, p.Quarantine)] == [300]
+    state, actions = run([p.TrainerExited(1.1, 1, -9)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 200
+    # The same divergence again: halt.
+    state, _ = run([p.TrainerSpawned(2.0, 2)], state)
+    state, _ = run([p.StepLogged(3.0, 250, 25.0), p.TrainerExited(3.1, 2, -9)], state)
+    assert state.phase == "diverged"
+
+
+def test_divergence_counter_resets_once_a_checkpoint_passes_the_bad_step():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 50, math.inf), p.TrainerExited(1.1, 100, -9), p.TrainerSpawned(2.0, 101)], state)
+    assert state.divergences == 1
+    state, _ = run([p.StepLogged(3.0, 60, 2.0), commit(60, 3.0)], state)
+    assert state.divergences == 0
+    state, _ = run([p.StepLogged(4.0, 500, math.nan), p.TrainerExited(4.1, 101, -9)], state)
+    assert state.phase == "starting"
+
+
+def test_late_commit_from_a_diverged_trainer_is_quarantined():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 40, math.nan)], state)
+    state, actions = run([commit(40, 1.05)], state)
+    assert kinds(actions, p.Quarantine) and not state.checkpoints
+
+
+# ------------------------------------------------------------------ operator
+
+
+def op(cmd: str, t: float = 5.0, rid: int = 1, **args):
+    return p.Operator(t, rid, cmd, args)
+
+
+def replies(actions):
+    return kinds(actions, p.Reply)
+
+
+def test_save_wait_answers_when_the_checkpoint_commits():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 7, 3.0)], state)
+    state, actions = run([op("save", wait=True)], state)
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGUSR1"]
+    assert not replies(actions) and state.phase == "saving"
+    state, actions = run([commit(7, 6.0)], state)
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["step"] == 7
+    assert state.phase == "running"
+
+
+def test_save_is_refused_when_no_trainer_runs():
+    state, _ = started()
+    state, _ = run([p.TrainerExited(1.0, 100, 0)], state)
+    _, actions = run([op("save")], state)
+    (reply,) = replies(actions)
+    assert not reply.ok and reply.code == "wrong_state" and "finished" in reply.message
+
+
+def test_stop_then_start():
+    state, _ = started()
+    state, actions = run([op("stop")], state)
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGTERM"] and state.phase == "stopping"
+    state, actions = run([commit(20, 6.0), p.TrainerExited(6.1, 100, 0)], state)
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["checkpoint"]["step"] == 20
+    assert state.phase == "stopped"
+    state, actions = run([op("start", t=7.0, rid=2)], state)
+    assert kinds(actions, p.Spawn)[0].resume.step == 20
+    assert replies(actions)[0].ok
+    _, actions = run([op("start", t=8.0, rid=3)], state)
+    assert replies(actions)[0].code == "wrong_state"
+
+
+def test_stop_during_backoff_cancels_the_restart():
+    state, _ = started()
+    state, _ = run([p.TrainerExited(1.0, 100, 1)], state)
+    state, actions = run([op("stop", t=1.2)], state)
+    assert state.phase == "stopped" and replies(actions)[0].ok
+    _, actions = run([p.Tick(100.0)], state)
+    assert not kinds(actions, p.Spawn)
+
+
+def test_shutdown_stops_the_trainer_then_exits():
+    state, _ = started()
+    state, actions = run([p.ShutdownRequested(1.0)], state)
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGTERM"]
+    state, actions = run([p.TrainerExited(2.0, 100, 0)], state)
+    assert kinds(actions, p.Exit) and state.phase == "stopped"
+
+
+def test_pin_unknown_step_and_unpin_triggers_retention():
+    state = p.State(checkpoints=tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in (1, 2, 3)))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 9)], state)
+    _, actions = run([op("pin", step=99)], state)
+    assert replies(actions)[0].code == "bad_argument"
+    state, _ = run([op("pin", step=1)], state)
+    state, actions = run([commit(4, 2.0)], state)
+    assert not kinds(actions, p.Delete)  # 1 is pinned; 2, 3, 4 are the newest three
+    state, actions = run([op("unpin", step=1, rid=2)], state)
+    assert [d.step for d in kinds(actions, p.Delete)] == [1]
+
+
+def test_unknown_command_is_an_error_reply():
+    state, _ = started()
+    _, actions = run([op("frobnicate")], state)
+    assert replies(actions)[0].code == "unknown_command"
+
+
+def test_persisted_round_trip():
+    state = p.State(phase="crash_loop", seg=4, restarts=7, restarts_without_progress=3,
+                    failures=((200, 1),), pinned=frozenset({100}), halt_reason="x")
+    restored = p.restore(p.persisted(state), RULES)
+    assert p.persisted(restored) == p.persisted(state)
+    running = p.restore(p.persisted(replace(state, phase="running")), RULES)
+    assert running.phase == "starting"
+
+
+def test_boot_recovery_reports_lost_steps():
+    state = p.State(checkpoints=(p.Ckpt(100, "step_000100.bin", 1),))
+    _, actions = run([p.Startup(0.0, last_logged_step=137, unclean=True)], state)
+    (rec,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "boot_recovery"]
+    assert rec.fields["steps_lost"] == 37 and rec.fields["resume_step"] == 100
+
+
+# ------------------------------------------------------------------ properties
+
+steps = st.integers(min_value=1, max_value=60)
+events = st.one_of(
+    st.builds(lambda s: ("commit", s), steps),
+    st.builds(lambda s: ("step", s), steps),
+    st.just(("nan",)),
+    st.just(("crash",)),
+    st.just(("exit0",)),
+    st.just(("tick",)),
+    st.builds(lambda s: ("pin", s), steps),
+    st.builds(lambda s: ("unpin", s), steps),
+    st.just(("stop",)),
+    st.just(("start",)),
+    st.just(("save",)),
+    st.builds(lambda s: ("reject", s), steps),
+)
+
+
+def materialise(kind: tuple, state: p.State, t: float, pid: int) -> object:
+    name = kind[0]
+    if name == "commit":
+        return commit(kind[1], t)
+    if name == "step":
+        return p.StepLogged(t, kind[1], 2.0)
+    if name == "nan":
+        return p.StepLogged(t, (state.last_step or 0) + 1, math.nan)
+    if name == "crash":
+        return p.TrainerExited(t, state.trainer_pid or -1, 1)
+    if name == "exit0":
+        return p.TrainerExited(t, state.trainer_pid or -1, 0)
+    if name == "tick":
+        return p.Tick(t)
+    if name == "reject":
+        return p.CheckpointRejected(t, kind[1], f"step_{kind[1]:06d}.bin", "bad")
+    args = {"step": kind[1]} if len(kind) > 1 else {}
+    return p.Operator(t, int(t * 1000), name, args)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events, max_size=60), st.integers(min_value=1, max_value=4))
+def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
+    rules = replace(RULES, keep_last=keep_last)
+    state, _ = run([p.Startup(0.0)], rules=rules)
+    on_disk: set[int] = set()
+    t = 0.0
+    pid = 1000
+    for kind in sequence:
+        t += 7.0
+        spawns_before = state.seg
+        event = materialise(kind, state, t, pid)
+        if isinstance(event, p.CheckpointCommitted):
+            on_disk.add(event.step)
+        before = state
+        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
+        deleted = {a.step for a in actions if isinstance(a, p.Delete)}
+        quarantined = {a.step for a in actions if isinstance(a, p.Quarantine)}
+        verified_before = {c.step for c in before.checkpoints}
+        if isinstance(event, p.CheckpointCommitted) and event.step not in quarantined:
+            verified_before.add(event.step)
+        # Never the newest verified checkpoint, never a pinned one.
+        if verified_before:
+            newest = max(verified_before - quarantined, default=None)
+            assert newest not in deleted
+        assert not (deleted & state.pinned)
+        # Only checkpoints older than keep_last newer verified unpinned ones.
+        for step in deleted:
+            newer = [c for c in state.checkpoints if c.step > step and c.step not in state.pinned]
+            assert len(newer) >= rules.keep_last
+        # Never the one a live trainer loads before it has moved past it.
+        if state.trainer_alive and state.resume_step is not None:
+            assert state.resume_step not in deleted
+        remaining_unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
+        verified_unpinned = [s for s in verified_before - quarantined if s not in state.pinned]
+        assert len(remaining_unpinned) >= min(rules.keep_last, len(verified_unpinned))
+        on_disk -= deleted | quarantined
+        for spawn in (a for a in actions if isinstance(a, p.Spawn)):
+            assert spawn.resume is None or spawn.resume.step in {c.step for c in state.checkpoints}
+            pid += 1
+            state, _ = p.decide(state, p.TrainerSpawned(t, pid), rules)
+        assert state.seg >= spawns_before
+        assert state.restarts_without_progress <= rules.max_restarts_without_progress
+        assert (state.next_backoff_s or 0) <= rules.backoff_max_s
