@@ -1,0 +1,159 @@
+"""Host and trainer-tree figures against a real process tree of busy Python children."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from supervisor.host import HostSample, HostSampler, disk_low
+
+# A stand-in trainer: starts two busy-looping workers, prints their pids, then waits.
+TRAINER = """
+import subprocess, sys, time
+busy = "while True: pass"
+workers = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
+print(" ".join(str(w.pid) for w in workers), flush=True)
+time.sleep(600)
+"""
+
+
+class Tree:
+    def __init__(self, trainer: subprocess.Popen[str], workers: list[int]) -> None:
+        self.trainer = trainer
+        self.workers = workers
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        assert trainer.stdout is not None
+        workers = [int(pid) for pid in trainer.stdout.readline().split()]
+        yield Tree(trainer, workers)
+    finally:
+        for pid in [*workers, trainer.pid]:
+            kill_pid(pid)
+        trainer.wait(timeout=10)
+        if trainer.stdout is not None:
+            trainer.stdout.close()
+
+
+def test_trainer_tree_cpu_rss_and_count(tree: Tree, tmp_path: Path) -> None:
+    sampler = HostSampler(tmp_path)
+
+    sampler.sample(tree.trainer.pid)  # first cpu_percent call of each process sets its baseline
+    time.sleep(0.5)
+    sample = sampler.sample(tree.trainer.pid)
+
+    assert sample.trainer_processes == 3
+    # Two busy loops: a sampler that rebuilt its psutil objects would read 0.0 here.
+    assert sample.trainer_cpu_percent is not None and sample.trainer_cpu_percent > 10.0
+    own_rss = [psutil.Process(pid).memory_info().rss for pid in [tree.trainer.pid, *tree.workers]]
+    assert sample.trainer_rss_bytes is not None
+    assert sample.trainer_rss_bytes > max(own_rss)
+    assert abs(sample.trainer_rss_bytes - sum(own_rss)) < sum(own_rss) * 0.5
+
+
+def test_dead_children_are_dropped(tree: Tree, tmp_path: Path) -> None:
+    sampler = HostSampler(tmp_path)
+    assert sampler.sample(tree.trainer.pid).trainer_processes == 3
+
+    kill_pid(tree.workers[0])
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(tree.workers[0]) and psutil.Process(tree.workers[0]).status() not in (
+        psutil.STATUS_ZOMBIE,
+        psutil.STATUS_DEAD,
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+    sample = sampler.sample(tree.trainer.pid)
+
+    assert sample.trainer_processes == 2
+    assert tree.workers[0] not in sampler._tree
+
+
+def test_no_trainer_and_a_gone_trainer_give_none(tree: Tree, tmp_path: Path) -> None:
+    sampler = HostSampler(tmp_path)
+
+    idle = sampler.sample(None)
+    assert (idle.trainer_cpu_percent, idle.trainer_rss_bytes, idle.trainer_processes) == (
+        None,
+        None,
+        0,
+    )
+
+    assert sampler.sample(tree.trainer.pid).trainer_processes == 3
+    kill_pid(tree.trainer.pid)
+    tree.trainer.wait(timeout=10)
+
+    gone = sampler.sample(tree.trainer.pid)
+    assert gone.trainer_cpu_percent is None and gone.trainer_rss_bytes is None
+    assert gone.trainer_processes == 0
+
+
+def test_host_figures(tmp_path: Path) -> None:
+    sample = HostSampler(tmp_path).sample(None)
+
+    usage = shutil.disk_usage(tmp_path)
+    memory = psutil.virtual_memory()
+    assert sample.mem_total_bytes == memory.total
+    assert 0 < sample.mem_used_bytes < sample.mem_total_bytes
+    assert sample.disk_total_bytes == usage.total
+    assert sample.disk_free_bytes is not None
+    assert abs(sample.disk_free_bytes - usage.free) < 256 * 1024**2
+    assert (sample.load_avg_1m, sample.load_avg_5m, sample.load_avg_15m) == pytest.approx(
+        os.getloadavg(), abs=2.0
+    )
+
+
+def test_checkpoint_dir_not_created_yet_reports_its_volume(tmp_path: Path) -> None:
+    sample = HostSampler(tmp_path / "run" / "checkpoints").sample(None)
+
+    assert sample.disk_total_bytes == shutil.disk_usage(tmp_path).total
+
+
+def test_to_dict_is_json(tmp_path: Path) -> None:
+    sample = HostSampler(tmp_path).sample(os.getpid())
+
+    data = orjson.loads(orjson.dumps(sample.to_dict()))
+
+    assert set(data) == set(HostSample._fields)
+    assert data["trainer_processes"] >= 1
+    assert data["trainer_rss_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("free", "newest", "low"),
+    [
+        (10 * 10**9, 1_488_000_008, False),
+        (2_232_000_013, 1_488_000_008, False),  # exactly 1.5x, rounded up: enough
+        (2_232_000_011, 1_488_000_008, True),
+        (0, 1, True),
+        (0, 0, False),
+        (None, 1_488_000_008, False),
+        (100, None, False),
+    ],
+)
+def test_disk_low_below_one_and_a_half_checkpoints(
+    free: int | None, newest: int | None, low: bool
+) -> None:
+    assert disk_low(free, newest) is low
