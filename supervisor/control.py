@@ -73,6 +73,9 @@ class Connection:
         self.outbox = Outbox()
         self.topics: set[str] = set()
         self.closed = False
+        self.finishing = False
+        """No more requests (EOF or daemon exit): flush what is queued, then close."""
+        self.pump_task: asyncio.Task[None] | None = None
 
     async def pump(self) -> None:
         """Send the outbox until the connection closes; drops it when it overflows."""
@@ -85,6 +88,8 @@ class Connection:
                 for message in self.outbox.take():
                     self.writer.write(encode(message))
                 await self.writer.drain()
+                if self.finishing and not self.outbox.ordered:
+                    break
         except (ConnectionError, OSError):
             pass
         finally:
@@ -153,6 +158,15 @@ class ControlServer:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        # Replies to the last commands (shutdown's own) must reach their clients first.
+        pumps = []
+        for conn in list(self.connections):
+            conn.finishing = True
+            conn.outbox.wake.set()
+            if conn.pump_task is not None:
+                pumps.append(conn.pump_task)
+        if pumps:
+            await asyncio.wait(pumps, timeout=2.0)
         for conn in list(self.connections):
             conn.close()
         with contextlib.suppress(FileNotFoundError):
@@ -185,7 +199,7 @@ class ControlServer:
             return
         conn = Connection(writer, uid)
         self.connections.add(conn)
-        pump = asyncio.get_running_loop().create_task(conn.pump())
+        pump = conn.pump_task = asyncio.get_running_loop().create_task(conn.pump())
         try:
             while not conn.closed:
                 try:
@@ -203,9 +217,10 @@ class ControlServer:
         finally:
             self.connections.discard(conn)
             # Let the pump flush what is queued, then close.
+            conn.finishing = True
             conn.outbox.wake.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(pump), 1.0)
+                await asyncio.wait_for(asyncio.shield(pump), 5.0)
             conn.close()
 
     async def _request(self, conn: Connection, line: bytes) -> None:
@@ -327,6 +342,20 @@ def _check_args(cmd: str, args: dict[str, Any]) -> None:
         _int_arg(args, "step", None, 0, None)
         if "step" not in args:
             raise CommandError("bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number")
+    if cmd == "pivot":
+        for key in ("caps", "floors"):
+            table = args.get(key, {})
+            if not isinstance(table, dict) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in table.values()
+            ):
+                raise CommandError(
+                    "bad_argument", f"'{key}' must map arm names to numbers, e.g. {{\"docs\": 0.5}}"
+                )
+        if not args.get("caps") and not args.get("floors"):
+            raise CommandError("bad_argument", "a pivot needs 'caps' or 'floors' to change")
+        unexpected = sorted(k for k in args if k not in ("caps", "floors"))
+        if unexpected:
+            raise CommandError("bad_argument", f"unexpected argument(s) {', '.join(unexpected)}")
     if cmd == "save":
         if not isinstance(args.get("wait", False), bool):
             raise CommandError("bad_argument", "'wait' must be true or false")

@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from supervisor import PROTOCOL_VERSION, __version__, policy
 from supervisor import plugins as plugin_registry
 from supervisor.checkpoints import CheckpointStore, CheckpointWatcher, Verdict
@@ -21,12 +23,21 @@ from supervisor.config import Config
 from supervisor.journal import Journal, read_records
 from supervisor.notify import NOTIFY_ENV_KEYS
 from supervisor.process import TrainerIdentity, send_signal, spawn, stop_leftover
-from supervisor.rundir import RunFiles, acquire_lock, write_atomic
+from supervisor.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
 from supervisor.telemetry_hub import TelemetryHub
 
 log = logging.getLogger("trainwarden.daemon")
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": signal.SIGKILL}
+
+
+def archive_dir(run_dir: Path, relative: str) -> Path:
+    """A pivot archive folder, refusing any name that would leave run_dir/archive."""
+    base = (run_dir / "archive").resolve()
+    target = (run_dir / relative).resolve()
+    if target.parent != base or not target.name.startswith("pivot-"):
+        raise OSError(0, f"refusing archive path {relative!r} outside {base}")
+    return target
 
 
 def rules_from(cfg: Config) -> policy.Rules:
@@ -76,6 +87,9 @@ class Daemon:
         self.started_t = time.time()
         self.known_commits: dict[str, float] = {}
         self.ready_sent = False
+        # Test-only fault injection: SIGKILL this daemon right after a pivot stage is
+        # journaled, before its effects, to prove a restarted daemon finishes or undoes it.
+        self._die_at_stage = os.environ.get("TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE")
 
     # ------------------------------------------------------------------ life cycle
 
@@ -185,8 +199,14 @@ class Daemon:
         self.state, actions = policy.decide(self.state, event, self.rules)
         now_persisted = policy.persisted(self.state)
         if now_persisted != self.persisted:
+            # A pivot's stage must survive a power cut before the stage's effects start.
+            pivot_moved = now_persisted.get("pivot") != (self.persisted or {}).get("pivot")
             self.persisted = now_persisted
-            self.journal.append("state", {"state": now_persisted})
+            self.journal.append("state", {"state": now_persisted}, sync=pivot_moved)
+            if pivot_moved and self._die_at_stage is not None:
+                stage = (now_persisted.get("pivot") or {}).get("stage")
+                if stage == self._die_at_stage:
+                    os.kill(os.getpid(), signal.SIGKILL)
         for action in actions:
             await self.execute(action)
         if self.state.phase != before.phase or self.state.trainer_pid != before.trainer_pid:
@@ -226,6 +246,46 @@ class Daemon:
                 future.set_result(action)
         elif isinstance(action, policy.Exit):
             self.exit_code = action.code
+        elif isinstance(action, policy.Archive):
+            error = await asyncio.to_thread(self._archive, action)
+            self.queue.put_nowait(policy.PivotProgress(time.monotonic(), "archived", error))
+        elif isinstance(action, policy.WritePolicy):
+            error = await asyncio.to_thread(self._write_policy, action.policy)
+            self.queue.put_nowait(policy.PivotProgress(time.monotonic(), "policy_written", error))
+
+    def _archive(self, action: policy.Archive) -> str | None:
+        """Move the old bandit state, samples and policy into the pivot's archive folder."""
+        try:
+            target = archive_dir(self.cfg.run_dir, action.directory)
+            target.mkdir(parents=True, exist_ok=True)
+            for source in (self.files.samples, self.files.bandit_state, self.files.policy):
+                if source.exists():
+                    os.replace(source, target / source.name)
+            if not (target / self.files.policy.name).exists():
+                # The run had no policy.json: archive the defaults it ran under.
+                write_atomic(target / self.files.policy.name, orjson.dumps(action.old_policy, option=orjson.OPT_INDENT_2))
+            write_atomic(
+                target / "pivot.json",
+                orjson.dumps(
+                    {"step": action.step, "old_policy": action.old_policy, "new_policy": action.new_policy},
+                    option=orjson.OPT_INDENT_2,
+                ),
+            )
+            fsync_dir(self.cfg.run_dir)
+            fsync_dir(target)
+        except OSError as exc:
+            return f"{exc.filename or ''}: {exc.strerror or exc}"
+        return None
+
+    def _write_policy(self, new_policy: dict[str, Any]) -> str | None:
+        data = orjson.dumps(new_policy, option=orjson.OPT_INDENT_2) + b"\n"
+        try:
+            write_atomic(self.files.policy, data, mode=0o644)
+            if self.files.policy.read_bytes() != data:
+                return "policy.json reads back different from what was written"
+        except OSError as exc:
+            return f"policy.json: {exc.strerror or exc}"
+        return None
 
     async def _spawn(self, action: policy.Spawn) -> None:
         assert self.journal is not None and self.hub is not None
@@ -342,6 +402,8 @@ class Daemon:
 
     async def operator(self, cmd: str, args: dict[str, Any], uid: int | None) -> policy.Reply:
         """Queue an operator command and wait for the policy's reply."""
+        if cmd == "pivot":
+            args = {**args, **await asyncio.to_thread(self._pivot_context)}
         request_id = next(self.request_ids)
         future: asyncio.Future[policy.Reply] = asyncio.get_running_loop().create_future()
         self.replies[request_id] = future
@@ -350,6 +412,22 @@ class Daemon:
             return await future
         finally:
             self.replies.pop(request_id, None)
+
+    def _pivot_context(self) -> dict[str, Any]:
+        """What the pure policy needs to validate a pivot: the arms the trainer has now."""
+        bandit: dict[str, Any] = {}
+        current: dict[str, Any] = {}
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            bandit = orjson.loads(self.files.bandit_state.read_bytes())
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            current = orjson.loads(self.files.policy.read_bytes())
+        arms = bandit.get("arms") if isinstance(bandit, dict) else None
+        return {
+            "_arms": sorted(arms) if isinstance(arms, dict) else [],
+            "_zombies": list(bandit.get("zombies") or []) if isinstance(bandit, dict) else [],
+            "_current_policy": current if isinstance(current, dict) else {},
+            "_utc": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        }
 
     # ------------------------------------------------------------------ views
 
@@ -376,6 +454,9 @@ class Daemon:
             detail["reason"] = s.halt_reason
         if s.stop_reason:
             detail["stop_reason"] = s.stop_reason
+        if s.pivot is not None:
+            detail["pivot_stage"] = s.pivot.stage
+            detail["pivot_step"] = s.pivot.step
         uptime = None
         if s.trainer_started_t is not None and s.trainer_alive:
             uptime = round(time.monotonic() - s.trainer_started_t, 3)

@@ -69,6 +69,54 @@ class Waiter:
 
 
 @dataclass(frozen=True)
+class PivotPlan:
+    """A pivot's progress; persisted so a restarted daemon can finish or undo it."""
+
+    stage: Literal["saving", "stopping", "archiving", "writing_policy"]
+    old_policy: dict[str, Any]
+    new_policy: dict[str, Any]
+    utc: str
+    """When it started, for the archive folder's name."""
+    save_after_step: int
+    step: int | None = None
+    """The pivot checkpoint, once committed."""
+    was_pinned: bool = False
+    zombies: tuple[str, ...] = ()
+    """Arms in the bandit state whose data source is gone (reported, never nameable)."""
+    request_id: int | None = None
+    deadline: float | None = None
+
+    @property
+    def archive(self) -> str:
+        return f"archive/pivot-{self.step or 0:06d}-{self.utc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "old_policy": self.old_policy,
+            "new_policy": self.new_policy,
+            "utc": self.utc,
+            "save_after_step": self.save_after_step,
+            "step": self.step,
+            "was_pinned": self.was_pinned,
+            "zombies": list(self.zombies),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PivotPlan:
+        return cls(
+            stage=data["stage"],
+            old_policy=data["old_policy"],
+            new_policy=data["new_policy"],
+            utc=data["utc"],
+            save_after_step=int(data["save_after_step"]),
+            step=data.get("step"),
+            was_pinned=bool(data.get("was_pinned", False)),
+            zombies=tuple(data.get("zombies", ())),
+        )
+
+
+@dataclass(frozen=True)
 class State:
     phase: Phase = "starting"
     seg: int = 0
@@ -102,6 +150,10 @@ class State:
     waiters: tuple[Waiter, ...] = ()
     shutdown: bool = False
     halt_reason: str | None = None
+    pivot: PivotPlan | None = None
+    """The pivot in progress, if any (see supervisor.pivot)."""
+    last_pivot_step: int | None = None
+    """Checkpoints at or before this step carry a bandit from before the last pivot."""
 
     @property
     def trainer_alive(self) -> bool:
@@ -198,8 +250,18 @@ class ShutdownRequested:
     signal: str = "SIGTERM"
 
 
+@dataclass(frozen=True)
+class PivotProgress:
+    """The executor finished (or failed) a pivot stage's file work."""
+
+    t: float
+    done: Literal["archived", "policy_written"]
+    error: str | None = None
+
+
 Event = (
-    Startup
+    PivotProgress
+    | Startup
     | CheckpointCommitted
     | CheckpointRejected
     | CheckpointWriting
@@ -265,7 +327,22 @@ class Exit:
     code: int = 0
 
 
-Action = Spawn | SignalTrainer | Delete | Quarantine | Record | Reply | Exit
+@dataclass(frozen=True)
+class Archive:
+    """Move the trainer's bandit and sample files and policy.json into `directory`."""
+
+    directory: str
+    step: int
+    old_policy: dict[str, Any]
+    new_policy: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    policy: dict[str, Any]
+
+
+Action = Spawn | SignalTrainer | Delete | Quarantine | Record | Reply | Exit | Archive | WritePolicy
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -322,9 +399,11 @@ def next_to_delete(state: State, rules: Rules) -> int | None:
 def deadline(state: State, rules: Rules) -> float | None:
     """When the daemon must send the next Tick, if no other event arrives first."""
     times = [state.kill_at, state.backoff_until]
-    if state.phase in ("starting", "running", "saving") and state.trainer_alive:
+    if state.phase in ("starting", "running", "saving", "pivoting") and state.trainer_alive:
         times.append(state.last_activity_t + rules.stall_timeout_s)
     times.extend(w.deadline for w in state.waiters)
+    if state.pivot is not None and state.pivot.stage == "saving":
+        times.append(state.pivot.deadline)
     pending = [t for t in times if t is not None]
     return min(pending) if pending else None
 
@@ -336,9 +415,12 @@ def _apply_retention(state: State, rules: Rules, actions: list[Action]) -> State
     return without_checkpoints(state, {c.step for c in doomed}) if doomed else state
 
 
-def _spawn(state: State, t: float, actions: list[Action], *, pivot: bool = False) -> State:
+def _spawn(state: State, t: float, actions: list[Action]) -> State:
     resume = state.newest
     seg = state.seg + 1
+    # A checkpoint from before the last pivot carries the old policy's bandit: the trainer
+    # must start its bandit fresh under the new policy.json (weights and moments stay).
+    pivot = resume is not None and state.last_pivot_step is not None and resume.step <= state.last_pivot_step
     actions.append(Spawn(seg=seg, resume=resume, pivot=pivot))
     return replace(
         state,
@@ -410,6 +492,8 @@ def _on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) 
                 },
             )
         )
+    if state.pivot is not None and state.phase not in HALTED:
+        return _pivot.resume_after_restart(state, ev, rules, actions)
     state = _apply_retention(state, rules, actions)
     if state.phase in HALTED:
         actions.append(Record("idle", {"state": state.phase, "reason": state.halt_reason}))
@@ -426,6 +510,9 @@ def _on_committed(
         )
         return state
     ckpt = Ckpt(ev.step, ev.name, ev.bytes, ev.mtime)
+    state, consumed = _pivot.on_commit(state, ckpt, ev.t, rules, actions)
+    if consumed:
+        return state
     others = tuple(c for c in state.checkpoints if c.step != ev.step)
     state = replace(state, checkpoints=tuple(sorted((*others, ckpt), key=lambda c: c.step)))
     state = replace(state, last_activity_t=max(state.last_activity_t, ev.t))
@@ -504,6 +591,7 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         )
     )
     state = _fail_waiters(state, actions, "wrong_state", "the trainer diverged and was killed")
+    state = _pivot.abort(state, actions, f"the loss diverged at step {ev.step}")
     return replace(
         state,
         phase="stopping",
@@ -529,6 +617,11 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
     reason = state.stop_reason
     state = replace(state, trainer_pid=None, kill_at=None)
     exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
+    if reason == "pivot" and state.pivot is not None:
+        actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
+        return _pivot.on_trainer_stopped(state, ev.t, rules, actions)
+    if state.pivot is not None:
+        state = _pivot.abort(state, actions, f"the trainer exited ({describe_exit(ev.returncode)})")
     if reason in ("operator", "shutdown"):
         actions.append(Record("trainer_stopped", exit_fields))
         state = replace(state, phase="stopped", stop_reason=None, halt_reason="stopped by operator")
@@ -645,16 +738,23 @@ def _on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Sta
         _reply_error(actions, w.request_id, "timeout", f"no checkpoint was committed for {w.kind} in time")
     if expired:
         state = replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
+    plan = state.pivot
+    if plan is not None and plan.stage == "saving" and plan.deadline is not None and t >= plan.deadline:
+        return _pivot.abort(
+            state, actions, "no checkpoint was committed in time; the old policy stays", "timeout"
+        )
     if state.phase == "backoff" and state.backoff_until is not None and t >= state.backoff_until:
         return _spawn(state, t, actions)
     if state.kill_at is not None and t >= state.kill_at and state.trainer_alive:
         actions.append(SignalTrainer("SIGKILL", f"did not exit within {rules.stop_timeout_s:g} s"))
         return replace(state, kill_at=None)
     if (
-        state.phase in ("starting", "running", "saving")
+        state.phase in ("starting", "running", "saving", "pivoting")
+        and state.stop_reason is None
         and state.trainer_alive
         and t - state.last_activity_t >= rules.stall_timeout_s
     ):
+        state = _pivot.abort(state, actions, "the trainer stopped logging steps")
         actions.append(
             Record("stall", {"last_step": state.last_step, "silent_s": round(t - state.last_activity_t, 3)})
         )
@@ -740,6 +840,10 @@ def _cmd_start(state: State, ev: Operator, rules: Rules, actions: list[Action]) 
         divergences=0,
         divergence_step=None,
     )
+    if state.pivot is not None:
+        state = _pivot.resume_after_restart(state, Startup(ev.t), rules, actions)
+        actions.append(Reply(ev.request_id, ok=True, result={"state": state.phase}))
+        return state
     state = _spawn(state, ev.t, actions)
     actions.append(
         Reply(ev.request_id, ok=True, result={"state": "starting", "resume_step": state.resume_step})
@@ -799,9 +903,6 @@ def _cmd_shutdown(state: State, ev: Operator, rules: Rules, actions: list[Action
     return replace(state, phase="stopped" if state.phase == "backoff" else state.phase)
 
 
-def _cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
-    _reply_error(actions, ev.request_id, "not_implemented", "pivot is not available in this version")
-    return state
 
 
 _COMMANDS = {
@@ -811,7 +912,6 @@ _COMMANDS = {
     "pin": _cmd_pin,
     "unpin": _cmd_unpin,
     "shutdown": _cmd_shutdown,
-    "pivot": _cmd_pivot,
 }
 
 _HANDLERS: dict[type, Any] = {
@@ -841,6 +941,7 @@ PERSISTED = (
     "divergences",
     "divergence_step",
     "halt_reason",
+    "last_pivot_step",
 )
 
 
@@ -849,6 +950,7 @@ def persisted(state: State) -> dict[str, Any]:
     data = {name: getattr(state, name) for name in PERSISTED}
     data["failures"] = [list(pair) for pair in state.failures]
     data["pinned"] = sorted(state.pinned)
+    data["pivot"] = state.pivot.to_json() if state.pivot else None
     return data
 
 
@@ -868,4 +970,13 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         divergence_step=data.get("divergence_step"),
         halt_reason=data.get("halt_reason"),
         pinned=frozenset(int(s) for s in data.get("pinned", [])),
+        last_pivot_step=data.get("last_pivot_step"),
+        pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
     )
+
+
+# The pivot's stages live in their own module; it builds on the helpers above.
+from supervisor import pivot as _pivot  # noqa: E402
+
+_COMMANDS["pivot"] = _pivot.cmd_pivot
+_HANDLERS[PivotProgress] = _pivot.on_progress

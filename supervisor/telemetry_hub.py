@@ -150,6 +150,10 @@ class TelemetryHub:
                 self._finish_audit(result)
         self.seg = seg
         self.audit = None
+        resume_at = getattr(self.parser, "resume_at", None)
+        if resume_at is not None:
+            # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
+            resume_at(resume_step or 0)
         last = self.history.last_step
         if resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
@@ -159,7 +163,9 @@ class TelemetryHub:
     def _finish_audit(self, result: Any) -> None:
         self.audit = None
         fields = result.to_dict() if hasattr(result, "to_dict") else dict(result)
-        kind = "resume_verified" if fields.get("status") == "verified" else "resume_drift"
+        kind = {"verified": "resume_verified", "drift": "resume_drift"}.get(
+            fields.get("status", ""), "resume_unverified"
+        )
         self.audit_result = fields
         self.journal.append(kind, fields)
 

@@ -1,0 +1,109 @@
+"""The `hf-trainer` parser: the dicts the Hugging Face Trainer prints when it logs.
+
+    {'loss': 3.41, 'grad_norm': 1.2, 'learning_rate': 0.0006, 'epoch': 0.12}
+
+The printed dict has no step, so the step is the count of loss lines this parser has
+seen times `[telemetry] logging_steps` (a `'step'` key wins when present). The count
+starts at zero with each parser instance; after a resume, `resume_at(step)` continues it
+from the checkpoint's step. Evaluation dicts (`{'eval_loss': ...}`) and the final
+`{'train_runtime': ...}` summary carry no `'loss'` and are not steps.
+
+Lines are Python literals, read with a restricted walker over `ast` (what
+ast.literal_eval accepts, plus the bare words `nan` and `inf` that Python's repr prints
+for non-finite floats and that literal_eval rejects). Nothing is ever evaluated.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from plugins.api import StepRecord
+from plugins.parsers._common import options_int, to_float
+
+# Real Trainer dicts are a few hundred characters; parsing a huge line with ast is slow.
+MAX_LINE_CHARS = 16_384
+
+_BARE_WORDS = {
+    "nan": math.nan,
+    "NaN": math.nan,
+    "inf": math.inf,
+    "Inf": math.inf,
+    "Infinity": math.inf,
+    "infinity": math.inf,
+}
+
+
+def _literal(node: ast.AST) -> Any:
+    """The value of a literal expression node; raises ValueError for anything else."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _BARE_WORDS:
+        return _BARE_WORDS[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        operand = _literal(node.operand)
+        if isinstance(operand, int | float) and not isinstance(operand, bool):
+            return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.Dict):
+        pairs = {}
+        for key, value in zip(node.keys, node.values, strict=True):
+            if key is None:  # `**mapping` unpacking: not a literal
+                raise ValueError("not a literal: ** in a dict")
+            pairs[_literal(key)] = _literal(value)
+        return pairs
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_literal(element) for element in node.elts]
+    raise ValueError(f"not a literal: {type(node).__name__}")
+
+
+def parse_dict_line(line: str) -> dict[str, Any] | None:
+    """The dict a line prints (after any progress bar ended by \\r), or None."""
+    if len(line) > MAX_LINE_CHARS:
+        return None
+    text = line.rpartition("\r")[2].strip() if "\r" in line else line.strip()
+    start = text.find("{")
+    end = text.rfind("}")
+    if start < 0 or end < start:
+        return None
+    tree = ast.parse(text[start : end + 1], mode="eval")
+    value = _literal(tree.body)
+    return value if isinstance(value, dict) else None
+
+
+class HfTrainerParser:
+    """Parses the Hugging Face Trainer's logged dicts; counts steps when they lack one."""
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
+        self.logging_steps = options_int(self.options, "logging_steps", 1)
+        self._loss_lines = 0
+        self._step_offset = 0
+
+    def resume_at(self, step: int) -> None:
+        """Count the following loss lines from `step` (the checkpoint a trainer resumed)."""
+        self._step_offset = step
+        self._loss_lines = 0
+
+    def parse(self, line: str) -> StepRecord | None:
+        # Cheap test first: most lines of a Trainer log are progress bars and warnings.
+        if "'loss'" not in line and '"loss"' not in line:
+            return None
+        try:
+            logged = parse_dict_line(line)
+            if logged is None or "loss" not in logged:
+                return None
+            loss = to_float(logged.pop("loss"))
+            if loss is None:
+                return None
+            self._loss_lines += 1
+            step = logged.pop("step", None)
+            if isinstance(step, float) and step.is_integer():
+                step = int(step)
+            if not isinstance(step, int) or isinstance(step, bool):
+                step = self._step_offset + self._loss_lines * self.logging_steps
+            extras = {str(key): value for key, value in logged.items()}
+            return StepRecord(step, loss, None, extras)
+        except Exception:
+            return None

@@ -1,0 +1,261 @@
+"""The pivot: new caps and floors for the data-mixing bandit, as one crash-safe transaction.
+
+Pure like the rest of the policy. Stages, each recorded in the persisted state before
+its effects start:
+
+    saving          SIGUSR1 sent; waiting for a checkpoint at or after the current step
+    stopping        that checkpoint pinned; SIGTERM sent; later checkpoints are quarantined
+    archiving       bandit state, samples and the old policy.json moved to archive/
+    writing_policy  the new policy.json written atomically
+    (done)          trainer started from the pinned checkpoint with TRAINWARDEN_PIVOT=1
+
+A daemon killed before `archiving` rolls the pivot back (the run continues under the old
+policy); from `archiving` on it completes it. Because the trainer is started with a fresh
+bandit whenever it resumes from a checkpoint at or before the last pivot step, the old
+bandit never runs under the new policy, whichever checkpoint a later restart uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from supervisor.policy import (
+    Action,
+    Archive,
+    Ckpt,
+    Exit,
+    Operator,
+    PivotPlan,
+    PivotProgress,
+    Quarantine,
+    Record,
+    Reply,
+    Rules,
+    SignalTrainer,
+    Startup,
+    State,
+    WritePolicy,
+    _apply_retention,
+    _reply_error,
+    _spawn,
+    _stop_trainer,
+    without_checkpoints,
+)
+from trainer.policy import normalized_policy, validate_policy
+
+
+def new_policy_from(
+    current: dict[str, Any], arms: list[str], caps: dict[str, Any], floors: dict[str, Any]
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The current policy with the given caps and floors applied, or the rules it breaks."""
+    policy = normalized_policy(current or {}, arms)
+    problems = []
+    for table, key in ((caps, "cap"), (floors, "floor")):
+        for arm, value in table.items():
+            if arm not in policy["arms"]:
+                problems.append(f"unknown arm {arm!r}: known arms are {', '.join(arms)}")
+                continue
+            policy["arms"][arm][key] = value
+    problems += validate_policy(policy, arms)
+    return (None if problems else policy), problems
+
+
+def cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    if state.pivot is not None or state.phase == "pivoting":
+        _reply_error(actions, ev.request_id, "busy", "a pivot is already in progress")
+        return state
+    if state.phase not in ("running",) or not state.trainer_alive:
+        _reply_error(
+            actions,
+            ev.request_id,
+            "wrong_state",
+            f"cannot pivot while the run is {state.phase}: a pivot needs a running trainer",
+        )
+        return state
+    args = ev.args
+    arms = [str(a) for a in args.get("_arms") or []]
+    zombies = [str(z) for z in args.get("_zombies") or []]
+    if not arms:
+        _reply_error(
+            actions,
+            ev.request_id,
+            "wrong_state",
+            "the trainer has not written its bandit state (.state.json) yet; try again shortly",
+        )
+        return state
+    caps, floors = args.get("caps") or {}, args.get("floors") or {}
+    named_zombies = sorted(z for z in zombies if z in caps or z in floors)
+    if named_zombies:
+        _reply_error(
+            actions,
+            ev.request_id,
+            "bad_argument",
+            f"arm(s) {', '.join(named_zombies)} have no data source any more (zombie arms); "
+            f"a policy may name only {', '.join(arms)}",
+        )
+        return state
+    old = normalized_policy(args.get("_current_policy") or {}, arms)
+    new, problems = new_policy_from(old, arms, caps, floors)
+    if new is None:
+        _reply_error(actions, ev.request_id, "bad_argument", "; ".join(problems))
+        return state
+    target = state.last_step if state.last_step is not None else (state.resume_step or 0)
+    plan = PivotPlan(
+        stage="saving",
+        old_policy=old,
+        new_policy=new,
+        utc=str(args.get("_utc") or "unknown"),
+        save_after_step=target,
+        zombies=tuple(zombies),
+        request_id=ev.request_id,
+        deadline=ev.t + rules.save_wait_timeout_s,
+    )
+    actions.append(
+        Record(
+            "pivot_stage",
+            {"stage": "saving", "after_step": target, "new_policy": new, "zombies": zombies},
+        )
+    )
+    actions.append(SignalTrainer("SIGUSR1", "pivot: checkpoint before the policy change"))
+    return replace(state, phase="pivoting", pivot=plan)
+
+
+def on_commit(
+    state: State, ckpt: Ckpt, t: float, rules: Rules, actions: list[Action]
+) -> tuple[State, bool]:
+    """A checkpoint committed during a pivot. True when the pivot consumed it."""
+    plan = state.pivot
+    if plan is None:
+        return state, False
+    if plan.stage == "saving" and ckpt.step >= plan.save_after_step:
+        plan = replace(plan, stage="stopping", step=ckpt.step, was_pinned=ckpt.step in state.pinned)
+        actions.append(Record("pivot_stage", {"stage": "pin", "step": ckpt.step}))
+        actions.append(Record("pivot_stage", {"stage": "stopping", "step": ckpt.step}))
+        state = replace(state, pivot=plan, pinned=state.pinned | {ckpt.step})
+        state = _stop_trainer(state, t, rules, "pivot", actions)
+        return replace(state, phase="pivoting"), False
+    if plan.step is not None and ckpt.step > plan.step:
+        actions.append(
+            Quarantine(ckpt.step, ckpt.name, f"written under the old policy after pivot step {plan.step}")
+        )
+        return state, True
+    return state, False
+
+
+def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
+    """The trainer is down after the pivot checkpoint: archive, then the new policy."""
+    plan = state.pivot
+    assert plan is not None and plan.step is not None
+    later = [c for c in state.checkpoints if c.step > plan.step]
+    for c in later:
+        actions.append(
+            Quarantine(c.step, c.name, f"written under the old policy after pivot step {plan.step}")
+        )
+    state = without_checkpoints(state, {c.step for c in later})
+    return _start_archiving(replace(state, phase="pivoting", stop_reason=None, kill_at=None), actions)
+
+
+def _start_archiving(state: State, actions: list[Action]) -> State:
+    assert state.pivot is not None and state.pivot.step is not None
+    step = state.pivot.step
+    plan = replace(state.pivot, stage="archiving")
+    actions.append(Record("pivot_stage", {"stage": "archiving", "archive": plan.archive}))
+    actions.append(Archive(plan.archive, step, plan.old_policy, plan.new_policy))
+    return replace(state, pivot=plan)
+
+
+def on_progress(state: State, ev: PivotProgress, rules: Rules, actions: list[Action]) -> State:
+    plan = state.pivot
+    if plan is None:
+        return state
+    if ev.error is not None:
+        actions.append(Record("pivot_failed", {"stage": plan.stage, "error": ev.error}))
+        if plan.request_id is not None:
+            _reply_error(actions, plan.request_id, "internal", f"pivot failed at {plan.stage}: {ev.error}")
+        return replace(
+            state,
+            phase="stopped",
+            pivot=replace(plan, request_id=None),
+            halt_reason=f"pivot failed at {plan.stage}: {ev.error}; fix it, then `trainwarden start` "
+            "completes the pivot",
+        )
+    if ev.done == "archived" and plan.stage == "archiving":
+        plan = replace(plan, stage="writing_policy")
+        actions.append(Record("pivot_stage", {"stage": "writing_policy"}))
+        actions.append(WritePolicy(plan.new_policy))
+        return replace(state, pivot=plan)
+    if ev.done == "policy_written" and plan.stage == "writing_policy":
+        return _finish(state, ev.t, rules, actions)
+    return state
+
+
+def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
+    plan = state.pivot
+    assert plan is not None and plan.step is not None
+    actions.append(
+        Record(
+            "pivot",
+            {
+                "step": plan.step,
+                "old_policy": plan.old_policy,
+                "new_policy": plan.new_policy,
+                "archive": plan.archive,
+                "zombies": list(plan.zombies),
+            },
+        )
+    )
+    if plan.request_id is not None:
+        actions.append(
+            Reply(
+                plan.request_id,
+                ok=True,
+                result={"step": plan.step, "archive": plan.archive, "zombies": list(plan.zombies)},
+            )
+        )
+    state = replace(state, pivot=None, last_pivot_step=plan.step)
+    if state.shutdown:
+        actions.append(Exit(0))
+        return replace(state, phase="stopped", halt_reason="stopped by operator")
+    return _spawn(state, t, actions)
+
+
+def abort(state: State, actions: list[Action], why: str, code: str = "wrong_state") -> State:
+    """Give up a pivot that has not reached `archiving`: the old policy stays."""
+    plan = state.pivot
+    if plan is None or plan.stage in ("archiving", "writing_policy"):
+        return state
+    actions.append(Record("pivot_rolled_back", {"stage": plan.stage, "reason": why}))
+    if plan.request_id is not None:
+        _reply_error(actions, plan.request_id, code, f"pivot abandoned: {why}")
+    pinned = state.pinned
+    if plan.step is not None and not plan.was_pinned:
+        pinned = pinned - {plan.step}
+    state = replace(state, pivot=None, pinned=pinned)
+    if state.phase == "pivoting":
+        state = replace(state, phase="running" if state.trainer_alive else state.phase)
+    return state
+
+
+def resume_after_restart(state: State, ev: Startup, rules: Rules, actions: list[Action]) -> State:
+    """A daemon started with a pivot in its journal: finish it or roll it back."""
+    plan = state.pivot
+    assert plan is not None
+    if plan.stage in ("saving", "stopping"):
+        state = abort(state, actions, "the daemon restarted before the pivot's point of no return")
+        state = _apply_retention(state, rules, actions)
+        return _spawn(state, ev.t, actions)
+    actions.append(Record("pivot_resumed", {"stage": plan.stage, "step": plan.step}))
+    later = [c for c in state.checkpoints if plan.step is not None and c.step > plan.step]
+    for c in later:
+        actions.append(
+            Quarantine(c.step, c.name, f"written under the old policy after pivot step {plan.step}")
+        )
+    state = without_checkpoints(state, {c.step for c in later})
+    state = replace(state, phase="pivoting", pivot=replace(plan, request_id=None))
+    if plan.stage == "archiving":
+        assert plan.step is not None
+        actions.append(Archive(plan.archive, plan.step, plan.old_policy, plan.new_policy))
+        return state
+    actions.append(WritePolicy(plan.new_policy))
+    return state
