@@ -1,0 +1,76 @@
+"""A tiny trainer that speaks the contract with scripted losses: a real process for tests.
+
+Usage: python tests/scripted_trainer.py --steps N [--save-every K] [--format step-line|llmc]
+  [--nan-at S] [--drift-per-seg X] [--dt SECONDS] [--n-params P]
+Losses are 5 - 0.001 * step (+ X * (seg - 1) with --drift-per-seg, seg from TRAINWARDEN_SEG).
+Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import struct
+import sys
+import time
+from pathlib import Path
+
+
+def save(run_dir: Path, step: int, n_params: int) -> None:
+    directory = run_dir / "checkpoints"
+    directory.mkdir(exist_ok=True)
+    final = directory / f"step_{step:06d}.bin"
+    tmp = final.with_name(final.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<ii", step, n_params) + bytes(12 * n_params))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--format", default="step-line")
+    parser.add_argument("--nan-at", type=int, default=None)
+    parser.add_argument("--drift-per-seg", type=float, default=0.0)
+    parser.add_argument("--dt", type=float, default=0.01)
+    parser.add_argument("--n-params", type=int, default=1000)
+    args = parser.parse_args()
+    run_dir = Path.cwd()
+    seg = int(os.environ.get("TRAINWARDEN_SEG", "1"))
+    start = 0
+    resume = os.environ.get("TRAINWARDEN_RESUME")
+    if resume:
+        with open(resume, "rb") as f:
+            start, _ = struct.unpack("<ii", f.read(8))
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"scripted trainer: seg {seg}, from step {start}", flush=True)
+    step = start
+    while step < args.steps and not stop:
+        step += 1
+        time.sleep(args.dt)
+        loss = 5.0 - 0.001 * step + args.drift_per_seg * (seg - 1)
+        text = "nan" if args.nan_at == step else f"{loss:.6f}"
+        if args.format == "llmc":
+            print(f"step {step:4d}/{args.steps} | train loss {text} | norm 1.0000 | lr 6.00e-04 | "
+                  f"{args.dt * 1000:.2f} ms | 10.0% bf16 MFU | 512 tok/s", flush=True)
+        else:
+            print(f"step: {step}, loss: {text}, dt: {args.dt}, tokens: 512", flush=True)
+        if step % args.save_every == 0 or step == args.steps:
+            save(run_dir, step, args.n_params)
+    if stop:
+        save(run_dir, step, args.n_params)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

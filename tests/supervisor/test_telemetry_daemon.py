@@ -1,0 +1,204 @@
+"""Telemetry through the real daemon: loss history, resume audit, divergence, parsers, GPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from plugins.formats.andrea_bin import checkpoint_name
+from supervisor.lossdb import LossHistory
+from tests.helpers import (
+    PYTHON,
+    checkpoints,
+    journal,
+    journal_kinds,
+    pid_alive,
+    reference_run,
+    running_daemon,
+    trainer_argv,
+    wait_for,
+    write_config,
+)
+
+pytestmark = pytest.mark.timeout(240)
+SCRIPTED = str(Path(__file__).resolve().parent.parent / "scripted_trainer.py")
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def scripted_run(run_dir: Path, *args: str, telemetry: dict | None = None, restart: dict | None = None) -> Path:
+    write_config(
+        run_dir,
+        {
+            "trainer": {"command": [PYTHON, SCRIPTED, *args], "stop_timeout_s": 10.0},
+            "restart": {"backoff_initial_s": 0.0, "backoff_max_s": 0.5, **(restart or {})},
+            "telemetry": {"tokens_per_step": 512, **(telemetry or {})},
+        },
+    )
+    return run_dir
+
+
+def loss_lines(run_dir: Path) -> list[dict]:
+    return [orjson.loads(line) for line in (run_dir / ".loss.json").read_bytes().splitlines()]
+
+
+def test_nan_kills_at_once_rolls_back_and_ends_bit_exact(tmp_path: Path):
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    subprocess.run(trainer_argv(60, 10), cwd=straight, check=True, capture_output=True, timeout=180)
+    run_dir = reference_run(tmp_path / "run", 60, 10, "--nan-at-step", "25")
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("finished", timeout=180)
+        records = journal(run_dir)
+        divergence = next(r for r in records if r["kind"] == "divergence")
+        assert divergence["step"] == 25 and divergence["loss"] == "nan"
+        assert divergence["rollback_to"] == 20
+        kill = next(r for r in records if r["kind"] == "signal")
+        assert kill["signal"] == "SIGKILL" and "divergence" in kill["reason"]
+        assert kill["t"] - divergence["t"] < 0.5
+        spawns = [r for r in records if r["kind"] == "spawn"]
+        assert spawns[1]["resume"]["step"] == 20
+        assert "trainer_killed" in journal_kinds(run_dir) and "crash" not in journal_kinds(run_dir)
+    final = checkpoint_name(60)
+    assert (run_dir / "checkpoints" / final).read_bytes() == (straight / "checkpoints" / final).read_bytes()
+    # The NaN line is in .loss.json with its segment; the newest segment has finite losses.
+    lines = loss_lines(run_dir)
+    assert any(line["step"] == 25 and line["loss"] == "nan" and line["seg"] == 1 for line in lines)
+    history = LossHistory.load(run_dir / ".loss.json")
+    assert [row.step for row in history] == list(range(1, 61))
+    assert all(row.seg == 2 for row in history if row.step > 20)
+
+
+def test_recurring_divergence_halts_in_diverged(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "1000", "--save-every", "10", "--nan-at", "25",
+                           restart={"divergence_retries": 1})
+    with running_daemon(run_dir) as daemon:
+        status = daemon.wait_state("diverged", timeout=60)
+        assert "diverged again at step 25" in status["detail"]["reason"]
+        assert journal_kinds(run_dir).count("divergence") == 2
+        assert journal_kinds(run_dir).count("spawn") == 2
+        assert checkpoints(run_dir) == [10, 20]
+
+
+def test_loss_above_max_loss_is_a_divergence(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "1000", "--save-every", "10",
+                           telemetry={"max_loss": 4.99})
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("diverged", timeout=60)
+        divergence = next(r for r in journal(run_dir) if r["kind"] == "divergence")
+        # 4.999 at step 1 is already above max_loss: no checkpoint precedes it, so the
+        # rollback is a fresh start, and the same divergence again halts.
+        assert divergence["step"] == 1 and divergence["max_loss"] == 4.99
+        assert divergence["rollback_to"] is None
+        spawns = [r for r in journal(run_dir) if r["kind"] == "spawn"]
+        assert [s["resume"] for s in spawns] == [None, None]
+
+
+def test_resume_audit_verified_after_sigkill(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "300", "--save-every", "50", "--dt", "0.02")
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 70, 60, what="step 70")
+        os.kill(daemon.status()["trainer_pid"], signal.SIGKILL)
+        daemon.wait_state("finished", timeout=60)
+        verified = next(r for r in journal(run_dir) if r["kind"] == "resume_verified")
+        assert verified["checkpoint_step"] == 50 and verified["checked"] >= 20
+        assert daemon.status()["resume_audit"]["status"] == "verified"
+
+
+def test_resume_audit_reports_drift(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "300", "--save-every", "50", "--dt", "0.02",
+                           "--drift-per-seg", "0.5")
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 60, 60, what="step 60")
+        os.kill(daemon.status()["trainer_pid"], signal.SIGKILL)
+        wait_for(lambda: "resume_drift" in journal_kinds(run_dir), 60, what="drift event")
+        drift = next(r for r in journal(run_dir) if r["kind"] == "resume_drift")
+        assert drift["step"] == 51
+        assert drift["new_loss"] - drift["old_loss"] == pytest.approx(0.5)
+
+
+def test_status_fields_and_history_rebuilt_at_start(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100", "--dt", "0.02",
+                           telemetry={"n_params": 1000, "peak_tflops": 100.0, "vocab_size": 50257})
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 40, 60, what="steps")
+        status = daemon.status()
+        assert status["tokens_per_s"] == pytest.approx(512 / 0.02, rel=1e-6)
+        expected_mfu = 6 * 1000 * 512 / (0.02 * 100e12)
+        assert status["mfu"] == pytest.approx(expected_mfu, rel=1e-6)
+        assert status["collapse_loss"] == pytest.approx(10.825, abs=1e-3)
+        assert status["loss"] == pytest.approx(5.0 - 0.001 * status["step"], abs=0.01)
+        assert status["steps_per_min"] > 0 and status["eta_s"] is None
+        step_then = status["step"]
+        daemon.kill()
+    with running_daemon(run_dir) as daemon:
+        status = daemon.status()
+        # Telemetry comes back from .loss.json before the new trainer has logged anything.
+        assert status["loss_ema"] is not None
+        history = daemon.request("history", points=10)
+        assert history["last_step"] >= step_then
+
+
+def test_llmc_parser_and_log_copytruncate(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100", "--dt", "0.02",
+                           "--format", "llmc", telemetry={"parser": "llmc"})
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 20, 60, what="llmc steps")
+        os.truncate(run_dir / "training.log", 0)
+        before = daemon.status()["step"]
+        wait_for(lambda: daemon.status()["step"] > before + 10, 30, what="steps after copytruncate")
+        assert daemon.status()["log"]["truncations"] >= 1
+
+
+def test_gpu_telemetry_and_mfu_from_the_gpu_name(tmp_path: Path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "pynvml.py").write_text(
+        "import sys\n"
+        "from tests.supervisor.fake_pynvml import FakeNvml\n"
+        "fake = FakeNvml()\n"
+        "fake.values['name'] = 'NVIDIA A100-SXM4-80GB'\n"
+        "sys.modules[__name__] = fake.module\n"
+    )
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100", "--dt", "0.02",
+                           telemetry={"n_params": 124_356_864})
+    env = {"PYTHONPATH": f"{shim}{os.pathsep}{REPO}"}
+    with running_daemon(run_dir, env=env) as daemon:
+        status = wait_for(lambda: (s := daemon.status())["gpu"] and s["mfu"] is not None and s, 30,
+                          what="GPU sample and MFU")
+        gpu = status["gpu"]
+        assert gpu["name"] == "NVIDIA A100-SXM4-80GB" and gpu["power_w"] == pytest.approx(412.345)
+        expected = 6 * 124_356_864 * 512 / (0.02 * 312e12)
+        assert status["mfu"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_unknown_gpu_shows_mfu_unknown_with_a_hint(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100",
+                           telemetry={"n_params": 1000})
+    with running_daemon(run_dir) as daemon:
+        status = wait_for(lambda: (s := daemon.status())["step"] and s["mfu_unknown_reason"] and s, 30,
+                          what="status")
+        assert status["mfu"] is None and "peak_tflops" in status["mfu_unknown_reason"]
+
+
+def test_daemon_cpu_is_small_while_supervising(tmp_path: Path):
+    """Not a timing assertion (bench/ has the figure): the loop must not spin."""
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "1000", "--dt", "0.1")
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 30, what="steps")
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu_s() -> float:
+            fields = Path(f"/proc/{daemon.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+        before = cpu_s()
+        time.sleep(5.0)
+        used = cpu_s() - before
+        assert pid_alive(daemon.pid)
+        assert used < 1.0, f"daemon used {used:.2f} s of CPU in 5 s at 10 lines/s"
