@@ -260,6 +260,50 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, float]:
     return out
 
 
+def cmd_install_unit(args: argparse.Namespace) -> int:
+    import os
+    import pwd
+    import shutil
+    import subprocess
+
+    from supervisor import units
+    from supervisor.config import load_config
+
+    run_dir = _run_dir(args)
+    cfg = load_config(run_dir)
+    kind = "system" if args.system or (not args.user and os.getuid() == 0) else "user"
+    exe = Path(sys.executable).parent / "trainwarden"
+    if not exe.exists():
+        found = shutil.which("trainwarden")
+        if found is None:
+            raise UsageError("cannot find the trainwarden executable; install the package first")
+        exe = Path(found)
+    user = None
+    if kind == "system":
+        owner = pwd.getpwuid(run_dir.stat().st_uid).pw_name
+        user = args.as_user or owner
+    text = units.render_unit(
+        kind, exe, run_dir, user, trainer_stop_timeout_s=cfg.trainer.stop_timeout_s
+    )
+    name = units.unit_name(run_dir)
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    path = units.unit_install_path(kind, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    scope = ["--user"] if kind == "user" else []
+    print(f"wrote {path}")
+    if args.reload:
+        subprocess.run(["systemctl", *scope, "daemon-reload"], check=False)
+    else:
+        print(f"then: systemctl {' '.join([*scope, 'daemon-reload'])}")
+    print(f"start it now and at every boot: systemctl {' '.join([*scope, 'enable', '--now', name])}")
+    if kind == "user":
+        print(f"so it runs without you logged in: loginctl enable-linger {pwd.getpwuid(os.getuid()).pw_name}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -299,6 +343,14 @@ def build_parser() -> Parser:
     for name in ("pin", "unpin"):
         p = add(name, _acting(name, step=True), f"{name} a checkpoint (pinned ones are never deleted)", json=True)
         p.add_argument("step", type=int, help="the checkpoint's step")
+
+    p = add("install-unit", cmd_install_unit, "write a systemd unit that runs the daemon for this run")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--user", action="store_true", help="a unit for `systemctl --user` (default unless root)")
+    scope.add_argument("--system", action="store_true", help="a system unit (default for root)")
+    p.add_argument("--as-user", help="User= for a system unit (default: the run directory's owner)")
+    p.add_argument("--dry-run", action="store_true", help="print the unit and write nothing")
+    p.add_argument("--reload", action="store_true", help="run `systemctl daemon-reload` afterwards")
 
     p = add("pivot", cmd_pivot, "change the data-mixing caps/floors mid-run", json=True)
     p.add_argument("--cap", action="append", metavar="ARM=X", help="new cap for an arm (repeatable)")

@@ -159,7 +159,7 @@ class Daemon:
             await self._event_loop()
         finally:
             watchdog_task.cancel()
-            if self.notifier is not None:
+            if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
             await self.server.close()
@@ -207,6 +207,8 @@ class Daemon:
                 stage = (now_persisted.get("pivot") or {}).get("stage")
                 if stage == self._die_at_stage:
                     os.kill(os.getpid(), signal.SIGKILL)
+        if self.state.shutdown and not before.shutdown and self.notifier is not None:
+            self.notifier.stopping(f"stopping: {self.state.phase}")
         for action in actions:
             await self.execute(action)
         if self.state.phase != before.phase or self.state.trainer_pid != before.trainer_pid:

@@ -72,12 +72,11 @@ _HEADER: Mapping[Kind, str] = {
 }
 
 _START_LIMIT = """\
-# A flapping GPU (Xid errors, a driver reset) can fail the daemon now and then: allow 20
-# starts an hour, i.e. one failure every 3 minutes on average, instead of systemd's 5 in
-# 10 s. A daemon that fails at every start still stops after 20 tries (a few minutes) and
-# waits for the operator (`systemctl reset-failed`, then start).
-StartLimitIntervalSec=1h
-StartLimitBurst=20
+# A flapping GPU (Xid errors, a driver reset) can fail the daemon again and again for
+# hours; nobody is awake to run `systemctl reset-failed`. So no start limit at all: the
+# daemon is retried every RestartSec for as long as the machine is up. Config errors
+# (exit status 2) are not retried (RestartPreventExitStatus below).
+StartLimitIntervalSec=0
 """
 
 _SERVICE_SECTION = """\
@@ -101,7 +100,7 @@ KillMode=mixed
 # [trainer] stop_timeout_s (120 s by default), after which the daemon kills the trainer.
 TimeoutStopSec=300
 Restart=on-failure
-RestartSec=10
+RestartSec=30
 # Exit status 2 is a configuration or usage error: restarting cannot fix it.
 RestartPreventExitStatus=2
 """

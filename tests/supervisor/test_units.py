@@ -105,12 +105,11 @@ def test_template_details() -> None:
     assert "Wants" not in system["Unit"] and "Requires" not in system["Unit"]
     assert "After" not in user["Unit"]
     for unit in (system, user):
-        assert unit["Unit"]["StartLimitIntervalSec"] == "1h"
-        assert unit["Unit"]["StartLimitBurst"] == "20"
+        assert unit["Unit"]["StartLimitIntervalSec"] == "0"
         assert unit["Service"]["ExecStart"] == f"{TEMPLATE_EXE} daemon %f"
         assert unit["Service"]["ReadWritePaths"].split()[0] == "%f"
         assert unit["Service"]["WorkingDirectory"] == "%f"
-        assert unit["Service"]["RestartSec"] == "10"
+        assert unit["Service"]["RestartSec"] == "30"
         assert int(unit["Service"]["TimeoutStopSec"]) >= 300
         assert "PrivateDevices" not in unit["Service"]
         assert "DevicePolicy" not in unit["Service"]
