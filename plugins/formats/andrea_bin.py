@@ -18,6 +18,7 @@ from supervisor.errors import CheckpointInvalid
 
 HEADER = struct.Struct("<ii")
 NAME = re.compile(r"^step_(\d{6,})\.bin$")
+SIDECAR = re.compile(r"^step_(\d{6,})\.json$")
 TMP_SUFFIX = ".tmp"
 
 
@@ -55,7 +56,11 @@ class AndreaBin:
         return int(match.group(1)) if match else None
 
     def is_in_flight(self, path: Path) -> bool:
-        return path.name.endswith(TMP_SUFFIX) and NAME.match(path.name[: -len(TMP_SUFFIX)]) is not None
+        if not path.name.endswith(TMP_SUFFIX):
+            return False
+        # The sidecar is written (to its own .tmp) before the .bin: both are writes in flight.
+        stem = path.name[: -len(TMP_SUFFIX)]
+        return NAME.match(stem) is not None or SIDECAR.match(stem) is not None
 
     def verify(self, path: Path) -> CheckpointInfo:
         name_step = self.step_of(path)

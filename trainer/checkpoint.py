@@ -1,0 +1,141 @@
+"""Writing and reading andrea-bin checkpoints: weights, Adam m and Adam v as float32.
+
+Commit protocol: the sidecar (everything else exact resume needs) is replaced
+atomically first, then the .bin is written to a .tmp name, fsynced and renamed. The
+.bin rename is the single commit point, so a crash at any moment leaves either the old
+set of committed checkpoints or the old set plus the new one, never a torn file under a
+committed name. Regions are in model parameter order, each parameter flattened.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from plugins.formats.andrea_bin import HEADER, TMP_SUFFIX, checkpoint_name
+from trainer.adamw import AdamW
+from trainer.atomic import fsync_dir, write_json_atomically
+from trainer.resume import sidecar_path
+
+SLOW_SAVE_ENV = "TRAINER_TEST_SLOW_SAVE_S"
+"""Test-only: seconds to sleep between the fsync of the .tmp file and its rename."""
+REGIONS = ("weights", "exp_avg", "exp_avg_sq")
+
+if sys.byteorder != "little":
+    # The format is little-endian and tensors are written as the machine holds them.
+    raise ImportError("andrea-bin checkpoints can only be written on a little-endian machine")
+
+
+@dataclass
+class Regions:
+    """A checkpoint's three flat float32 regions, on the CPU."""
+
+    step: int
+    weights: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+
+
+def _float32_bytes(tensor: torch.Tensor) -> bytearray:
+    flat = tensor.detach().to("cpu", torch.float32).reshape(-1)
+    buffer = bytearray(4 * flat.numel())
+    torch.frombuffer(buffer, dtype=torch.float32).copy_(flat)
+    return buffer
+
+
+def _region_tensors(model: nn.Module, optimizer: AdamW, region: str) -> Iterator[torch.Tensor]:
+    for param in model.parameters():
+        if region == "weights":
+            yield param
+        else:
+            yield getattr(optimizer.state[param], region)
+
+
+def param_step_counts(model: nn.Module, optimizer: AdamW) -> list[int]:
+    """Adam's per-parameter step count (bias correction), in model parameter order."""
+    return [optimizer.state[param].step for param in model.parameters()]
+
+
+def save_checkpoint(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: AdamW,
+    sidecar: dict[str, Any],
+) -> Path:
+    """Commit `step_NNNNNN.bin` (and its sidecar first); returns the committed path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / checkpoint_name(step)
+    write_json_atomically(sidecar_path(final), sidecar)
+    n_params = sum(p.numel() for p in model.parameters())
+    tmp = final.with_name(final.name + TMP_SUFFIX)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(HEADER.pack(step, n_params))
+            for region in REGIONS:
+                for tensor in _region_tensors(model, optimizer, region):
+                    f.write(_float32_bytes(tensor))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        # A full disk, say: leave no partial .tmp behind to take up the space.
+        tmp.unlink(missing_ok=True)
+        raise
+    slow = float(os.environ.get(SLOW_SAVE_ENV, "0") or 0)
+    if slow > 0:
+        time.sleep(slow)
+    os.replace(tmp, final)
+    fsync_dir(directory)
+    return final
+
+
+def read_regions(path: Path) -> Regions:
+    """The three regions of a checkpoint that AndreaBin().verify has already accepted."""
+    with open(path, "rb") as f:
+        step, n_params = HEADER.unpack(f.read(HEADER.size))
+        tensors = []
+        for _ in REGIONS:
+            buffer = bytearray(4 * n_params)
+            if f.readinto(buffer) != len(buffer):
+                raise OSError(f"{path.name}: shorter than its header says")
+            tensors.append(torch.frombuffer(buffer, dtype=torch.float32))
+    return Regions(step, *tensors)
+
+
+def _unflatten(flat: torch.Tensor, model: nn.Module) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
+    offset = 0
+    for param in model.parameters():
+        yield param, flat[offset : offset + param.numel()].view_as(param)
+        offset += param.numel()
+
+
+def load_into(
+    model: nn.Module,
+    optimizer: AdamW,
+    regions: Regions,
+    step_counts: list[int],
+) -> None:
+    """Put saved weights, moments and per-parameter step counts back in place."""
+    with torch.no_grad():
+        for param, saved in _unflatten(regions.weights, model):
+            param.copy_(saved)
+    moments = zip(
+        _unflatten(regions.exp_avg, model),
+        _unflatten(regions.exp_avg_sq, model),
+        step_counts,
+        strict=True,
+    )
+    with torch.no_grad():
+        for (param, exp_avg), (_, exp_avg_sq), count in moments:
+            state = optimizer.state[param]
+            state.step = int(count)
+            state.exp_avg.copy_(exp_avg)
+            state.exp_avg_sq.copy_(exp_avg_sq)
