@@ -66,4 +66,3 @@ class CheckpointFormat(Protocol):
     def companions(self, path: Path) -> list[Path]:
         """Files that belong to this checkpoint (sidecars): moved and deleted with it."""
         ...
-

@@ -193,9 +193,9 @@ class CheckpointWatcher(FileSystemEventHandler):
             name = self._final(os.fsdecode(event.src_path))
         else:
             name = None
-            if isinstance(event, FileModifiedEvent | FileCreatedEvent) and self.store.fmt.is_in_flight(
-                Path(os.fsdecode(event.src_path))
-            ):
+            if isinstance(
+                event, FileModifiedEvent | FileCreatedEvent
+            ) and self.store.fmt.is_in_flight(Path(os.fsdecode(event.src_path))):
                 now = time.monotonic()
                 if now - self._last_writing >= 1.0:
                     self._last_writing = now

@@ -82,7 +82,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from supervisor.notify import Notifier
 
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
     )
     import os
 
@@ -115,7 +117,11 @@ def format_status(s: dict[str, Any]) -> str:
     total = s.get("total_steps")
     step = f"{_fmt(s.get('step'))}" + (f"/{total}" if total else "")
     mfu = s.get("mfu")
-    mfu_text = f"{mfu * 100:.2f} %" if mfu is not None else f"unknown ({s.get('mfu_unknown_reason') or 'n/a'})"
+    mfu_text = (
+        f"{mfu * 100:.2f} %"
+        if mfu is not None
+        else f"unknown ({s.get('mfu_unknown_reason') or 'n/a'})"
+    )
     lines = [
         f"run       {s.get('run')}  ({s.get('run_dir')})",
         f"state     {s.get('state')}{extra}",
@@ -128,10 +134,11 @@ def format_status(s: dict[str, Any]) -> str:
     gpu = s.get("gpu")
     lines.append(f"gpu       {gpu.get('name') if gpu else 'no NVIDIA GPU'}")
     ckpts = s.get("checkpoints") or []
-    names = ", ".join(
-        f"{c['step']}{'*' if c.get('pinned') else ''}" for c in ckpts
+    names = ", ".join(f"{c['step']}{'*' if c.get('pinned') else ''}" for c in ckpts)
+    lines.append(
+        f"ckpts     {len(ckpts)} verified: {names or 'none'}"
+        + ("  (* pinned)" if "*" in names else "")
     )
-    lines.append(f"ckpts     {len(ckpts)} verified: {names or 'none'}" + ("  (* pinned)" if "*" in names else ""))
     quarantined = s.get("quarantined") or []
     if quarantined:
         lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
@@ -256,7 +263,9 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, float]:
                 raise ValueError
             out[arm] = float(value)
         except ValueError:
-            raise UsageError(f"{flag} {item!r}: expected ARM=NUMBER, for example {flag} docs=0.5") from None
+            raise UsageError(
+                f"{flag} {item!r}: expected ARM=NUMBER, for example {flag} docs=0.5"
+            ) from None
     return out
 
 
@@ -271,7 +280,7 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
 
     run_dir = _run_dir(args)
     cfg = load_config(run_dir)
-    kind = "system" if args.system or (not args.user and os.getuid() == 0) else "user"
+    kind: units.Kind = "system" if args.system or (not args.user and os.getuid() == 0) else "user"
     exe = Path(sys.executable).parent / "trainwarden"
     if not exe.exists():
         found = shutil.which("trainwarden")
@@ -298,9 +307,13 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
         subprocess.run(["systemctl", *scope, "daemon-reload"], check=False)
     else:
         print(f"then: systemctl {' '.join([*scope, 'daemon-reload'])}")
-    print(f"start it now and at every boot: systemctl {' '.join([*scope, 'enable', '--now', name])}")
+    print(
+        f"start it now and at every boot: systemctl {' '.join([*scope, 'enable', '--now', name])}"
+    )
     if kind == "user":
-        print(f"so it runs without you logged in: loginctl enable-linger {pwd.getpwuid(os.getuid()).pw_name}")
+        print(
+            f"so it runs without you logged in: loginctl enable-linger {pwd.getpwuid(os.getuid()).pw_name}"
+        )
     return 0
 
 
@@ -311,9 +324,13 @@ def build_parser() -> Parser:
     parser = Parser(prog="trainwarden", description="Supervise a long training run.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str, *, json: bool = False) -> Parser:
+    def add(
+        name: str, func: Callable[[argparse.Namespace], int], help_text: str, *, json: bool = False
+    ) -> Parser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("run_dir", nargs="?", default=".", help="run directory (default: current directory)")
+        p.add_argument(
+            "run_dir", nargs="?", default=".", help="run directory (default: current directory)"
+        )
         if json:
             p.add_argument("--json", action="store_true", help="print the raw result as JSON")
         p.set_defaults(func=func)
@@ -327,7 +344,9 @@ def build_parser() -> Parser:
     p.add_argument("--force", action="store_true", help="overwrite an existing config")
 
     p = add("daemon", cmd_daemon, "run the supervisor daemon (foreground; what systemd runs)")
-    p.add_argument("--detach", action="store_true", help="start in the background and return once it answers")
+    p.add_argument(
+        "--detach", action="store_true", help="start in the background and return once it answers"
+    )
 
     add("status", cmd_status, "show the run's state and telemetry", json=True)
     add("checkpoints", cmd_checkpoints, "list verified and quarantined checkpoints", json=True)
@@ -335,26 +354,44 @@ def build_parser() -> Parser:
     p.add_argument("-n", type=int, default=30, help="how many (default 30)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
 
-    p = add("save", _acting("save", wait=True), "ask the trainer for a checkpoint now (SIGUSR1)", json=True)
+    p = add(
+        "save",
+        _acting("save", wait=True),
+        "ask the trainer for a checkpoint now (SIGUSR1)",
+        json=True,
+    )
     p.add_argument("--wait", action="store_true", help="return once the checkpoint is committed")
     add("stop", _acting("stop"), "stop the trainer (it saves first); the daemon stays", json=True)
     add("start", _acting("start"), "start the trainer again after stop or a halt", json=True)
     add("shutdown", _acting("shutdown"), "stop the trainer, then the daemon", json=True)
     for name in ("pin", "unpin"):
-        p = add(name, _acting(name, step=True), f"{name} a checkpoint (pinned ones are never deleted)", json=True)
+        p = add(
+            name,
+            _acting(name, step=True),
+            f"{name} a checkpoint (pinned ones are never deleted)",
+            json=True,
+        )
         p.add_argument("step", type=int, help="the checkpoint's step")
 
-    p = add("install-unit", cmd_install_unit, "write a systemd unit that runs the daemon for this run")
+    p = add(
+        "install-unit", cmd_install_unit, "write a systemd unit that runs the daemon for this run"
+    )
     scope = p.add_mutually_exclusive_group()
-    scope.add_argument("--user", action="store_true", help="a unit for `systemctl --user` (default unless root)")
+    scope.add_argument(
+        "--user", action="store_true", help="a unit for `systemctl --user` (default unless root)"
+    )
     scope.add_argument("--system", action="store_true", help="a system unit (default for root)")
     p.add_argument("--as-user", help="User= for a system unit (default: the run directory's owner)")
     p.add_argument("--dry-run", action="store_true", help="print the unit and write nothing")
     p.add_argument("--reload", action="store_true", help="run `systemctl daemon-reload` afterwards")
 
     p = add("pivot", cmd_pivot, "change the data-mixing caps/floors mid-run", json=True)
-    p.add_argument("--cap", action="append", metavar="ARM=X", help="new cap for an arm (repeatable)")
-    p.add_argument("--floor", action="append", metavar="ARM=X", help="new floor for an arm (repeatable)")
+    p.add_argument(
+        "--cap", action="append", metavar="ARM=X", help="new cap for an arm (repeatable)"
+    )
+    p.add_argument(
+        "--floor", action="append", metavar="ARM=X", help="new floor for an arm (repeatable)"
+    )
     return parser
 
 

@@ -133,9 +133,7 @@ class ControlServer:
         address, fd = connect_path(self.path)
         old_umask = os.umask(0o177)
         try:
-            self.server = await asyncio.start_unix_server(
-                self._serve, address, limit=MAX_LINE + 1
-            )
+            self.server = await asyncio.start_unix_server(self._serve, address, limit=MAX_LINE + 1)
         finally:
             os.umask(old_umask)
             if fd is not None:
@@ -193,7 +191,9 @@ class ControlServer:
                 else ("busy", f"too many connections ({MAX_CONNECTIONS}); try again later")
             )
             with contextlib.suppress(Exception):
-                writer.write(encode({"id": None, "ok": False, "error": {"code": code, "message": why}}))
+                writer.write(
+                    encode({"id": None, "ok": False, "error": {"code": code, "message": why}})
+                )
                 await writer.drain()
             writer.close()
             return
@@ -245,7 +245,9 @@ class ControlServer:
                 handler = getattr(self, f"cmd_{cmd}", None)
                 if handler is None:
                     known = ", ".join(sorted([*READS, *ACTING]))
-                    conn.outbox.put(_error(rid, "unknown_command", f"unknown command '{cmd}'; known: {known}"))
+                    conn.outbox.put(
+                        _error(rid, "unknown_command", f"unknown command '{cmd}'; known: {known}")
+                    )
                     return
                 result = handler(conn, args)
         except CommandError as exc:
@@ -261,7 +263,8 @@ class ControlServer:
         _check_args(cmd, args)
         if self.acting.locked():
             raise CommandError(
-                "busy", f"another operator command ({self.acting_cmd}) is in progress; try again when it finishes"
+                "busy",
+                f"another operator command ({self.acting_cmd}) is in progress; try again when it finishes",
             )
         async with self.acting:
             self.acting_cmd = cmd
@@ -327,11 +330,18 @@ def _error(rid: Any, code: str, message: str) -> dict[str, Any]:
     return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
 
 
-def _int_arg(args: dict[str, Any], name: str, default: int | None, low: int, high: int | None) -> Any:
+def _int_arg(
+    args: dict[str, Any], name: str, default: int | None, low: int, high: int | None
+) -> Any:
     value = args.get(name, default)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
         raise CommandError("bad_argument", f"'{name}' must be an integer {bound}, got {value!r}")
     return value
@@ -341,7 +351,9 @@ def _check_args(cmd: str, args: dict[str, Any]) -> None:
     if cmd in ("pin", "unpin"):
         _int_arg(args, "step", None, 0, None)
         if "step" not in args:
-            raise CommandError("bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number")
+            raise CommandError(
+                "bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number"
+            )
     if cmd == "pivot":
         for key in ("caps", "floors"):
             table = args.get(key, {})
@@ -360,5 +372,9 @@ def _check_args(cmd: str, args: dict[str, Any]) -> None:
         if not isinstance(args.get("wait", False), bool):
             raise CommandError("bad_argument", "'wait' must be true or false")
         timeout = args.get("timeout_s")
-        if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0):
-            raise CommandError("bad_argument", f"'timeout_s' must be a positive number, got {timeout!r}")
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0
+        ):
+            raise CommandError(
+                "bad_argument", f"'timeout_s' must be a positive number, got {timeout!r}"
+            )

@@ -232,7 +232,9 @@ class Daemon:
             if pid is not None:
                 send_signal(pid, SIGNALS[action.signal], self.cfg.trainer.signal_target)
         elif isinstance(action, policy.Delete):
-            journal.append("delete", {"step": action.step, "name": action.name, "reason": action.reason})
+            journal.append(
+                "delete", {"step": action.step, "name": action.name, "reason": action.reason}
+            )
             removed = await asyncio.to_thread(self.store.delete, action.name)
             self.known_commits.pop(action.name, None)
             log.info("deleted %s", removed)
@@ -265,11 +267,18 @@ class Daemon:
                     os.replace(source, target / source.name)
             if not (target / self.files.policy.name).exists():
                 # The run had no policy.json: archive the defaults it ran under.
-                write_atomic(target / self.files.policy.name, orjson.dumps(action.old_policy, option=orjson.OPT_INDENT_2))
+                write_atomic(
+                    target / self.files.policy.name,
+                    orjson.dumps(action.old_policy, option=orjson.OPT_INDENT_2),
+                )
             write_atomic(
                 target / "pivot.json",
                 orjson.dumps(
-                    {"step": action.step, "old_policy": action.old_policy, "new_policy": action.new_policy},
+                    {
+                        "step": action.step,
+                        "old_policy": action.old_policy,
+                        "new_policy": action.new_policy,
+                    },
                     option=orjson.OPT_INDENT_2,
                 ),
             )
@@ -323,7 +332,9 @@ class Daemon:
         try:
             proc = await spawn(argv, cfg.run_dir, env, cfg.log_path)
         except OSError as exc:
-            self.queue.put_nowait(policy.SpawnFailed(time.monotonic(), f"{argv[0]}: {exc.strerror or exc}"))
+            self.queue.put_nowait(
+                policy.SpawnFailed(time.monotonic(), f"{argv[0]}: {exc.strerror or exc}")
+            )
             return
         self.proc = proc
         self.journal.append("trainer_started", {"pid": proc.pid, "seg": action.seg})
@@ -354,7 +365,8 @@ class Daemon:
             if verdict.info is None:
                 assert self.journal is not None
                 self.journal.append(
-                    "quarantine", {"step": verdict.step, "name": verdict.name, "reason": verdict.reason}
+                    "quarantine",
+                    {"step": verdict.step, "name": verdict.name, "reason": verdict.reason},
                 )
                 await asyncio.to_thread(self.store.quarantine, verdict.name)
                 continue
@@ -371,7 +383,9 @@ class Daemon:
         if verdict.info is None:
             if verdict.reason.startswith("vanished"):
                 return
-            self.queue.put_nowait(policy.CheckpointRejected(now, verdict.step, name, verdict.reason))
+            self.queue.put_nowait(
+                policy.CheckpointRejected(now, verdict.step, name, verdict.reason)
+            )
             return
         try:
             mtime = verdict.info.path.stat().st_mtime

@@ -42,7 +42,7 @@ def _json_safe(value: Any) -> Any:
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
     """Every well-formed record; a torn last line (power cut mid-write) is skipped."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 (closed by the with below; a missing file is empty)
     except FileNotFoundError:
         return
     with f:
@@ -90,8 +90,14 @@ class Journal:
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self.listeners: list[Any] = []
 
-    def append(self, kind: str, fields: dict[str, Any] | None = None, *, t: float | None = None,
-               sync: bool = False) -> dict[str, Any]:
+    def append(
+        self,
+        kind: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        t: float | None = None,
+        sync: bool = False,
+    ) -> dict[str, Any]:
         now = time.time() if t is None else t
         record = {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **_json_safe(fields or {})}
         os.write(self.fd, orjson.dumps(record) + b"\n")

@@ -137,7 +137,9 @@ def on_commit(
         return replace(state, phase="pivoting"), False
     if plan.step is not None and ckpt.step > plan.step:
         actions.append(
-            Quarantine(ckpt.step, ckpt.name, f"written under the old policy after pivot step {plan.step}")
+            Quarantine(
+                ckpt.step, ckpt.name, f"written under the old policy after pivot step {plan.step}"
+            )
         )
         return state, True
     return state, False
@@ -153,7 +155,9 @@ def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Actio
             Quarantine(c.step, c.name, f"written under the old policy after pivot step {plan.step}")
         )
     state = without_checkpoints(state, {c.step for c in later})
-    return _start_archiving(replace(state, phase="pivoting", stop_reason=None, kill_at=None), actions)
+    return _start_archiving(
+        replace(state, phase="pivoting", stop_reason=None, kill_at=None), actions
+    )
 
 
 def _start_archiving(state: State, actions: list[Action]) -> State:
@@ -172,7 +176,9 @@ def on_progress(state: State, ev: PivotProgress, rules: Rules, actions: list[Act
     if ev.error is not None:
         actions.append(Record("pivot_failed", {"stage": plan.stage, "error": ev.error}))
         if plan.request_id is not None:
-            _reply_error(actions, plan.request_id, "internal", f"pivot failed at {plan.stage}: {ev.error}")
+            _reply_error(
+                actions, plan.request_id, "internal", f"pivot failed at {plan.stage}: {ev.error}"
+            )
         return replace(
             state,
             phase="stopped",

@@ -420,7 +420,11 @@ def _spawn(state: State, t: float, actions: list[Action]) -> State:
     seg = state.seg + 1
     # A checkpoint from before the last pivot carries the old policy's bandit: the trainer
     # must start its bandit fresh under the new policy.json (weights and moments stay).
-    pivot = resume is not None and state.last_pivot_step is not None and resume.step <= state.last_pivot_step
+    pivot = (
+        resume is not None
+        and state.last_pivot_step is not None
+        and resume.step <= state.last_pivot_step
+    )
     actions.append(Spawn(seg=seg, resume=resume, pivot=pivot))
     return replace(
         state,
@@ -506,7 +510,9 @@ def _on_committed(
 ) -> State:
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
         actions.append(
-            Quarantine(ev.step, ev.name, f"written at or after divergence at step {state.poisoned_from}")
+            Quarantine(
+                ev.step, ev.name, f"written at or after divergence at step {state.poisoned_from}"
+            )
         )
         return state
     ckpt = Ckpt(ev.step, ev.name, ev.bytes, ev.mtime)
@@ -520,9 +526,7 @@ def _on_committed(
         state = replace(state, progress_since_start=True)
         if state.restarts_without_progress:
             actions.append(Record("progress", {"step": ev.step}))
-        state = replace(
-            state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s
-        )
+        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
     if state.divergence_step is not None and ev.step > state.divergence_step:
         state = replace(state, divergences=0, divergence_step=None)
     actions.append(Record("checkpoint", {"step": ev.step, "name": ev.name, "bytes": ev.bytes}))
@@ -535,13 +539,13 @@ def _on_committed(
 def _settle_save_waiters(state: State, ckpt: Ckpt, actions: list[Action]) -> State:
     ready = [w for w in state.waiters if w.kind == "save" and ckpt.step >= w.step]
     for w in ready:
-        actions.append(
-            Reply(w.request_id, ok=True, result={"step": ckpt.step, "name": ckpt.name})
-        )
+        actions.append(Reply(w.request_id, ok=True, result={"step": ckpt.step, "name": ckpt.name}))
     return replace(state, waiters=tuple(w for w in state.waiters if w not in ready))
 
 
-def _on_rejected(state: State, ev: CheckpointRejected, rules: Rules, actions: list[Action]) -> State:
+def _on_rejected(
+    state: State, ev: CheckpointRejected, rules: Rules, actions: list[Action]
+) -> State:
     actions.append(Quarantine(ev.step, ev.name, ev.reason))
     if ev.step is not None:
         state = without_checkpoints(state, {ev.step})
@@ -560,9 +564,9 @@ def _on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
     state = replace(state, last_step=ev.step, last_activity_t=ev.t)
     if state.phase == "starting":
         state = replace(state, phase="running")
-    if state.resume_step is not None and ev.step > state.resume_step:
-        if failures_of(state, state.resume_step):
-            state = with_failures(state, state.resume_step, 0)
+    suspect = state.resume_step
+    if suspect is not None and ev.step > suspect and failures_of(state, suspect):
+        state = with_failures(state, suspect, 0)
     return state
 
 
@@ -570,7 +574,9 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
     actions.append(SignalTrainer("SIGKILL", f"divergence: loss {ev.loss} at step {ev.step}"))
     recurring = state.divergence_step is not None
     divergences = state.divergences + 1 if recurring else 1
-    first_bad = min(ev.step, state.divergence_step) if state.divergence_step is not None else ev.step
+    first_bad = (
+        min(ev.step, state.divergence_step) if state.divergence_step is not None else ev.step
+    )
     poisoned = [c for c in state.checkpoints if c.step >= ev.step]
     for c in poisoned:
         actions.append(
@@ -626,7 +632,10 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         actions.append(Record("trainer_stopped", exit_fields))
         state = replace(state, phase="stopped", stop_reason=None, halt_reason="stopped by operator")
         state = _settle_waiters(
-            state, actions, kind="stop", result={"state": "stopped", "checkpoint": ckpt_json(state.newest)}
+            state,
+            actions,
+            kind="stop",
+            result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
         )
         state = _fail_waiters(state, actions, "wrong_state", "the trainer stopped")
         if reason == "shutdown" or state.shutdown:
@@ -635,9 +644,7 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
     if reason == "divergence":
         actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
         if state.divergences > rules.divergence_retries:
-            actions.append(
-                Record("halt", {"state": "diverged", "step": state.divergence_step})
-            )
+            actions.append(Record("halt", {"state": "diverged", "step": state.divergence_step}))
             return replace(
                 state,
                 phase="diverged",
@@ -698,7 +705,10 @@ def _crashed(
         actions.append(
             Record(
                 "halt",
-                {"state": "crash_loop", "restarts_without_progress": state.restarts_without_progress},
+                {
+                    "state": "crash_loop",
+                    "restarts_without_progress": state.restarts_without_progress,
+                },
             )
         )
         return replace(
@@ -735,11 +745,18 @@ def _on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Sta
     t = ev.t
     expired = [w for w in state.waiters if w.deadline <= t]
     for w in expired:
-        _reply_error(actions, w.request_id, "timeout", f"no checkpoint was committed for {w.kind} in time")
+        _reply_error(
+            actions, w.request_id, "timeout", f"no checkpoint was committed for {w.kind} in time"
+        )
     if expired:
         state = replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
     plan = state.pivot
-    if plan is not None and plan.stage == "saving" and plan.deadline is not None and t >= plan.deadline:
+    if (
+        plan is not None
+        and plan.stage == "saving"
+        and plan.deadline is not None
+        and t >= plan.deadline
+    ):
         return _pivot.abort(
             state, actions, "no checkpoint was committed in time; the old policy stays", "timeout"
         )
@@ -756,7 +773,10 @@ def _on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Sta
     ):
         state = _pivot.abort(state, actions, "the trainer stopped logging steps")
         actions.append(
-            Record("stall", {"last_step": state.last_step, "silent_s": round(t - state.last_activity_t, 3)})
+            Record(
+                "stall",
+                {"last_step": state.last_step, "silent_s": round(t - state.last_activity_t, 3)},
+            )
         )
         return _stop_trainer(state, t, rules, "stall", actions)
     return state
@@ -811,9 +831,15 @@ def _cmd_stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -
     if state.phase == "backoff":
         actions.append(Record("restart_cancelled", {}))
         actions.append(
-            Reply(ev.request_id, ok=True, result={"state": "stopped", "checkpoint": ckpt_json(state.newest)})
+            Reply(
+                ev.request_id,
+                ok=True,
+                result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
+            )
         )
-        return replace(state, phase="stopped", backoff_until=None, halt_reason="stopped by operator")
+        return replace(
+            state, phase="stopped", backoff_until=None, halt_reason="stopped by operator"
+        )
     if not state.trainer_alive or state.phase not in ("starting", "running", "saving"):
         _reply_error(
             actions, ev.request_id, "wrong_state", f"nothing to stop: the run is {state.phase}"
@@ -846,7 +872,9 @@ def _cmd_start(state: State, ev: Operator, rules: Rules, actions: list[Action]) 
         return state
     state = _spawn(state, ev.t, actions)
     actions.append(
-        Reply(ev.request_id, ok=True, result={"state": "starting", "resume_step": state.resume_step})
+        Reply(
+            ev.request_id, ok=True, result={"state": "starting", "resume_step": state.resume_step}
+        )
     )
     return state
 
@@ -855,7 +883,10 @@ def _step_arg(ev: Operator, actions: list[Action]) -> int | None:
     step = ev.args.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         _reply_error(
-            actions, ev.request_id, "bad_argument", f"'step' must be a non-negative integer, got {step!r}"
+            actions,
+            ev.request_id,
+            "bad_argument",
+            f"'step' must be a non-negative integer, got {step!r}",
         )
         return None
     return step
@@ -868,7 +899,10 @@ def _cmd_pin(state: State, ev: Operator, rules: Rules, actions: list[Action]) ->
     if all(c.step != step for c in state.checkpoints):
         known = ", ".join(str(c.step) for c in state.checkpoints) or "none"
         _reply_error(
-            actions, ev.request_id, "bad_argument", f"no verified checkpoint at step {step} (have: {known})"
+            actions,
+            ev.request_id,
+            "bad_argument",
+            f"no verified checkpoint at step {step} (have: {known})",
         )
         return state
     actions.append(Reply(ev.request_id, ok=True, result={"step": step, "pinned": True}))
@@ -897,12 +931,14 @@ def _cmd_shutdown(state: State, ev: Operator, rules: Rules, actions: list[Action
             state = replace(state, stop_reason="shutdown")
         return replace(state, waiters=(*state.waiters, waiter))
     actions.append(
-        Reply(ev.request_id, ok=True, result={"state": "stopped", "checkpoint": ckpt_json(state.newest)})
+        Reply(
+            ev.request_id,
+            ok=True,
+            result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
+        )
     )
     actions.append(Exit(0))
     return replace(state, phase="stopped" if state.phase == "backoff" else state.phase)
-
-
 
 
 _COMMANDS = {

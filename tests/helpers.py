@@ -47,8 +47,22 @@ def write_config(run_dir: Path, tables: dict[str, dict[str, Any]]) -> Path:
 
 def trainer_argv(steps: int, save_every: int, *extra: str, seed: int = 1337) -> list[str]:
     return [
-        PYTHON, "-m", "trainer", "--run-dir", ".", "--preset", "tiny", "--device", "cpu",
-        "--steps", str(steps), "--save-every", str(save_every), "--seed", str(seed), *extra,
+        PYTHON,
+        "-m",
+        "trainer",
+        "--run-dir",
+        ".",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        str(steps),
+        "--save-every",
+        str(save_every),
+        "--seed",
+        str(seed),
+        *extra,
     ]
 
 
@@ -87,8 +101,12 @@ def reference_run(
     return run_dir
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 60.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -119,10 +137,9 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().split(") ", 1)[1].startswith("Z"):
-                return False
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+        if f.read().split(") ", 1)[1].startswith("Z"):
+            return False
     return True
 
 
@@ -157,7 +174,10 @@ class DaemonProcess:
         with open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [PYTHON, "-m", "supervisor", "daemon", str(self.run_dir)],
-                stdout=err, stderr=err, env=self.env, start_new_session=True,
+                stdout=err,
+                stderr=err,
+                env=self.env,
+                start_new_session=True,
             )
         if wait:
             self.wait_ready()
@@ -196,7 +216,9 @@ class DaemonProcess:
 
     def wait_state(self, *states: str, timeout: float = 120.0) -> dict[str, Any]:
         return wait_for(
-            lambda: (s := self.status())["state"] in states and s, timeout, 0.1,
+            lambda: (s := self.status())["state"] in states and s,
+            timeout,
+            0.1,
             what=f"state in {states}",
         )
 

@@ -61,8 +61,11 @@ def main() -> int:
         loss = 5.0 - 0.001 * step + args.drift_per_seg * (seg - 1)
         text = "nan" if args.nan_at == step else f"{loss:.6f}"
         if args.format == "llmc":
-            print(f"step {step:4d}/{args.steps} | train loss {text} | norm 1.0000 | lr 6.00e-04 | "
-                  f"{args.dt * 1000:.2f} ms | 10.0% bf16 MFU | 512 tok/s", flush=True)
+            print(
+                f"step {step:4d}/{args.steps} | train loss {text} | norm 1.0000 | lr 6.00e-04 | "
+                f"{args.dt * 1000:.2f} ms | 10.0% bf16 MFU | 512 tok/s",
+                flush=True,
+            )
         else:
             print(f"step: {step}, loss: {text}, dt: {args.dt}, tokens: 512", flush=True)
         if step % args.save_every == 0 or step == args.steps:

@@ -24,7 +24,9 @@ def test_every_config_key_is_in_the_reference():
 def test_every_command_is_in_the_table():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    missing = [name for name in sub.choices if f"`{name} " not in README and f"`{name}`" not in README]
+    missing = [
+        name for name in sub.choices if f"`{name} " not in README and f"`{name}`" not in README
+    ]
     assert not missing, f"README's command table lacks {missing}"
 
 

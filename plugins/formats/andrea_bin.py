@@ -65,7 +65,9 @@ class AndreaBin:
     def verify(self, path: Path) -> CheckpointInfo:
         name_step = self.step_of(path)
         if name_step is None:
-            raise CheckpointInvalid(f"{path.name}: not an andrea-bin checkpoint name (step_NNNNNN.bin)")
+            raise CheckpointInvalid(
+                f"{path.name}: not an andrea-bin checkpoint name (step_NNNNNN.bin)"
+            )
         step, n_params = read_header(path)
         if n_params <= 0:
             raise CheckpointInvalid(f"{path.name}: header says n_params = {n_params}, expected > 0")

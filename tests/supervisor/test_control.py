@@ -74,8 +74,19 @@ def test_hello_and_status(daemon: DaemonProcess):
     status = daemon.status()
     assert status["state"] == "running"
     assert pid_alive(status["trainer_pid"])
-    for key in ("step", "restarts", "checkpoints", "loss", "loss_ema", "tokens_per_s", "mfu",
-                "mfu_avg", "steps_per_min", "eta_s", "gpu"):
+    for key in (
+        "step",
+        "restarts",
+        "checkpoints",
+        "loss",
+        "loss_ema",
+        "tokens_per_s",
+        "mfu",
+        "mfu_avg",
+        "steps_per_min",
+        "eta_s",
+        "gpu",
+    ):
         assert key in status
     wait_for(lambda: (daemon.status().get("tokens_per_s") or 0) > 0, 30, what="tokens/s")
     status = daemon.status()
@@ -123,7 +134,10 @@ def test_history_and_events(daemon: DaemonProcess):
     wait_for(lambda: (daemon.status().get("step") or 0) >= 10, 60, what="steps")
     history = daemon.request("history", points=5)
     assert 1 <= len(history["step"]) <= 5
-    assert all(lo <= mean <= hi for lo, mean, hi in zip(history["min"], history["mean"], history["max"], strict=True))
+    assert all(
+        lo <= mean <= hi
+        for lo, mean, hi in zip(history["min"], history["mean"], history["max"], strict=True)
+    )
     assert history["first_step"] == 1
     events = daemon.request("events", n=5)["events"]
     assert 1 <= len(events) <= 5 and all("kind" in e and "ts" in e for e in events)
@@ -132,25 +146,33 @@ def test_history_and_events(daemon: DaemonProcess):
 def test_bad_input_never_hurts_the_daemon(daemon: DaemonProcess):
     replies = raw(
         daemon,
-        b"not json\n[1,2]\n{\"id\": 1}\n{\"id\": 2, \"cmd\": \"frob\"}\n{\"id\": 3, \"cmd\": \"pin\", \"step\": true}\n"
-        b"{\"id\": [1], \"cmd\": \"status\"}\n\n{\"id\": 4, \"cmd\": \"hello\"}\n",
+        b'not json\n[1,2]\n{"id": 1}\n{"id": 2, "cmd": "frob"}\n{"id": 3, "cmd": "pin", "step": true}\n'
+        b'{"id": [1], "cmd": "status"}\n\n{"id": 4, "cmd": "hello"}\n',
     )
     codes = [r.get("error", {}).get("code") for r in replies]
-    assert codes == ["bad_request", "bad_request", "bad_request", "unknown_command", "bad_argument", "bad_request", None]
+    assert codes == [
+        "bad_request",
+        "bad_request",
+        "bad_request",
+        "unknown_command",
+        "bad_argument",
+        "bad_request",
+        None,
+    ]
     assert replies[-1]["ok"] and replies[-1]["id"] == 4
     # A 10 MB line: refused and the connection closed.
-    big = raw(daemon, b"{\"id\": 5, \"cmd\": \"" + b"a" * 10_000_000 + b"\"}\n")
+    big = raw(daemon, b'{"id": 5, "cmd": "' + b"a" * 10_000_000 + b'"}\n')
     assert big and big[0]["error"]["code"] == "too_large"
     # Half a line, then the client hangs (kept open) while others carry on.
     hanging = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     hanging.connect(str(daemon.run_dir / ".trainwarden" / "control.sock"))
-    hanging.sendall(b"{\"id\": 6, \"cmd\": \"sta")
+    hanging.sendall(b'{"id": 6, "cmd": "sta')
     # 200 connections at once, each asking for status and disconnecting mid-reply.
     socks = []
     for _ in range(200):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(str(daemon.run_dir / ".trainwarden" / "control.sock"))
-        s.sendall(b"{\"id\": 1, \"cmd\": \"status\"}\n")
+        s.sendall(b'{"id": 1, "cmd": "status"}\n')
         socks.append(s)
     for s in socks:
         s.close()
@@ -162,16 +184,32 @@ def test_bad_input_never_hurts_the_daemon(daemon: DaemonProcess):
 def test_fuzz_ten_thousand_messages(daemon: DaemonProcess):
     sock_path = str(daemon.run_dir / ".trainwarden" / "control.sock")
     json_values = st.recursive(
-        st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20),
-        lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+        | st.floats(allow_nan=False)
+        | st.text(max_size=20),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        ),
         max_leaves=10,
     )
     # Read-only or harmless commands only: the fuzz must not stop the run on purpose.
-    commands = st.sampled_from(["status", "hello", "history", "events", "checkpoints", "pin", "unpin", "frob", "subscribe"])
+    commands = st.sampled_from(
+        ["status", "hello", "history", "events", "checkpoints", "pin", "unpin", "frob", "subscribe"]
+    )
     messages = st.one_of(
-        st.builds(lambda cmd, args, rid: orjson.dumps({"id": rid, "cmd": cmd, **args}),
-                  commands, st.dictionaries(st.sampled_from(["step", "n", "points", "start", "end", "topics", "x"]), json_values, max_size=3),
-                  json_values),
+        st.builds(
+            lambda cmd, args, rid: orjson.dumps({"id": rid, "cmd": cmd, **args}),
+            commands,
+            st.dictionaries(
+                st.sampled_from(["step", "n", "points", "start", "end", "topics", "x"]),
+                json_values,
+                max_size=3,
+            ),
+            json_values,
+        ),
         json_values.map(orjson.dumps),
         st.binary(max_size=200).map(lambda b: b.replace(b"\n", b"")),
     )
@@ -227,7 +265,7 @@ def test_connection_from_another_uid_is_refused(daemon: DaemonProcess, tmp_path:
                 s.settimeout(10)
                 s.connect(str(sock_path))
                 try:
-                    s.sendall(b"{\"id\": 1, \"cmd\": \"status\"}\n")
+                    s.sendall(b'{"id": 1, "cmd": "status"}\n')
                 except BrokenPipeError:
                     pass  # refused before it could ask: the refusal is still readable
                 data = b""
@@ -255,7 +293,9 @@ def test_connection_from_another_uid_is_refused(daemon: DaemonProcess, tmp_path:
 
 def test_stuck_subscriber_does_not_starve_another(daemon: DaemonProcess):
     stuck = Client(daemon.run_dir / ".trainwarden" / "control.sock")
-    stuck.sock.sendall(b"{\"id\": 1, \"cmd\": \"subscribe\", \"topics\": [\"telemetry\", \"events\", \"checkpoints\", \"state\", \"gpu\", \"host\", \"bandit\", \"samples\"]}\n")
+    stuck.sock.sendall(
+        b'{"id": 1, "cmd": "subscribe", "topics": ["telemetry", "events", "checkpoints", "state", "gpu", "host", "bandit", "samples"]}\n'
+    )
     with daemon.client(timeout=30) as live:
         live.request("subscribe", topics=["events"])
         seen: list[int] = []
@@ -306,7 +346,9 @@ def test_cli_without_a_daemon(tmp_path: Path):
     result = cli("status", str(tmp_path))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no trainwarden daemon" in lines[0] and "trainwarden daemon" in lines[0]
+    assert (
+        len(lines) == 1 and "no trainwarden daemon" in lines[0] and "trainwarden daemon" in lines[0]
+    )
 
 
 def test_stop_start_shutdown_and_detach(tmp_path: Path):

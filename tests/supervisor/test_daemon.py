@@ -58,8 +58,12 @@ def test_survives_repeated_sigkill_and_ends_bit_exact(tmp_path: Path, straight_r
             pid = status["trainer_pid"]
             if kills % 2 == 0:
                 # Land this one during a checkpoint write.
-                wait_for(lambda: list((run_dir / "checkpoints").glob("*.tmp")), 60, 0.01,
-                         what="a checkpoint write")
+                wait_for(
+                    lambda: list((run_dir / "checkpoints").glob("*.tmp")),
+                    60,
+                    0.01,
+                    what="a checkpoint write",
+                )
             else:
                 time.sleep(rng.uniform(0.2, 1.5))
             if not pid_alive(pid):
@@ -80,7 +84,9 @@ def test_survives_repeated_sigkill_and_ends_bit_exact(tmp_path: Path, straight_r
 
 def test_truncated_newest_checkpoint_is_quarantined_and_previous_resumed(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 40, 10)
-    subprocess.run(trainer_argv(40, 10, "--crash-at-step", "25"), cwd=run_dir, capture_output=True, timeout=120)
+    subprocess.run(
+        trainer_argv(40, 10, "--crash-at-step", "25"), cwd=run_dir, capture_output=True, timeout=120
+    )
     assert checkpoints(run_dir) == [10, 20]
     newest = run_dir / "checkpoints" / checkpoint_name(20)
     newest.write_bytes(newest.read_bytes()[:1000])
@@ -99,7 +105,11 @@ def test_instant_crasher_ends_in_crash_loop_with_backoff_in_journal(tmp_path: Pa
         run_dir,
         {
             "trainer": {"command": [PYTHON, "-c", "import sys; sys.exit(3)"]},
-            "restart": {"backoff_initial_s": 0.05, "backoff_max_s": 0.2, "max_restarts_without_progress": 4},
+            "restart": {
+                "backoff_initial_s": 0.05,
+                "backoff_max_s": 0.2,
+                "max_restarts_without_progress": 4,
+            },
         },
     )
     with running_daemon(run_dir) as daemon:
@@ -114,8 +124,13 @@ def test_instant_crasher_ends_in_crash_loop_with_backoff_in_journal(tmp_path: Pa
 
 def test_hang_is_detected_and_restarted(tmp_path: Path):
     run_dir = reference_run(
-        tmp_path / "run", 60, 10, "--hang-at-step", "15",
-        restart={"stall_timeout_s": 3.0}, trainer={"stop_timeout_s": 2.0},
+        tmp_path / "run",
+        60,
+        10,
+        "--hang-at-step",
+        "15",
+        restart={"stall_timeout_s": 3.0},
+        trainer={"stop_timeout_s": 2.0},
     )
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: "crash" in journal_kinds(run_dir), 60, what="stall detection and kill")
@@ -152,7 +167,10 @@ def test_second_daemon_is_refused_naming_the_holder(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 100000, 1000)
     with running_daemon(run_dir) as daemon:
         second = subprocess.run(
-            [PYTHON, "-m", "supervisor", "daemon", str(run_dir)], capture_output=True, text=True, timeout=60
+            [PYTHON, "-m", "supervisor", "daemon", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 1
         assert f"pid {daemon.pid}" in second.stderr
@@ -197,7 +215,11 @@ def test_restart_after_daemon_sigkill_keeps_counters(tmp_path: Path):
         run_dir,
         {
             "trainer": {"command": [PYTHON, "-c", "import sys; sys.exit(1)"]},
-            "restart": {"backoff_initial_s": 0.05, "backoff_max_s": 0.05, "max_restarts_without_progress": 3},
+            "restart": {
+                "backoff_initial_s": 0.05,
+                "backoff_max_s": 0.05,
+                "max_restarts_without_progress": 3,
+            },
         },
     )
     with running_daemon(run_dir) as daemon:
@@ -233,7 +255,10 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, text: str, expected: 
     run_dir.mkdir()
     (run_dir / "trainwarden.toml").write_text(text)
     result = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(run_dir)], capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "supervisor", "daemon", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -244,12 +269,18 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, text: str, expected: 
 
 def test_missing_and_unreadable_config(tmp_path: Path):
     missing = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(tmp_path)], capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "supervisor", "daemon", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert missing.returncode == 2 and "trainwarden init" in missing.stderr
     (tmp_path / "trainwarden.toml").write_bytes(b"\xff\xfe not utf8")
     bad = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(tmp_path)], capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "supervisor", "daemon", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bad.returncode == 2 and "cannot read" in bad.stderr
 
@@ -258,11 +289,16 @@ def test_init_writes_a_working_config_and_refuses_to_overwrite(tmp_path: Path):
     run_dir = tmp_path / "fresh"
     ok = subprocess.run(
         [PYTHON, "-m", "supervisor", "init", str(run_dir), "--steps", "20", "--save-every", "10"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert ok.returncode == 0, ok.stderr
     again = subprocess.run(
-        [PYTHON, "-m", "supervisor", "init", str(run_dir)], capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "supervisor", "init", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert again.returncode == 2 and "--force" in again.stderr
     with running_daemon(run_dir) as daemon:

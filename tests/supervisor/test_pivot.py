@@ -50,8 +50,11 @@ def sha(path: Path) -> str:
 def assert_new_policy_in_force(run_dir: Path, pivot_step: int) -> None:
     """The trainer runs under the new caps/floors with a fresh bandit from the pivot point."""
     wait_for(
-        lambda: (s := bandit(run_dir)).get("policy", {}).get("arms", {}).get("docs", {}).get("cap") == 0.2
-        and s["step"] > pivot_step,
+        lambda: (
+            (s := bandit(run_dir)).get("policy", {}).get("arms", {}).get("docs", {}).get("cap")
+            == 0.2
+            and s["step"] > pivot_step
+        ),
         90,
         what="the trainer's state under the new policy",
     )
@@ -72,8 +75,15 @@ def test_full_pivot(tmp_path: Path):
         result = daemon.request("pivot", timeout=120, **NEW)
         step = result["step"]
         archive = run_dir / result["archive"]
-        assert archive.parent == run_dir / "archive" and archive.name.startswith(f"pivot-{step:06d}-")
-        assert {p.name for p in archive.iterdir()} >= {".samples.json", ".state.json", "policy.json", "pivot.json"}
+        assert archive.parent == run_dir / "archive" and archive.name.startswith(
+            f"pivot-{step:06d}-"
+        )
+        assert {p.name for p in archive.iterdir()} >= {
+            ".samples.json",
+            ".state.json",
+            "policy.json",
+            "pivot.json",
+        }
         assert orjson.loads((archive / ".state.json").read_bytes())["arms"]["docs"]["cap"] == 1.0
         assert orjson.loads(old_state)["arms"]["docs"]["cap"] == 1.0
         pivot_ckpt = run_dir / "checkpoints" / checkpoint_name(step)
@@ -82,7 +92,11 @@ def test_full_pivot(tmp_path: Path):
         spawn = [r for r in records if r["kind"] == "spawn"][-1]
         assert spawn["resume"]["step"] == step and spawn["pivot"] is True
         assert [r["stage"] for r in records if r["kind"] == "pivot_stage"] == [
-            "saving", "pin", "stopping", "archiving", "writing_policy",
+            "saving",
+            "pin",
+            "stopping",
+            "archiving",
+            "writing_policy",
         ]
         assert_new_policy_in_force(run_dir, step)
         log = (run_dir / "training.log").read_text()
@@ -91,7 +105,9 @@ def test_full_pivot(tmp_path: Path):
         for _ in range(4):
             daemon.request("save", wait=True)
         assert step in checkpoints(run_dir) and sha(pivot_ckpt) == pinned_hash
-        assert any(c["step"] == step and c["pinned"] for c in daemon.request("checkpoints")["checkpoints"])
+        assert any(
+            c["step"] == step and c["pinned"] for c in daemon.request("checkpoints")["checkpoints"]
+        )
         status = daemon.status()
         assert status["state"] == "running"
         last = status["step"]
@@ -116,7 +132,9 @@ INVALID = [
 
 @pytest.fixture(scope="module")
 def pivot_daemon(tmp_path_factory: pytest.TempPathFactory):
-    run_dir = reference_run(tmp_path_factory.mktemp("pivot") / "run", 1_000_000, 1000, "--sample-every", "10")
+    run_dir = reference_run(
+        tmp_path_factory.mktemp("pivot") / "run", 1_000_000, 1000, "--sample-every", "10"
+    )
     with running_daemon(run_dir) as daemon:
         ready_for_pivot(daemon)
         yield daemon
@@ -153,8 +171,11 @@ def test_zombie_arm_is_reported_and_cannot_be_named(tmp_path: Path):
     reference_run(run_dir, 1_000_000, 1000, "--arms", "docs,code")
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("running", timeout=60)
-        wait_for(lambda: bandit(run_dir).get("zombies") == ["tests"] and bandit(run_dir)["step"] > 20, 60,
-                 what="a bandit state with the zombie")
+        wait_for(
+            lambda: bandit(run_dir).get("zombies") == ["tests"] and bandit(run_dir)["step"] > 20,
+            60,
+            what="a bandit state with the zombie",
+        )
         with pytest.raises(CommandRefused) as err:
             daemon.request("pivot", floors={"tests": 0.1})
         assert "zombie" in str(err.value) and "'tests'" not in str(err.value).split("name only")[1]
@@ -188,19 +209,29 @@ def test_daemon_killed_at_each_stage_ends_consistent(tmp_path: Path, stage: str)
                 assert "pivot_rolled_back" in journal_kinds(run_dir)
                 assert not (run_dir / "policy.json").exists()
                 assert spawn["pivot"] is False
-                wait_for(lambda: bandit(run_dir)["step"] > (spawn["resume"] or {}).get("step", 0), 60,
-                         what="training under the old policy")
+                wait_for(
+                    lambda: bandit(run_dir)["step"] > (spawn["resume"] or {}).get("step", 0),
+                    60,
+                    what="training under the old policy",
+                )
                 assert bandit(run_dir)["arms"]["docs"]["cap"] == 1.0
                 if plan["step"] is not None and plan["was_pinned"] is False:
-                    assert not any(c["pinned"] for c in restarted.request("checkpoints")["checkpoints"])
+                    assert not any(
+                        c["pinned"] for c in restarted.request("checkpoints")["checkpoints"]
+                    )
             else:
                 assert "pivot_resumed" in journal_kinds(run_dir)
                 step = plan["step"]
                 assert spawn["resume"]["step"] == step and spawn["pivot"] is True
                 archive = run_dir / "archive"
                 (folder,) = list(archive.iterdir())
-                assert {".state.json", ".samples.json", "policy.json"} <= {p.name for p in folder.iterdir()}
-                assert orjson.loads((folder / ".state.json").read_bytes())["arms"]["docs"]["cap"] == 1.0
+                assert {".state.json", ".samples.json", "policy.json"} <= {
+                    p.name for p in folder.iterdir()
+                }
+                assert (
+                    orjson.loads((folder / ".state.json").read_bytes())["arms"]["docs"]["cap"]
+                    == 1.0
+                )
                 assert_new_policy_in_force(run_dir, step)
                 assert all(s <= step for s in checkpoints(run_dir))
                 assert "pivot" in journal_kinds(run_dir)
@@ -215,15 +246,35 @@ def test_cli_pivot(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 1_000_000, 1000, "--sample-every", "10")
     with running_daemon(run_dir) as daemon:
         ready_for_pivot(daemon)
-        bad = subprocess.run([PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs"],
-                             capture_output=True, text=True, timeout=60)
+        bad = subprocess.run(
+            [PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert bad.returncode == 2 and "expected ARM=NUMBER" in bad.stderr
-        refused = subprocess.run([PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs=2"],
-                                 capture_output=True, text=True, timeout=60)
+        refused = subprocess.run(
+            [PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs=2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert refused.returncode == 1 and "outside [0, 1]" in refused.stderr
         ok = subprocess.run(
-            [PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs=0.2", "--floor", "tests=0.3"],
-            capture_output=True, text=True, timeout=180,
+            [
+                PYTHON,
+                "-m",
+                "supervisor",
+                "pivot",
+                str(run_dir),
+                "--cap",
+                "docs=0.2",
+                "--floor",
+                "tests=0.3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert ok.returncode == 0 and "pivot done at step" in ok.stdout
         assert_new_policy_in_force(run_dir, int(ok.stdout.split("step ")[1].split(";")[0]))

@@ -47,7 +47,9 @@ def started(pid: int = 100, t: float = 0.0) -> tuple[p.State, list]:
 
 
 def test_startup_spawns_from_newest_checkpoint():
-    state = p.State(checkpoints=(p.Ckpt(100, "step_000100.bin", 1), p.Ckpt(200, "step_000200.bin", 1)))
+    state = p.State(
+        checkpoints=(p.Ckpt(100, "step_000100.bin", 1), p.Ckpt(200, "step_000200.bin", 1))
+    )
     state, actions = run([p.Startup(0.0)], state)
     (spawn,) = kinds(actions, p.Spawn)
     assert spawn.resume is not None and spawn.resume.step == 200
@@ -105,7 +107,9 @@ def test_checkpoint_the_trainer_dies_on_twice_is_quarantined_and_the_older_one_u
     assert state.resume_step == 200
     state, actions = run([p.TrainerExited(1.0, 1, 1)], state)
     assert not kinds(actions, p.Quarantine)
-    state, actions = run([p.Tick(10.0), p.TrainerSpawned(10.0, 2), p.TrainerExited(11.0, 2, 1)], state)
+    state, actions = run(
+        [p.Tick(10.0), p.TrainerSpawned(10.0, 2), p.TrainerExited(11.0, 2, 1)], state
+    )
     (q,) = kinds(actions, p.Quarantine)
     assert q.step == 200
     state, actions = run([p.Tick(100.0)], state)
@@ -115,7 +119,10 @@ def test_checkpoint_the_trainer_dies_on_twice_is_quarantined_and_the_older_one_u
 
 def test_a_step_beyond_the_checkpoint_clears_its_suspicion():
     ckpts = (p.Ckpt(100, "step_000100.bin", 1),)
-    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1), p.TrainerExited(1.0, 1, 1)], p.State(checkpoints=ckpts))
+    state, _ = run(
+        [p.Startup(0.0), p.TrainerSpawned(0.0, 1), p.TrainerExited(1.0, 1, 1)],
+        p.State(checkpoints=ckpts),
+    )
     assert p.failures_of(state, 100) == 1
     state, _ = run([p.Tick(5.0), p.TrainerSpawned(5.0, 2), p.StepLogged(6.0, 101, 2.0)], state)
     assert p.failures_of(state, 100) == 0
@@ -162,7 +169,14 @@ def test_divergence_kills_at_once_quarantines_poisoned_and_rolls_back():
 
 def test_divergence_counter_resets_once_a_checkpoint_passes_the_bad_step():
     state, _ = started()
-    state, _ = run([p.StepLogged(1.0, 50, math.inf), p.TrainerExited(1.1, 100, -9), p.TrainerSpawned(2.0, 101)], state)
+    state, _ = run(
+        [
+            p.StepLogged(1.0, 50, math.inf),
+            p.TrainerExited(1.1, 100, -9),
+            p.TrainerSpawned(2.0, 101),
+        ],
+        state,
+    )
     assert state.divergences == 1
     state, _ = run([p.StepLogged(3.0, 60, 2.0), commit(60, 3.0)], state)
     assert state.divergences == 0
@@ -211,7 +225,9 @@ def test_save_is_refused_when_no_trainer_runs():
 def test_stop_then_start():
     state, _ = started()
     state, actions = run([op("stop")], state)
-    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGTERM"] and state.phase == "stopping"
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == [
+        "SIGTERM"
+    ] and state.phase == "stopping"
     state, actions = run([commit(20, 6.0), p.TrainerExited(6.1, 100, 0)], state)
     (reply,) = replies(actions)
     assert reply.ok and reply.result["checkpoint"]["step"] == 20
@@ -259,8 +275,15 @@ def test_unknown_command_is_an_error_reply():
 
 
 def test_persisted_round_trip():
-    state = p.State(phase="crash_loop", seg=4, restarts=7, restarts_without_progress=3,
-                    failures=((200, 1),), pinned=frozenset({100}), halt_reason="x")
+    state = p.State(
+        phase="crash_loop",
+        seg=4,
+        restarts=7,
+        restarts_without_progress=3,
+        failures=((200, 1),),
+        pinned=frozenset({100}),
+        halt_reason="x",
+    )
     restored = p.restore(p.persisted(state), RULES)
     assert p.persisted(restored) == p.persisted(state)
     running = p.restore(p.persisted(replace(state, phase="running")), RULES)

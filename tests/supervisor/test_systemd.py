@@ -45,7 +45,9 @@ def test_sd_notify_ready_status_watchdog_stopping(tmp_path: Path):
     notify_path = tmp_path / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify_path))
-    daemon = DaemonProcess(run_dir, env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000"})
+    daemon = DaemonProcess(
+        run_dir, env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "200000"}
+    )
     daemon.start(wait=False)
     try:
         ready_at = None
@@ -101,7 +103,9 @@ def test_systemctl_stop_semantics(tmp_path: Path):
     try:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 60, what="steps")
         trainer = daemon.status()["trainer_pid"]
-        timeout_stop_s = float(units.parse_unit(units.template_unit("system"))["Service"]["TimeoutStopSec"])
+        timeout_stop_s = float(
+            units.parse_unit(units.template_unit("system"))["Service"]["TimeoutStopSec"]
+        )
         start = time.monotonic()
         os.kill(daemon.pid, signal.SIGTERM)
         try:
@@ -124,8 +128,12 @@ def test_power_cut_recovery(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 1_000_000, 10)
     daemon = DaemonProcess(run_dir).start()
     try:
-        wait_for(lambda: len(checkpoints(run_dir)) >= 2 and (daemon.status().get("step") or 0) % 10 >= 3,
-                 90, 0.02, what="two checkpoints and a few steps past one")
+        wait_for(
+            lambda: len(checkpoints(run_dir)) >= 2 and (daemon.status().get("step") or 0) % 10 >= 3,
+            90,
+            0.02,
+            what="two checkpoints and a few steps past one",
+        )
         trainer = trainer_pid(run_dir)
         # The power goes: everything dies at once, mid-write.
         daemon.kill()
@@ -153,14 +161,22 @@ def test_power_cut_recovery(tmp_path: Path):
 
 def test_install_unit_dry_run_and_refusal(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 100, 10)
-    dry = subprocess.run([PYTHON, "-m", "supervisor", "install-unit", str(run_dir), "--system", "--dry-run"],
-                         capture_output=True, text=True, timeout=60)
+    dry = subprocess.run(
+        [PYTHON, "-m", "supervisor", "install-unit", str(run_dir), "--system", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert dry.returncode == 0
     assert f"ExecStart={Path(PYTHON).parent / 'trainwarden'} daemon {run_dir}" in dry.stdout
     assert not units.missing_keys(dry.stdout)
     assert not units.unit_install_path("system", units.unit_name(run_dir)).exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    refused = subprocess.run([PYTHON, "-m", "supervisor", "install-unit", str(empty), "--dry-run"],
-                             capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [PYTHON, "-m", "supervisor", "install-unit", str(empty), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 2 and "no config file" in refused.stderr

@@ -31,7 +31,9 @@ SCRIPTED = str(Path(__file__).resolve().parent.parent / "scripted_trainer.py")
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
-def scripted_run(run_dir: Path, *args: str, telemetry: dict | None = None, restart: dict | None = None) -> Path:
+def scripted_run(
+    run_dir: Path, *args: str, telemetry: dict | None = None, restart: dict | None = None
+) -> Path:
     write_config(
         run_dir,
         {
@@ -65,7 +67,9 @@ def test_nan_kills_at_once_rolls_back_and_ends_bit_exact(tmp_path: Path):
         assert spawns[1]["resume"]["step"] == 20
         assert "trainer_killed" in journal_kinds(run_dir) and "crash" not in journal_kinds(run_dir)
     final = checkpoint_name(60)
-    assert (run_dir / "checkpoints" / final).read_bytes() == (straight / "checkpoints" / final).read_bytes()
+    assert (run_dir / "checkpoints" / final).read_bytes() == (
+        straight / "checkpoints" / final
+    ).read_bytes()
     # The NaN line is in .loss.json with its segment; the newest segment has finite losses.
     lines = loss_lines(run_dir)
     assert any(line["step"] == 25 and line["loss"] == "nan" and line["seg"] == 1 for line in lines)
@@ -75,8 +79,16 @@ def test_nan_kills_at_once_rolls_back_and_ends_bit_exact(tmp_path: Path):
 
 
 def test_recurring_divergence_halts_in_diverged(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "1000", "--save-every", "10", "--nan-at", "25",
-                           restart={"divergence_retries": 1})
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "1000",
+        "--save-every",
+        "10",
+        "--nan-at",
+        "25",
+        restart={"divergence_retries": 1},
+    )
     with running_daemon(run_dir) as daemon:
         status = daemon.wait_state("diverged", timeout=60)
         assert "diverged again at step 25" in status["detail"]["reason"]
@@ -86,8 +98,9 @@ def test_recurring_divergence_halts_in_diverged(tmp_path: Path):
 
 
 def test_loss_above_max_loss_is_a_divergence(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "1000", "--save-every", "10",
-                           telemetry={"max_loss": 4.99})
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "1000", "--save-every", "10", telemetry={"max_loss": 4.99}
+    )
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("diverged", timeout=60)
         divergence = next(r for r in journal(run_dir) if r["kind"] == "divergence")
@@ -111,8 +124,17 @@ def test_resume_audit_verified_after_sigkill(tmp_path: Path):
 
 
 def test_resume_audit_reports_drift(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "300", "--save-every", "50", "--dt", "0.02",
-                           "--drift-per-seg", "0.5")
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "300",
+        "--save-every",
+        "50",
+        "--dt",
+        "0.02",
+        "--drift-per-seg",
+        "0.5",
+    )
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 60, 60, what="step 60")
         os.kill(daemon.status()["trainer_pid"], signal.SIGKILL)
@@ -123,8 +145,16 @@ def test_resume_audit_reports_drift(tmp_path: Path):
 
 
 def test_status_fields_and_history_rebuilt_at_start(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100", "--dt", "0.02",
-                           telemetry={"n_params": 1000, "peak_tflops": 100.0, "vocab_size": 50257})
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "100000",
+        "--save-every",
+        "100",
+        "--dt",
+        "0.02",
+        telemetry={"n_params": 1000, "peak_tflops": 100.0, "vocab_size": 50257},
+    )
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 40, 60, what="steps")
         status = daemon.status()
@@ -145,8 +175,18 @@ def test_status_fields_and_history_rebuilt_at_start(tmp_path: Path):
 
 
 def test_llmc_parser_and_log_copytruncate(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100", "--dt", "0.02",
-                           "--format", "llmc", telemetry={"parser": "llmc"})
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "100000",
+        "--save-every",
+        "100",
+        "--dt",
+        "0.02",
+        "--format",
+        "llmc",
+        telemetry={"parser": "llmc"},
+    )
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 20, 60, what="llmc steps")
         os.truncate(run_dir / "training.log", 0)
@@ -165,12 +205,23 @@ def test_gpu_telemetry_and_mfu_from_the_gpu_name(tmp_path: Path):
         "fake.values['name'] = 'NVIDIA A100-SXM4-80GB'\n"
         "sys.modules[__name__] = fake.module\n"
     )
-    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100", "--dt", "0.02",
-                           telemetry={"n_params": 124_356_864})
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "100000",
+        "--save-every",
+        "100",
+        "--dt",
+        "0.02",
+        telemetry={"n_params": 124_356_864},
+    )
     env = {"PYTHONPATH": f"{shim}{os.pathsep}{REPO}"}
     with running_daemon(run_dir, env=env) as daemon:
-        status = wait_for(lambda: (s := daemon.status())["gpu"] and s["mfu"] is not None and s, 30,
-                          what="GPU sample and MFU")
+        status = wait_for(
+            lambda: (s := daemon.status())["gpu"] and s["mfu"] is not None and s,
+            30,
+            what="GPU sample and MFU",
+        )
         gpu = status["gpu"]
         assert gpu["name"] == "NVIDIA A100-SXM4-80GB" and gpu["power_w"] == pytest.approx(412.345)
         expected = 6 * 124_356_864 * 512 / (0.02 * 312e12)
@@ -178,17 +229,23 @@ def test_gpu_telemetry_and_mfu_from_the_gpu_name(tmp_path: Path):
 
 
 def test_unknown_gpu_shows_mfu_unknown_with_a_hint(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "100",
-                           telemetry={"n_params": 1000})
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "100000", "--save-every", "100", telemetry={"n_params": 1000}
+    )
     with running_daemon(run_dir) as daemon:
-        status = wait_for(lambda: (s := daemon.status())["step"] and s["mfu_unknown_reason"] and s, 30,
-                          what="status")
+        status = wait_for(
+            lambda: (s := daemon.status())["step"] and s["mfu_unknown_reason"] and s,
+            30,
+            what="status",
+        )
         assert status["mfu"] is None and "peak_tflops" in status["mfu_unknown_reason"]
 
 
 def test_daemon_cpu_is_small_while_supervising(tmp_path: Path):
     """Not a timing assertion (bench/ has the figure): the loop must not spin."""
-    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--save-every", "1000", "--dt", "0.1")
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "100000", "--save-every", "1000", "--dt", "0.1"
+    )
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 30, what="steps")
         ticks = os.sysconf("SC_CLK_TCK")
