@@ -375,3 +375,36 @@ def test_stop_start_shutdown_and_detach(tmp_path: Path):
         wait_for(lambda: not pid_alive(daemon_pid), 30, what="daemon exit")
     finally:
         daemon.cleanup()
+
+
+def test_events_follow_streams_new_events(daemon: DaemonProcess):
+    follower = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "supervisor",
+            "events",
+            str(daemon.run_dir),
+            "-n",
+            "1",
+            "--follow",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        follower.stdout.readline()  # the newest existing event
+        step = daemon.request("save", wait=True)["step"]
+        deadline = time.monotonic() + 30
+        seen = []
+        while time.monotonic() < deadline:
+            record = orjson.loads(follower.stdout.readline())
+            seen.append(record)
+            if record["kind"] == "checkpoint" and record["step"] == step:
+                break
+        assert any(r["kind"] == "checkpoint" and r["step"] == step for r in seen)
+    finally:
+        follower.kill()
+        follower.wait(10)

@@ -305,3 +305,8 @@ def test_init_writes_a_working_config_and_refuses_to_overwrite(tmp_path: Path):
         daemon.wait_state("finished", timeout=120)
         assert checkpoints(run_dir) == [10, 20]
     assert sys.executable in (run_dir / "trainwarden.toml").read_text()
+
+
+def test_the_daemon_does_not_import_torch():
+    code = "import sys, supervisor.daemon, supervisor.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([PYTHON, "-c", code], timeout=60).returncode == 0
