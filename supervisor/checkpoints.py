@@ -20,9 +20,9 @@ from watchdog.events import (
     FileClosedEvent,
     FileCreatedEvent,
     FileModifiedEvent,
-    FileMovedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
+    FileSystemMovedEvent,
 )
 from watchdog.observers import Observer
 
@@ -187,7 +187,7 @@ class CheckpointWatcher(FileSystemEventHandler):
         return p.name if self.store.fmt.step_of(p) is not None else None
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if isinstance(event, FileMovedEvent):
+        if isinstance(event, FileSystemMovedEvent):  # a file or a whole checkpoint directory
             name = self._final(os.fsdecode(event.dest_path))
         elif isinstance(event, FileClosedEvent):
             name = self._final(os.fsdecode(event.src_path))
