@@ -317,6 +317,25 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tui(args: argparse.Namespace) -> int:
+    from supervisor.config import CONFIG_NAME, load_config
+    from tui.app import main as tui_main
+
+    if args.socket:
+        return tui_main(Path(args.socket).expanduser(), read_only=args.read_only)
+    run_dir = _run_dir(args)
+    log_path = None
+    if (run_dir / CONFIG_NAME).exists():
+        log_path = load_config(run_dir, check_plugins=False).log_path
+    return tui_main(_socket_path(run_dir), read_only=args.read_only, log_path=log_path)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from supervisor.demo import run_demo
+
+    return run_demo(Path(args.run_dir).expanduser().resolve() if args.run_dir else None)
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -372,6 +391,14 @@ def build_parser() -> Parser:
             json=True,
         )
         p.add_argument("step", type=int, help="the checkpoint's step")
+
+    p = add("tui", cmd_tui, "watch and steer the run in a terminal UI (works over SSH)")
+    p.add_argument(
+        "--socket", metavar="PATH", help="control socket instead of RUN's (e.g. forwarded with ssh -L)"
+    )
+    p.add_argument("--read-only", action="store_true", help="watch only: acting keys are refused")
+    p = add("demo", cmd_demo, "create a demo run of the reference trainer, supervise it, open the TUI")
+    p.set_defaults(run_dir=None)
 
     p = add(
         "install-unit", cmd_install_unit, "write a systemd unit that runs the daemon for this run"

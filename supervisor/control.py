@@ -314,7 +314,12 @@ class ControlServer:
             )
         conn.topics.update(topics)
         assert self.daemon.hub is not None
-        return {"snapshot": {t: self.daemon.hub.snapshot(t) for t in topics}}
+        views = {"checkpoints": self.daemon.checkpoints_view, "state": self.daemon.state_view}
+        return {
+            "snapshot": {
+                t: views[t]() if t in views else self.daemon.hub.snapshot(t) for t in topics
+            }
+        }
 
 
 READS = ("hello", "status", "checkpoints", "events", "history", "subscribe")

@@ -328,7 +328,9 @@ class Daemon:
                 "argv": argv,
             },
         )
-        self.hub.begin_segment(action.seg, action.resume.step if action.resume else None)
+        self.hub.begin_segment(
+            action.seg, action.resume.step if action.resume else None, pivot=action.pivot
+        )
         try:
             proc = await spawn(argv, cfg.run_dir, env, cfg.log_path)
         except OSError as exc:

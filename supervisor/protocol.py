@@ -190,6 +190,11 @@ class AsyncClient:
             self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             raise DaemonNotRunning(not_running_message(self.socket_path)) from None
+        except PermissionError:
+            raise DaemonNotRunning(
+                f"permission denied on {self.socket_path}: run as the daemon's user or add your "
+                "uid to [control] allow_uids"
+            ) from None
         finally:
             _close(fd)
         self.reader_task = asyncio.create_task(self._read_loop())

@@ -142,8 +142,12 @@ class TelemetryHub:
         text = f"{self.follower.offset}\n".encode()
         os.pwrite(self._offset_fd, text.ljust(24), 0)
 
-    def begin_segment(self, seg: int, resume_step: int | None) -> None:
-        """A trainer starts: its lines belong to `seg`; audit the steps it replays."""
+    def begin_segment(self, seg: int, resume_step: int | None, pivot: bool = False) -> None:
+        """A trainer starts: its lines belong to `seg`; audit the steps it replays.
+
+        After a pivot the bandit starts fresh, so replayed steps see other data by design:
+        there is nothing to audit.
+        """
         if self.audit is not None:
             result = self.audit.finish()
             if result is not None:
@@ -155,7 +159,7 @@ class TelemetryHub:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
             resume_at(resume_step or 0)
         last = self.history.last_step
-        if resume_step is not None and last is not None and last > resume_step:
+        if not pivot and resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
                 self.history, resume_step, last, self.cfg.telemetry.resume_tolerance
             )
@@ -183,6 +187,8 @@ class TelemetryHub:
                 continue
             step = record.get("step")
             if kind == "restart":
+                if record.get("seg", 0) <= 1:
+                    continue  # the run's first start is no restart
                 resume = record.get("resume") or {}
                 step = resume.get("step", 0)
             elif kind == "crash":

@@ -1,0 +1,1 @@
+"""The trainwarden terminal UI: a Textual client of the daemon's control socket."""

@@ -1,0 +1,194 @@
+"""Behaviour that needs exact control of the daemon's answers: a scripted data source."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.tui.fakes import FrozenClock, StaticSource, bandit, status
+from tests.tui.live import until
+from tests.tui.screen_text import screen_text
+from tui.app import TrainwardenApp
+from tui.messages import TopicPushed
+from tui.screens.log import NOT_LOCAL, LogScreen
+from tui.screens.main import MainScreen
+
+
+class SlowSave(StaticSource):
+    """Holds the save reply until the test releases it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.release = asyncio.Event()
+
+    async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
+        if cmd == "save":
+            self.requests.append((cmd, args))
+            await self.release.wait()
+            return {"step": 12_003, "name": "step_012003.bin"}
+        return await super().request(cmd, timeout, **args)
+
+
+async def started(app: TrainwardenApp, pilot: Any) -> None:
+    await until(pilot, lambda: app.model.populated and app.first_complete_frame_s, 10, "data")
+    await pilot.pause(0.3)
+
+
+async def test_save_shows_saving_until_the_reply_then_the_step():
+    source = SlowSave()
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(app, pilot)
+        await pilot.press("s")
+        await until(pilot, lambda: "saving…" in screen_text(app), 5, "the saving indicator")
+        await pilot.press("s")
+        assert app.outcomes[-1] == "a save is already in progress"
+        assert source.requests == [("save", {"wait": True})]
+        source.release.set()
+        await until(pilot, lambda: not app.model.saving, 5, "the reply")
+        await pilot.pause(0.4)
+        assert app.outcomes[-1] == "checkpoint saved at step 12003 (step_012003.bin)"
+        assert "saving…" not in screen_text(app)
+
+
+async def test_refusals_show_the_daemons_code_and_message():
+    source = StaticSource()
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await started(app, pilot)
+        await pilot.press("P")  # the newest checkpoint is selected
+        await pilot.pause(0.2)
+        assert source.requests[-1] == ("pin", {"step": 12_000})
+        assert (
+            app.outcomes[-1]
+            == "pin refused (not_implemented): pin is not available in this version"
+        )
+        assert "pin refused" in screen_text(app)  # the toast, not only the record
+
+        await pilot.press("down", "down", "down", "P")  # the pinned one: P unpins it
+        await pilot.pause(0.2)
+        assert source.requests[-1] == ("unpin", {"step": 10_000})
+
+        await pilot.press("r")  # running: start is refused locally with the reason
+        assert app.outcomes[-1] == "the run is running: start works after a stop or a halt"
+        assert [cmd for cmd, _ in source.requests] == ["pin", "unpin"]
+
+
+async def test_hostile_strings_are_shown_literally_and_cut_short():
+    hostile = status()
+    hostile["run"] = "[bold red]run[/] \x1b[2J\x1b]0;pwned\x07"
+    hostile["detail"] = {}
+    hostile["gpu"] = None
+    hostile["gpu_status"] = "no NVIDIA GPU [link=x]" + "y" * 5000
+    source = StaticSource(status=hostile)
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await started(app, pilot)
+        evil = bandit()
+        evil["arms"]["[i]x[/i]\x07"] = {"prob": "nope", "cap": None, "pulls": "9" * 9000}
+        evil["zombies"] = ["[b]z[/b]"]
+        app.post_message(TopicPushed("bandit", evil))
+        app.post_message(TopicPushed("events", {"kind": "[red]k\x1b[31m", "ts": 5, "t": "x"}))
+        app.post_message(
+            TopicPushed("samples", {"samples": [{"arm": "docs", "step": 1, "text": "[blink]s"}]})
+        )
+        app.post_message(TopicPushed("telemetry", {"step": "NaN?", "loss": float("nan")}))
+        await pilot.pause(0.6)
+        text = screen_text(app)
+        assert "[bold red]run[/]" in text
+        assert "[i]x[/i]" in text and "[b]z[/b]" in text and "[red]k" in text
+        assert "\x1b" not in text and "\x07" not in text
+        assert "y" * 500 not in text
+        assert isinstance(app.screen, MainScreen)
+
+
+async def test_log_screen_over_a_forwarded_socket_says_why_it_is_empty():
+    app = TrainwardenApp(StaticSource(log_path=None), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(app, pilot)
+        await pilot.press("l")
+        assert isinstance(app.screen, LogScreen)
+        assert NOT_LOCAL.split(":")[0] in screen_text(app)
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+
+async def test_log_screen_follows_a_local_log(tmp_path):
+    log = tmp_path / "training.log"
+    log.write_text("step: 1, loss: 5.0\n[red]markup[/red] \x1b[31mcolour\n")
+    app = TrainwardenApp(StaticSource(log_path=log), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(app, pilot)
+        await pilot.press("l")
+        await until(pilot, lambda: "step: 1, loss: 5.0" in screen_text(app), 5, "the log")
+        assert "[red]markup[/red] colour" in screen_text(app)
+        with open(log, "a") as f:
+            f.write("step: 2, loss: 4.9\npartial")
+        await until(pilot, lambda: "step: 2, loss: 4.9" in screen_text(app), 5, "appended lines")
+        assert "partial" not in screen_text(app)  # a line is shown once it is complete
+
+
+async def test_pivot_without_bandit_state_explains_instead_of_opening():
+    class NoBandit(StaticSource):
+        async def run(self, post, history_points):  # type: ignore[no-untyped-def]
+            from tui.messages import Connected, StatusReceived
+
+            post(Connected({"run": "r"}))
+            post(StatusReceived(self.status))
+            await asyncio.Event().wait()
+
+    app = TrainwardenApp(NoBandit(), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        await pilot.press("p")
+        assert isinstance(app.screen, MainScreen)
+        assert app.outcomes[-1].startswith("no bandit state yet")
+
+
+async def test_request_failure_when_daemon_is_gone_is_reported():
+    class Gone(StaticSource):
+        async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
+            from supervisor.errors import DaemonNotRunning
+
+            raise DaemonNotRunning("no trainwarden daemon answers on /x/control.sock")
+
+    app = TrainwardenApp(Gone(), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(app, pilot)
+        await pilot.press("x", "y")
+        await until(pilot, lambda: app.outcomes and "stop failed" in app.outcomes[-1], 5, "failure")
+        assert "no trainwarden daemon answers on /x/control.sock" in app.outcomes[-1]
+
+
+HEADER_CASES = [
+    ({"state": "backoff", "detail": {"restart_in_s": 7.2}}, "BACKOFF restart in 7s"),
+    (
+        {
+            "state": "crash_loop",
+            "trainer_pid": None,
+            "detail": {"reason": "5 restarts without progress"},
+        },
+        "CRASH LOOP   restarts 2   resume ✓   5 restarts without progress",
+    ),
+    (
+        {"state": "pivoting", "detail": {"pivot_stage": "archiving", "pivot_step": 9000}},
+        "PIVOTING: archiving @9000",
+    ),
+    ({"state": "finished", "trainer_pid": None}, "FINISHED   restarts 2"),
+    (
+        {"resume_audit": {"status": "drift", "step": 11_501, "old_loss": 2.1, "new_loss": 2.4}},
+        "resume drift @11501",
+    ),
+    ({"disk_low": True}, "DISK LOW"),
+]
+
+
+@pytest.mark.parametrize(("fields", "shown"), HEADER_CASES)
+async def test_header_shows_each_state_with_its_detail(fields: dict[str, Any], shown: str):
+    app = TrainwardenApp(StaticSource(status={**status(), **fields}), clock=FrozenClock())
+    async with app.run_test(size=(120, 24)) as pilot:
+        await started(app, pilot)
+        header = screen_text(app).splitlines()[0]
+        assert shown in header, header

@@ -1,0 +1,376 @@
+"""`trainwarden tui`: the operator's view of one run, over the daemon's control socket.
+
+The app owns a RunModel; the data source (the daemon, or fixed data in tests) posts
+messages that update it; a render tick redraws the panels whose data changed, at most a
+few times a second, and never while a modal is open. Operator keys send one command
+each over their own connection and report the outcome, success or the daemon's error.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import App, ScreenStackError
+from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.timer import Timer
+
+from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from supervisor.protocol import Client, encode
+from tui.messages import Connected, Disconnected, HistoryReceived, StatusReceived, TopicPushed
+from tui.model import HALTED, PANELS, Clock, RunModel
+from tui.sanitize import clean
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import HelpScreen
+from tui.screens.log import LogScreen
+from tui.screens.main import MainScreen, ReadOnlyMainScreen
+from tui.screens.pivot import PivotRequest, PivotScreen
+from tui.source import DaemonSource, DataSource, describe_failure
+from tui.widgets.bandit import BanditPanel
+from tui.widgets.checkpoints import CheckpointsPanel
+from tui.widgets.events import EventsPanel
+from tui.widgets.gpu import GpuPanel
+from tui.widgets.header import RunHeader
+from tui.widgets.loss_chart import LossChart
+from tui.widgets.telemetry import TelemetryPanel
+
+RENDER_INTERVAL_S = 0.25
+"""At most four frames a second, however fast the daemon pushes."""
+CLOCK_PANELS = ("header", "telemetry", "checkpoints")
+STARTUP_WAIT_S = 1.0
+OUTCOMES_KEPT = 50
+
+
+class TrainwardenApp(App[int]):
+    CSS_PATH = "trainwarden.tcss"
+    TITLE = "trainwarden"
+    ENABLE_COMMAND_PALETTE = False
+    NOTIFICATION_TIMEOUT = 8
+
+    def __init__(
+        self, source: DataSource, read_only: bool = False, clock: Clock | None = None
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.read_only = read_only
+        self.model = RunModel(clock=clock or Clock())
+        self.rendered: dict[str, int] = {}
+        self.clock_rendered_at = 0.0
+        self.outcomes: list[str] = []
+        self.first_complete_frame_s: float | None = None
+        self.started_at = time.perf_counter()
+        self.rendered_at = 0.0
+        self.render_pending: Timer | None = None
+
+    def get_default_screen(self) -> Screen[Any]:
+        return ReadOnlyMainScreen(read_only=True) if self.read_only else MainScreen()
+
+    def on_mount(self) -> None:
+        self.run_worker(self.source.run(self.post_message, self.history_points), name="daemon")
+        # Clocks (uptime, ages, countdowns) move even when no data comes.
+        self.set_interval(1.0, self.request_render)
+        self.call_after_refresh(self.render_tick)
+
+    def request_render(self) -> None:
+        """Draw soon: now if the last frame is old enough, else once the interval has passed."""
+        if self.render_pending is not None:
+            return
+        wait = RENDER_INTERVAL_S - (time.monotonic() - self.rendered_at)
+        if wait <= 0:
+            self.render_tick()
+        else:
+            self.render_pending = self.set_timer(wait, self._render_due)
+
+    def _render_due(self) -> None:
+        self.render_pending = None
+        self.render_tick()
+
+    # -------------------------------------------------------------- data in
+
+    def on_connected(self, message: Connected) -> None:
+        self.model.set_connected(message.hello)
+        self.request_render()
+
+    def on_disconnected(self, message: Disconnected) -> None:
+        self.model.set_disconnected(message.reason, message.retry_in_s)
+        self.request_render()
+
+    def on_status_received(self, message: StatusReceived) -> None:
+        self.model.apply_status(message.status)
+        self.request_render()
+
+    def on_topic_pushed(self, message: TopicPushed) -> None:
+        self.model.apply_topic(message.topic, message.data)
+        self.request_render()
+
+    def on_history_received(self, message: HistoryReceived) -> None:
+        self.model.apply_history(message.history)
+        self.request_render()
+
+    def history_points(self) -> int:
+        try:
+            return self.main_screen.query_one(LossChart).points_wanted
+        except (NoMatches, AssertionError, IndexError):  # not mounted yet, or torn down
+            return 160
+
+    def chart_resized(self) -> None:
+        self.source.want_history()
+        self.model.touch("chart")
+        self.request_render()
+
+    # -------------------------------------------------------------- drawing
+
+    @property
+    def main_screen(self) -> MainScreen:
+        screen = self.screen_stack[0]
+        assert isinstance(screen, MainScreen)
+        return screen
+
+    def render_tick(self) -> None:
+        try:
+            screen = self.screen
+        except ScreenStackError:
+            return  # the app is shutting down
+        if not isinstance(screen, MainScreen):
+            return  # a modal or the log is in front: nothing to see, nothing to draw
+        self.rendered_at = time.monotonic()
+        model = self.model
+        now = model.clock.monotonic()
+        clock_due = now - self.clock_rendered_at >= 1.0
+        due = [
+            panel
+            for panel in PANELS
+            if self.rendered.get(panel) != model.versions[panel]
+            or (clock_due and panel in CLOCK_PANELS)
+        ]
+        if clock_due:
+            self.clock_rendered_at = now
+        if not due:
+            return
+        with self.batch_update():
+            screen.set_class(not model.connected and model.ever_connected, "-stale")
+            for panel in due:
+                try:
+                    self.render_panel(screen, panel)
+                except NoMatches:
+                    return  # the screen is being torn down (the app is exiting)
+                self.rendered[panel] = model.versions[panel]
+        if self.first_complete_frame_s is None and model.populated:
+            self.first_complete_frame_s = time.perf_counter() - self.started_at
+
+    @property
+    def up_to_date(self) -> bool:
+        """Every panel shows the model's current data (no frame is owed)."""
+        return self.render_pending is None and all(
+            self.rendered.get(panel) == self.model.versions[panel] for panel in PANELS
+        )
+
+    def render_panel(self, screen: MainScreen, panel: str) -> None:
+        model = self.model
+        if panel == "header":
+            screen.query_one(RunHeader).show(model)
+        elif panel == "telemetry":
+            screen.query_one(TelemetryPanel).show(model)
+        elif panel == "chart":
+            collapse = (model.telemetry.value or {}).get("collapse_loss")
+            screen.query_one(LossChart).show(model.history, collapse)
+        elif panel == "gpu":
+            screen.query_one(GpuPanel).show(model)
+        elif panel == "checkpoints":
+            screen.query_one(CheckpointsPanel).show(model)
+        elif panel == "bandit":
+            screen.query_one(BanditPanel).show(model)
+        elif panel == "events":
+            screen.query_one(EventsPanel).show(model)
+
+    # -------------------------------------------------------------- outcomes
+
+    def tell(
+        self, message: str, severity: str = "information", timeout: float | None = None
+    ) -> None:
+        """Show an outcome to the operator (and keep it, for the record and for tests)."""
+        text = clean(message, 600)
+        self.outcomes = [*self.outcomes[-OUTCOMES_KEPT + 1 :], text]
+        self.notify(text, severity=severity, timeout=timeout, markup=False)  # type: ignore[arg-type]
+
+    def tell_failure(self, what: str, exc: BaseException) -> None:
+        if isinstance(exc, CommandRefused):
+            self.tell(f"{what} refused ({exc.code}): {exc}", "error", 12)
+        else:
+            self.tell(f"{what} failed: {describe_failure(exc)}", "error", 12)
+
+    def refused_read_only(self, what: str) -> bool:
+        if self.read_only:
+            self.tell(
+                f"read-only: {what} is disabled (this TUI was started with --read-only)", "warning"
+            )
+        return self.read_only
+
+    async def send(self, what: str, cmd: str, **args: Any) -> dict[str, Any] | None:
+        """One operator command; its result, or None after telling why it failed."""
+        try:
+            result = await self.source.request(cmd, timeout=None, **args)
+        except Exception as exc:  # whatever went wrong, say so; never take the TUI down
+            self.tell_failure(what, exc)
+            return None
+        return result if isinstance(result, dict) else {}
+
+    # -------------------------------------------------------------- keys
+
+    def action_save(self) -> None:
+        if self.refused_read_only("save"):
+            return
+        if self.model.saving:
+            self.tell("a save is already in progress", "warning")
+            return
+        self.model.saving = True
+        self.model.touch("telemetry")
+        self.request_render()
+        self.tell("saving…", timeout=3)
+        self.run_worker(self._save(), group="actions")
+
+    async def _save(self) -> None:
+        try:
+            result = await self.send("save", "save", wait=True)
+        finally:
+            self.model.saving = False
+            self.model.touch("telemetry")
+            self.request_render()
+        if result is not None:
+            name = result.get("name")
+            suffix = f" ({clean(name, 80)})" if name else ""
+            self.tell(f"checkpoint saved at step {result.get('step')}{suffix}")
+
+    def action_stop(self) -> None:
+        if self.refused_read_only("stop"):
+            return
+        body = Text(
+            "The trainer finishes its step, saves a checkpoint and exits. The daemon keeps "
+            "running; press r to start the trainer again."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.tell("stopping the trainer…", timeout=3)
+                self.run_worker(self._stop(), group="actions")
+
+        self.push_screen(ConfirmScreen("Stop the trainer?", body, yes_label="Stop"), answered)
+
+    async def _stop(self) -> None:
+        result = await self.send("stop", "stop")
+        if result is None:
+            return
+        ckpt = result.get("checkpoint")
+        if isinstance(ckpt, dict):
+            name = clean(ckpt.get("name") or "", 80)
+            self.tell(f"trainer stopped; final checkpoint: step {ckpt.get('step')} {name}".rstrip())
+        else:
+            self.tell("trainer stopped; there is no checkpoint yet")
+
+    def action_start(self) -> None:
+        if self.refused_read_only("start"):
+            return
+        phase = self.model.phase
+        if phase is not None and phase not in HALTED and self.model.connected:
+            self.tell(f"the run is {phase}: start works after a stop or a halt", "warning")
+            return
+        self.run_worker(self._start(), group="actions")
+
+    async def _start(self) -> None:
+        result = await self.send("start", "start")
+        if result is not None:
+            resume = result.get("resume_step")
+            where = f"step {resume}" if resume is not None else "scratch"
+            self.tell(f"trainer starting from {where}")
+
+    def action_pin(self) -> None:
+        if self.refused_read_only("pin"):
+            return
+        ckpt = self.main_screen.query_one(CheckpointsPanel).selected_checkpoint(self.model)
+        if ckpt is None:
+            self.tell("no checkpoint selected", "warning")
+            return
+        cmd = "unpin" if ckpt.get("pinned") else "pin"
+        self.run_worker(self._pin(cmd, ckpt["step"]), group="actions")
+
+    async def _pin(self, cmd: str, step: int) -> None:
+        result = await self.send(cmd, cmd, step=step)
+        if result is not None:
+            state = "pinned" if result.get("pinned") else "unpinned"
+            self.tell(f"checkpoint at step {result.get('step')} {state}")
+
+    def action_pivot(self) -> None:
+        if self.refused_read_only("pivot"):
+            return
+        arms = (self.model.bandit or {}).get("arms")
+        if not isinstance(arms, dict) or not arms:
+            self.tell("no bandit state yet: the trainer has not reported its data arms", "warning")
+            return
+        self.push_screen(
+            PivotScreen({str(k): v if isinstance(v, dict) else {} for k, v in arms.items()}),
+            self._pivot_chosen,
+        )
+
+    def _pivot_chosen(self, request: PivotRequest | None) -> None:
+        if request is not None:
+            self.tell("pivoting…", timeout=3)
+            self.run_worker(self._pivot(request), group="actions")
+
+    async def _pivot(self, request: PivotRequest) -> None:
+        result = await self.send("pivot", "pivot", caps=request.caps, floors=request.floors)
+        if result is not None:
+            archive = clean(result.get("archive") or "-", 200)
+            zombies = result.get("zombies")
+            gone = f"; zombie arms: {', '.join(map(str, zombies))}" if zombies else ""
+            self.tell(f"pivot done at step {result.get('step')}; archive: {archive}{gone}")
+
+    def action_log(self) -> None:
+        self.push_screen(LogScreen(self.source.log_path))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(read_only=self.read_only))
+
+    async def action_quit(self) -> None:
+        self.exit(0)
+
+
+def daemon_unreachable(socket_path: Path, wait_s: float = STARTUP_WAIT_S) -> str | None:
+    """Why nobody answers on `socket_path` (None: a daemon does), trying for `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with Client(socket_path, timeout=5.0) as client:
+                client.sock.sendall(encode({"id": 1, "cmd": "hello"}))
+                message = client.read_message()
+            if message.get("ok"):
+                return None
+            error = message.get("error") or {}
+            why = clean(error.get("message", "the daemon refused the connection"), 300)
+            return f"{socket_path}: {why}"
+        except DaemonNotRunning as exc:
+            problem = str(exc)
+        except (ProtocolError, OSError) as exc:
+            problem = f"{socket_path}: {describe_failure(exc)}"
+        if time.monotonic() >= deadline:
+            return problem
+        time.sleep(0.1)
+
+
+def main(socket_path: Path, read_only: bool = False, log_path: Path | None = None) -> int:
+    """Run the TUI on the daemon at `socket_path`; the exit status.
+
+    `log_path` is the run's training.log when the caller knows it (a local run
+    directory); without it the log screen is offered only when the socket lies inside
+    the run directory the daemon reports.
+    """
+    problem = daemon_unreachable(socket_path)
+    if problem is not None:
+        print(f"trainwarden tui: {problem}", file=sys.stderr)
+        return 1
+    app = TrainwardenApp(DaemonSource(socket_path, log_path), read_only=read_only)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,213 @@
+"""The loss chart as braille text: pure functions from a history reply to rich Text lines.
+
+A terminal cell holds a 2x4 grid of braille dots, so a W x H panel draws W*2 x H*4
+points: the daemon decimates the whole run to one bucket per dot column, and the curve
+is the bucket means joined column to column. The collapse reference ln(V) (the loss of a
+model that predicts uniformly) is a dashed line; restarts, divergences, pivots and
+crashes are letters on a row under the curve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.style import Style
+from rich.text import Text
+
+from tui import fmt
+
+BRAILLE_BASE = 0x2800
+# Dot bit for (column 0..1, row 0..3) inside one cell.
+DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+MARKER_GLYPHS = {"restart": "R", "divergence": "D", "pivot": "P", "crash": "C"}
+MARKER_PRIORITY = ("divergence", "crash", "pivot", "restart")
+Y_LABEL_WIDTH = 7
+
+
+@dataclass(frozen=True)
+class ChartStyles:
+    line: Style = Style(color="cyan")
+    collapse: Style = Style(color="yellow", dim=True)
+    axis: Style = Style(dim=True)
+    nonfinite: Style = Style(color="red", bold=True)
+    markers: dict[str, Style] | None = None
+
+    def marker(self, kind: str) -> Style:
+        if self.markers and kind in self.markers:
+            return self.markers[kind]
+        return Style(color="red" if kind in ("divergence", "crash") else "yellow", bold=True)
+
+
+def dot_columns(cells: int) -> int:
+    """How many history points a plot `cells` wide can show: the `points` to ask for."""
+    return max(plot_cells(cells), 1) * 2
+
+
+def plot_cells(width: int) -> int:
+    return max(width - Y_LABEL_WIDTH - 1, 1)
+
+
+def _numbers(values: Any) -> list[float | None]:
+    if not isinstance(values, list):
+        return []
+    return [v if fmt.finite(v) else None for v in values]
+
+
+def render_chart(
+    history: dict[str, Any] | None,
+    width: int,
+    height: int,
+    collapse_loss: float | None = None,
+    styles: ChartStyles | None = None,
+) -> list[Text]:
+    """`height` lines of `width` cells: curve rows, then a marker row and a step axis."""
+    styles = styles or ChartStyles()
+    width = max(width, Y_LABEL_WIDTH + 2)
+    if height < 3:
+        return [Text("loss chart needs more room", style=styles.axis)][:height]
+    history = history if isinstance(history, dict) else {}
+    steps = history.get("step")
+    means = _numbers(history.get("mean"))
+    if not isinstance(steps, list) or not steps or not any(v is not None for v in means):
+        empty = [Text("") for _ in range(height)]
+        empty[height // 2] = Text("no steps logged yet".center(width), style=styles.axis)
+        return empty
+
+    rows = height - 2
+    cells = plot_cells(width)
+    dots_x, dots_y = cells * 2, rows * 4
+    first = steps[0] if isinstance(steps[0], int) else 0
+    last = history.get("last_step")
+    if not isinstance(last, int):
+        last = steps[-1] if isinstance(steps[-1], int) else first
+    span = max(last - first, 1)
+
+    finite = [v for v in means if v is not None]
+    low, high = min(finite), max(finite)
+    collapse = collapse_loss if fmt.finite(collapse_loss) else None
+    # Drawn when it costs at most half the chart's height; otherwise named on the axis.
+    collapse_drawn = collapse is not None and low <= collapse <= high + max(high - low, 0.1)
+    if collapse_drawn:
+        assert collapse is not None
+        high = max(high, collapse)
+    if high - low < 1e-9:
+        low, high = low - 0.5, high + 0.5
+
+    def y_dot(value: float) -> int:
+        return round((high - value) / (high - low) * (dots_y - 1))
+
+    def x_dot(step: int) -> int:
+        return min(max(round((step - first) / span * (dots_x - 1)), 0), dots_x - 1)
+
+    grid = [[0] * cells for _ in range(rows)]
+    bad_columns: set[int] = set()
+
+    def plot(x: int, y: int) -> None:
+        grid[y // 4][x // 2] |= DOT_BITS[x % 2][y % 4]
+
+    nonfinite = history.get("nonfinite")
+    if not isinstance(nonfinite, list):
+        nonfinite = []
+    previous: tuple[int, int] | None = None
+    for i, (step, value) in enumerate(zip(steps, means, strict=False)):
+        if not isinstance(step, int):
+            continue
+        x = x_dot(step)
+        if i < len(nonfinite) and fmt.finite(nonfinite[i]) and nonfinite[i] > 0:
+            bad_columns.add(x // 2)
+        if value is None:
+            previous = None
+            continue
+        y = y_dot(value)
+        if previous is not None:
+            for px, py in _line(previous, (x, y)):
+                plot(px, py)
+        else:
+            plot(x, y)
+        previous = (x, y)
+
+    collapse_row = y_dot(collapse) // 4 if collapse_drawn and collapse is not None else None
+    labels = {0: high, rows - 1: low}
+    if rows >= 5:
+        labels[(rows - 1) // 2] = (high + low) / 2
+    lines: list[Text] = []
+    for r in range(rows):
+        line = Text()
+        label = f"{labels[r]:.2f}" if r in labels else ""
+        line.append(label.rjust(Y_LABEL_WIDTH - 1) + " ", styles.axis)
+        line.append("┤" if r in labels else "│", styles.axis)
+        for c in range(cells):
+            bits = grid[r][c]
+            if c in bad_columns and r == 0:
+                line.append("!", styles.nonfinite)
+            elif bits:
+                line.append(chr(BRAILLE_BASE + bits), styles.line)
+            elif r == collapse_row:
+                line.append("╌", styles.collapse)
+            else:
+                line.append(" ")
+        lines.append(line)
+    lines.append(_marker_row(history.get("markers"), cells, x_dot, styles))
+    lines.append(_axis_row(first, last, cells, collapse, collapse_drawn, styles))
+    return lines
+
+
+def _line(start: tuple[int, int], end: tuple[int, int]) -> list[tuple[int, int]]:
+    """The dots of a straight segment (Bresenham), so steep drops stay connected."""
+    (x0, y0), (x1, y1) = start, end
+    dx, dy = abs(x1 - x0), -abs(y1 - y0)
+    sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
+    error = dx + dy
+    dots = []
+    while True:
+        dots.append((x0, y0))
+        if x0 == x1 and y0 == y1:
+            return dots
+        doubled = 2 * error
+        if doubled >= dy:
+            error += dy
+            x0 += sx
+        if doubled <= dx:
+            error += dx
+            y0 += sy
+
+
+def _marker_row(markers: Any, cells: int, x_dot: Any, styles: ChartStyles) -> Text:
+    chosen: dict[int, str] = {}
+    for marker in markers if isinstance(markers, list) else []:
+        if not isinstance(marker, dict) or not isinstance(marker.get("step"), int):
+            continue
+        kind = marker.get("kind")
+        if kind not in MARKER_GLYPHS:
+            continue
+        cell = x_dot(marker["step"]) // 2
+        current = chosen.get(cell)
+        if current is None or MARKER_PRIORITY.index(kind) < MARKER_PRIORITY.index(current):
+            chosen[cell] = kind
+    line = Text(" " * (Y_LABEL_WIDTH - 1) + " ")
+    line.append("└", styles.axis)
+    for c in range(cells):
+        kind = chosen.get(c)
+        if kind is None:
+            line.append("─", styles.axis)
+        else:
+            line.append(MARKER_GLYPHS[kind], styles.marker(kind))
+    return line
+
+
+def _axis_row(
+    first: int, last: int, cells: int, collapse: float | None, drawn: bool, styles: ChartStyles
+) -> Text:
+    left, right = f"step {first:,}", f"{last:,}"
+    middle = ""
+    if collapse is not None:
+        middle = f"ln V {collapse:.2f} ╌" if drawn else f"ln V {collapse:.2f} off chart"
+    if len(left) + len(right) + 1 > cells:
+        left = ""
+    room = cells - len(left) - len(right)
+    if len(middle) + 2 > room:
+        middle = ""
+    gap = max(room - len(middle), 1)
+    text = left + " " * (gap // 2) + middle + " " * (gap - gap // 2) + right
+    return Text(" " * Y_LABEL_WIDTH + " " + text[-cells:], style=styles.axis)

@@ -1,0 +1,265 @@
+"""What the TUI knows about the run: the newest value of every topic, and when it came.
+
+Plain data, no widgets and no I/O, so a test can fill one by hand. Each panel reads the
+fields it shows; `versions` counts changes per panel so the render tick only redraws
+panels whose data moved. Durations the daemon reports once (trainer uptime, backoff
+countdown, checkpoint age) are advanced with the local clock from the moment they
+arrived, so the two machines' wall clocks never need to agree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+STATE_KEYS = (
+    "state",
+    "detail",
+    "trainer_pid",
+    "trainer_uptime_s",
+    "restarts",
+    "restarts_without_progress",
+    "seg",
+)
+TELEMETRY_KEYS = (
+    "step",
+    "loss",
+    "loss_ema",
+    "loss_avg",
+    "dt",
+    "tokens_per_s",
+    "mfu",
+    "mfu_avg",
+    "mfu_unknown_reason",
+    "steps_per_min",
+    "eta_s",
+    "collapse_loss",
+    "last_checkpoint_step",
+    "last_checkpoint_age_s",
+    "next_checkpoint_step",
+    "resume_audit",
+)
+HALTED = frozenset({"stopped", "finished", "crash_loop", "diverged"})
+EVENTS_KEPT = 200
+
+PANELS = ("header", "telemetry", "chart", "gpu", "checkpoints", "bandit", "events")
+
+
+class Clock:
+    """Wall time for ages of files, monotonic time for everything measured locally."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@dataclass
+class Stamped:
+    """A value and the local monotonic time it arrived."""
+
+    value: Any = None
+    at: float = 0.0
+
+
+@dataclass
+class RunModel:
+    clock: Clock = field(default_factory=Clock)
+    connected: bool = False
+    ever_connected: bool = False
+    disconnect_reason: str | None = None
+    retry_at: float | None = None
+    hello: dict[str, Any] = field(default_factory=dict)
+    total_steps: int | None = None
+    state: Stamped = field(default_factory=Stamped)
+    state_pushed: bool = False
+    """The state topic has spoken on this connection: from then on it alone sets the state."""
+    telemetry: Stamped = field(default_factory=Stamped)
+    gpu: dict[str, Any] | None = None
+    gpu_status: str | None = None
+    gpu_seen: bool = False
+    host: dict[str, Any] | None = None
+    disk_low: bool = False
+    checkpoints: dict[str, Any] | None = None
+    bandit: dict[str, Any] | None = None
+    samples: dict[str, Any] | None = None
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+    history: dict[str, Any] | None = None
+    saving: bool = False
+    """A save the operator asked for is waiting for its checkpoint."""
+    versions: Counter[str] = field(default_factory=Counter)
+
+    # -------------------------------------------------------------- updates
+
+    def touch(self, *panels: str) -> None:
+        for panel in panels:
+            self.versions[panel] += 1
+
+    def set_connected(self, hello: dict[str, Any]) -> None:
+        self.connected = True
+        self.ever_connected = True
+        self.disconnect_reason = None
+        self.retry_at = None
+        self.hello = hello if isinstance(hello, dict) else {}
+        # The subscribe snapshot brings the journal's newest records again.
+        self.events.clear()
+        self.state_pushed = False
+        self.touch(*PANELS)
+
+    def set_disconnected(self, reason: str, retry_in_s: float | None) -> None:
+        self.connected = False
+        self.disconnect_reason = reason
+        self.retry_at = None if retry_in_s is None else self.clock.monotonic() + retry_in_s
+        self.touch(*PANELS)
+
+    def apply_status(self, status: dict[str, Any]) -> None:
+        if not isinstance(status, dict):
+            return
+        now = self.clock.monotonic()
+        if isinstance(status.get("total_steps"), int):
+            self.total_steps = status["total_steps"]
+        if "run" in status and "run" not in self.hello:
+            self.hello = {**self.hello, "run": status["run"]}
+        if not self.state_pushed:
+            # A state push can reach us after a newer status reply (the daemon sends its
+            # queued replies before its coalesced topic frames), and state is pushed only
+            # when it changes: once pushes flow, a status reply must not overwrite them.
+            self.state = Stamped({k: status.get(k) for k in STATE_KEYS}, now)
+        telemetry = {k: status.get(k) for k in TELEMETRY_KEYS}
+        self.telemetry = Stamped(telemetry, now)
+        self.gpu = status.get("gpu") if isinstance(status.get("gpu"), dict) else None
+        self.gpu_status = status.get("gpu_status")
+        self.gpu_seen = True
+        if isinstance(status.get("host"), dict):
+            self.host = status["host"]
+        self.disk_low = status.get("disk_low") is True
+        if isinstance(status.get("checkpoints"), list):
+            self.checkpoints = {
+                "checkpoints": status["checkpoints"],
+                "quarantined": status.get("quarantined") or [],
+            }
+        self.touch("header", "telemetry", "gpu", "checkpoints", "chart")
+
+    def apply_topic(self, topic: str, data: Any) -> None:
+        now = self.clock.monotonic()
+        if topic == "telemetry" and isinstance(data, dict):
+            audit_changed = data.get("resume_audit") != (self.telemetry.value or {}).get(
+                "resume_audit"
+            )
+            self.telemetry = Stamped(data, now)
+            self.touch("telemetry", *(("header",) if audit_changed else ()))
+        elif topic == "state" and isinstance(data, dict):
+            self.state = Stamped(data, now)
+            self.state_pushed = True
+            self.touch("header", "telemetry")
+        elif topic == "gpu":
+            self.gpu = data if isinstance(data, dict) else None
+            self.gpu_seen = True
+            self.touch("gpu")
+        elif topic == "host" and isinstance(data, dict):
+            self.host = data
+            self.touch("telemetry")
+        elif topic == "checkpoints" and isinstance(data, dict):
+            self.checkpoints = data
+            self.touch("checkpoints")
+        elif topic == "bandit" and isinstance(data, dict):
+            self.bandit = data
+            self.touch("bandit")
+        elif topic == "samples" and isinstance(data, dict):
+            self.samples = data
+            self.touch("bandit")
+        elif topic == "events":
+            # The subscribe snapshot is a list (newest last); each push is one record.
+            records = data if isinstance(data, list) else [data]
+            self.events.extend(r for r in records if isinstance(r, dict))
+            self.touch("events")
+
+    def apply_history(self, history: dict[str, Any]) -> None:
+        if isinstance(history, dict):
+            self.history = history
+            self.touch("chart")
+
+    # -------------------------------------------------------------- derived values
+
+    @property
+    def run_name(self) -> str:
+        return str(self.hello.get("run") or "run")
+
+    @property
+    def phase(self) -> str | None:
+        state = self.state.value or {}
+        value = state.get("state")
+        return value if isinstance(value, str) else None
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        detail = (self.state.value or {}).get("detail")
+        return detail if isinstance(detail, dict) else {}
+
+    def since(self, stamped: Stamped) -> float:
+        return max(self.clock.monotonic() - stamped.at, 0.0)
+
+    def trainer_uptime_s(self) -> float | None:
+        uptime = (self.state.value or {}).get("trainer_uptime_s")
+        if not isinstance(uptime, int | float):
+            return None
+        return uptime + (self.since(self.state) if self.connected else 0.0)
+
+    def restart_in_s(self) -> float | None:
+        restart_in = self.detail.get("restart_in_s")
+        if not isinstance(restart_in, int | float):
+            return None
+        return max(restart_in - self.since(self.state), 0.0)
+
+    def checkpoint_age_s(self) -> float | None:
+        age = (self.telemetry.value or {}).get("last_checkpoint_age_s")
+        if not isinstance(age, int | float):
+            return None
+        return age + (self.since(self.telemetry) if self.connected else 0.0)
+
+    def retry_in_s(self) -> float | None:
+        if self.retry_at is None:
+            return None
+        return max(self.retry_at - self.clock.monotonic(), 0.0)
+
+    def arm_names(self) -> list[str]:
+        arms = (self.bandit or {}).get("arms")
+        return [str(name) for name in arms] if isinstance(arms, dict) else []
+
+    def latest_samples(self) -> dict[str, dict[str, Any]]:
+        """The newest sample of each arm."""
+        samples = (self.samples or {}).get("samples")
+        latest: dict[str, dict[str, Any]] = {}
+        if not isinstance(samples, list):
+            return latest
+        for sample in samples:
+            if not isinstance(sample, dict):
+                continue
+            arm = str(sample.get("arm"))
+            step = sample.get("step")
+            previous = latest.get(arm)
+            if previous is None or _step_of(step) >= _step_of(previous.get("step")):
+                latest[arm] = sample
+        return latest
+
+    @property
+    def populated(self) -> bool:
+        """Every panel has something real to show (the benchmark's "complete frame")."""
+        telemetry = self.telemetry.value or {}
+        return (
+            self.connected
+            and self.phase is not None
+            and telemetry.get("step") is not None
+            and self.history is not None
+            and self.checkpoints is not None
+            and self.gpu_seen
+            and self.bandit is not None
+            and bool(self.events)
+        )
+
+
+def _step_of(value: Any) -> int:
+    return value if isinstance(value, int) else -1

@@ -1,0 +1,1 @@
+"""The main screen and the screens and modals opened from it."""

@@ -1,0 +1,89 @@
+"""Keys and what each panel shows."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS = (
+    ("s", "save a checkpoint now (waits for it to be committed)"),
+    ("x", "stop the trainer after it saves (asks first; the daemon stays)"),
+    ("r", "start the trainer again (after a stop or a halt)"),
+    ("p", "pivot: edit the data arms' caps and floors (asks first)"),
+    ("P", "pin / unpin the selected checkpoint (pinned ones are never deleted)"),
+    ("l", "the tail of training.log (local runs only)"),
+    ("?", "this help"),
+    ("q", "quit the TUI; the run goes on"),
+)
+PANELS = (
+    (
+        "header",
+        "run, state (backoff shows its countdown), trainer pid and uptime, restarts, "
+        "the resume audit of the last restart",
+    ),
+    (
+        "telemetry",
+        "step, loss and its moving average, throughput, MFU (now and run average), "
+        "ETA, the newest and the next checkpoint",
+    ),
+    (
+        "loss",
+        "the whole run, one point per dot column; the dashed line is ln(V), the loss of "
+        "uniform guessing; R restart, C crash, D divergence, P pivot",
+    ),
+    (
+        "checkpoints",
+        "verified (✓) checkpoints, newest first; 'next del' is the one retention "
+        "deletes next; quarantined files are listed apart",
+    ),
+    (
+        "bandit",
+        "per data arm: probability, cap, floor, pulls, reward average, newest sample "
+        "(wide terminals); ✗ marks a zombie arm whose data source is gone",
+    ),
+    (
+        "events",
+        "the daemon's journal, newest first (without retention deletes and state "
+        "snapshots; `trainwarden events` lists everything)",
+    ),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "close")]
+
+    def __init__(self, read_only: bool = False) -> None:
+        super().__init__()
+        self.read_only = read_only
+
+    def compose(self) -> ComposeResult:
+        keys = Table.grid(padding=(0, 2))
+        keys.add_column(style="bold")
+        keys.add_column()
+        for key, what in KEYS:
+            keys.add_row(key, what)
+        panels = Table.grid(padding=(0, 2))
+        panels.add_column(style="bold")
+        panels.add_column()
+        for name, what in PANELS:
+            panels.add_row(name, what)
+        with VerticalScroll(id="help", classes="dialog"):
+            yield Static(Text("trainwarden - keys"), classes="dialog-title", markup=False)
+            yield Static(keys, markup=False)
+            if self.read_only:
+                yield Static(
+                    Text("read-only: s, x, r, p and P are refused (started with --read-only)"),
+                    classes="dialog-warning",
+                    markup=False,
+                )
+            yield Static(Text("panels"), classes="dialog-title", markup=False)
+            yield Static(panels, markup=False)
+            yield Static(Text("escape closes"), classes="dialog-hint", markup=False)
+
+    def action_dismiss_help(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,73 @@
+"""The main screen: header, six panels, key bar. Sized for 80x24, roomier from 120x36 up."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container, Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from tui.widgets.bandit import BanditPanel
+from tui.widgets.checkpoints import CheckpointsPanel
+from tui.widgets.events import EventsPanel
+from tui.widgets.gpu import GpuPanel
+from tui.widgets.header import RunHeader
+from tui.widgets.loss_chart import LossChart
+from tui.widgets.telemetry import TelemetryPanel
+
+ACTING = (
+    ("s", "save", "save"),
+    ("x", "stop", "stop"),
+    ("r", "start", "start"),
+    ("p", "pivot", "pivot"),
+    ("P", "pin", "pin"),
+)
+
+
+def acting_bindings(show: bool) -> list[BindingType]:
+    return [Binding(key, f"app.{action}", label, show=show) for key, action, label in ACTING]
+
+
+class MainScreen(Screen[None]):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *acting_bindings(show=True),
+        Binding("l", "app.log", "log"),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+        Binding("q", "app.quit", "quit"),
+    ]
+
+    def __init__(self, read_only: bool = False) -> None:
+        super().__init__(id="main")
+        self.read_only = read_only
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(read_only=self.read_only, id="header")
+        with Container(id="body"):
+            with Horizontal(id="row-top", classes="row"):
+                yield TelemetryPanel(id="telemetry", classes="panel left")
+                yield LossChart(id="chart", classes="panel right")
+            with Horizontal(id="row-middle", classes="row"):
+                yield CheckpointsPanel(id="checkpoints", classes="panel left")
+                yield BanditPanel(id="bandit", classes="panel right")
+            with Horizontal(id="row-bottom", classes="row"):
+                yield GpuPanel(id="gpu", classes="panel left")
+                yield EventsPanel(id="events", classes="panel right")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#checkpoint-table").focus()
+
+    def on_screen_resume(self) -> None:
+        # Panels do not redraw under a modal; catch up as soon as it closes.
+        self.app.call_after_refresh(self.app.request_render)  # type: ignore[attr-defined]
+
+
+class ReadOnlyMainScreen(MainScreen):
+    """Same screen; the acting keys stay bound (to say they are refused) but are not shown."""
+
+    BINDINGS: ClassVar[list[BindingType]] = acting_bindings(show=False)

@@ -1,0 +1,189 @@
+"""The daemon as a data source: one subscribed connection, kept up with backoff.
+
+Everything here runs on the app's asyncio loop (the protocol client is asyncio), so no
+socket call ever blocks the UI. Results reach the app as messages. Operator commands go
+over a short-lived connection of their own: the daemon answers one request at a time
+per connection, and a `save --wait` or a `stop` would otherwise hold up the periodic
+history refresh for as long as the trainer takes to save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from textual.message import Message
+
+from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from supervisor.protocol import TOPICS, AsyncClient
+from tui.messages import Connected, Disconnected, HistoryReceived, StatusReceived, TopicPushed
+
+log = logging.getLogger("trainwarden.tui")
+
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 15.0
+POLL_INTERVAL_S = 5.0
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 5.0
+DEFAULT_LOG_NAME = "training.log"
+
+Post = Callable[[Message], object]
+
+
+class DataSource(Protocol):
+    """What the app needs from whatever feeds it (the daemon, or a test's fixed data)."""
+
+    log_path: Path | None
+
+    async def run(self, post: Post, history_points: Callable[[], int]) -> None:
+        """Post messages until cancelled; never raises."""
+
+    def want_history(self) -> None:
+        """Fetch the history again soon (the chart changed size)."""
+
+    async def request(
+        self, cmd: str, timeout: float | None = REQUEST_TIMEOUT_S, **args: Any
+    ) -> Any:
+        """One operator command; its result, or CommandRefused/DaemonNotRunning/ProtocolError."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "the daemon did not answer in time"
+    if isinstance(exc, PermissionError):
+        return "permission denied on the control socket"
+    if isinstance(exc, CommandRefused):
+        return f"{exc.code}: {exc}"
+    if isinstance(exc, DaemonNotRunning | ProtocolError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def local_log_path(socket_path: Path, hello: dict[str, Any]) -> Path | None:
+    """RUN/training.log when the socket is the run's own (so the run is on this machine).
+
+    A socket forwarded over SSH lives elsewhere; then the run directory the daemon names
+    is on another machine, whatever happens to exist at that path here.
+    """
+    run_dir = hello.get("run_dir")
+    if not isinstance(run_dir, str):
+        return None
+    try:
+        root = Path(run_dir).resolve()
+        if not socket_path.resolve().is_relative_to(root):
+            return None
+    except (OSError, RuntimeError):
+        return None
+    log_path = root / DEFAULT_LOG_NAME
+    return log_path if root.is_dir() else None
+
+
+class DaemonSource:
+    def __init__(self, socket_path: Path, log_path: Path | None = None) -> None:
+        self.socket_path = socket_path
+        self.log_path = log_path
+        self._log_path_given = log_path is not None
+        self._history_wanted = asyncio.Event()
+
+    def want_history(self) -> None:
+        self._history_wanted.set()
+
+    async def _open(self) -> AsyncClient:
+        client = AsyncClient(self.socket_path)
+        try:
+            await asyncio.wait_for(client.connect(), CONNECT_TIMEOUT_S)
+        except BaseException:
+            await client.close()
+            raise
+        return client
+
+    async def request(
+        self, cmd: str, timeout: float | None = REQUEST_TIMEOUT_S, **args: Any
+    ) -> Any:
+        try:
+            client = await self._open()
+        except PermissionError:
+            raise DaemonNotRunning(
+                f"permission denied on {self.socket_path}: run as the daemon's user or add "
+                "your uid to [control] allow_uids"
+            ) from None
+        try:
+            return await client.request(cmd, timeout=timeout, **args)
+        finally:
+            await client.close()
+
+    async def run(self, post: Post, history_points: Callable[[], int]) -> None:
+        delay = BACKOFF_INITIAL_S
+        while True:
+            try:
+                await self._session(post, history_points)
+                reason = "the daemon closed the connection"
+                delay = BACKOFF_INITIAL_S
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a dead daemon is a state to show, not a crash
+                reason = describe_failure(exc)
+            post(Disconnected(reason, delay))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _session(self, post: Post, history_points: Callable[[], int]) -> None:
+        client = await self._open()
+        poller: asyncio.Task[None] | None = None
+        try:
+            # Pipelined: over an SSH-forwarded socket each round trip costs real time.
+            hello, subscribed, status, history = await asyncio.gather(
+                client.request("hello", timeout=REQUEST_TIMEOUT_S),
+                client.request("subscribe", topics=list(TOPICS), timeout=REQUEST_TIMEOUT_S),
+                client.request("status", timeout=REQUEST_TIMEOUT_S),
+                client.request(
+                    "history", points=max(history_points(), 1), timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+            if not self._log_path_given:
+                self.log_path = local_log_path(self.socket_path, hello or {})
+            post(Connected(hello or {}))
+            snapshot = (subscribed or {}).get("snapshot") or {}
+            for topic, data in snapshot.items():
+                if data is not None:
+                    post(TopicPushed(topic, data))
+            post(StatusReceived(status or {}))
+            post(HistoryReceived(history or {}))
+            poller = asyncio.create_task(self._poll(client, post, history_points))
+            async for message in client.messages():
+                post(TopicPushed(str(message.get("topic")), message.get("data")))
+        finally:
+            if poller is not None:
+                poller.cancel()
+                with contextlib.suppress(BaseException):
+                    await poller
+            await client.close()
+
+    async def _poll(
+        self, client: AsyncClient, post: Post, history_points: Callable[[], int]
+    ) -> None:
+        """History every few seconds or on resize, status every few seconds; never overlapping."""
+        while True:
+            try:
+                await asyncio.wait_for(self._history_wanted.wait(), POLL_INTERVAL_S)
+                refresh_status = False
+            except TimeoutError:
+                refresh_status = True
+            self._history_wanted.clear()
+            try:
+                if refresh_status:
+                    post(StatusReceived(await client.request("status", timeout=REQUEST_TIMEOUT_S)))
+                history = await client.request(
+                    "history", points=max(history_points(), 1), timeout=REQUEST_TIMEOUT_S
+                )
+                post(HistoryReceived(history))
+            except (CommandRefused, TimeoutError) as exc:
+                # A refused or slow refresh is retried next round; a closed connection
+                # (ProtocolError) ends this task along with the session.
+                log.warning("refresh failed: %s", describe_failure(exc))

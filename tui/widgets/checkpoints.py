@@ -1,0 +1,116 @@
+"""Verified checkpoints, newest first, with retention's next victim; quarantined ones apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable, Static
+
+from tui import fmt
+from tui.model import RunModel
+from tui.sanitize import clean
+from tui.widgets.table import Cell, sync_rows
+
+COLUMNS = ("step", "size", "age", "flags")
+
+
+class CheckpointsPanel(Vertical):
+    COMPONENT_CLASSES = {
+        "checkpoints--pinned",
+        "checkpoints--doomed",
+        "checkpoints--muted",
+        "checkpoints--bad",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "checkpoints"
+
+    def compose(self) -> ComposeResult:
+        table: DataTable[Any] = DataTable(
+            id="checkpoint-table", cursor_type="row", zebra_stripes=False, show_cursor=True
+        )
+        for column in COLUMNS:
+            table.add_column(column, key=column)
+        yield table
+        yield Static("", id="quarantined", markup=False)
+
+    @property
+    def table(self) -> DataTable[Any]:
+        return self.query_one("#checkpoint-table", DataTable)
+
+    def selected_key(self) -> str | None:
+        table = self.table
+        if not table.row_count or not table.is_valid_row_index(table.cursor_row):
+            return None
+        return table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+
+    def selected_checkpoint(self, model: RunModel) -> dict[str, Any] | None:
+        row_key = self.selected_key()
+        if row_key is None:
+            return None
+        for ckpt in (model.checkpoints or {}).get("checkpoints") or []:
+            if isinstance(ckpt, dict) and str(ckpt.get("step")) == row_key:
+                return ckpt
+        return None
+
+    def show(self, model: RunModel) -> None:
+        data = model.checkpoints or {}
+        now = model.clock.time()
+        pinned = self.get_component_rich_style("checkpoints--pinned")
+        doomed = self.get_component_rich_style("checkpoints--doomed")
+        muted = self.get_component_rich_style("checkpoints--muted")
+        rows = []
+        for ckpt in data.get("checkpoints") or []:
+            if not isinstance(ckpt, dict) or not isinstance(ckpt.get("step"), int):
+                continue
+            step = ckpt["step"]
+            mtime = ckpt.get("mtime")
+            age = fmt.duration(now - mtime) if fmt.finite(mtime) else fmt.UNKNOWN
+            flags = []
+            if ckpt.get("verified"):
+                flags.append("✓")
+            if ckpt.get("pinned"):
+                flags.append("pinned")
+            if ckpt.get("next_to_delete"):
+                flags.append("next del")
+            style = pinned if ckpt.get("pinned") else doomed if ckpt.get("next_to_delete") else ""
+            rows.append(
+                (
+                    str(step),
+                    [
+                        Cell(fmt.integer(step), str(style), order=step),
+                        Cell(fmt.size(ckpt.get("bytes")), str(muted)),
+                        Cell(age, str(muted)),
+                        Cell(" ".join(flags), str(style)),
+                    ],
+                )
+            )
+        table = self.table
+        selected = self.selected_key()
+        if sync_rows(table, rows, COLUMNS):
+            table.sort("step", key=lambda cell: cell.order, reverse=True)
+            # Keep the cursor on the checkpoint it was on, not on the row number.
+            if selected is not None and selected in table.rows:
+                table.move_cursor(row=table.get_row_index(selected), animate=False)
+        quarantined = [q for q in data.get("quarantined") or [] if isinstance(q, dict)]
+        box = self.query_one("#quarantined", Static)
+        box.display = bool(quarantined)
+        if quarantined:
+            bad = self.get_component_rich_style("checkpoints--bad")
+            text = Text(
+                f"quarantined ({len(quarantined)}): ", bad, no_wrap=True, overflow="ellipsis"
+            )
+            text.append(
+                ", ".join(
+                    clean(q.get("name"), 60)
+                    + (f" ({clean(q['reason'], 60)})" if q.get("reason") else "")
+                    for q in quarantined
+                ),
+                muted,
+            )
+            box.update(text)
