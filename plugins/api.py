@@ -66,3 +66,8 @@ class CheckpointFormat(Protocol):
     def companions(self, path: Path) -> list[Path]:
         """Files that belong to this checkpoint (sidecars): moved and deleted with it."""
         ...
+
+    # Optional, for formats whose checkpoint is a folder written in place:
+    #   def commits_folder(self, path: Path) -> bool
+    # True when closing (or renaming into place) this file inside a checkpoint folder
+    # commits the folder (hf-trainer: trainer_state.json).

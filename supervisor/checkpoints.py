@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +83,16 @@ class CheckpointStore:
         path = self._child(name)
         step = self.fmt.step_of(path)
         try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            return Verdict(name, step, None, "vanished before it could be verified")
+        if stat.S_ISLNK(mode):
+            # Never judged through the link: its target may be anywhere, even outside the run.
+            return Verdict(name, step, None, f"{name}: a symbolic link, not a checkpoint file")
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            # A FIFO or device would block or feed the reader forever.
+            return Verdict(name, step, None, f"{name}: not a regular file or folder")
+        try:
             info = self.fmt.verify(path)
         except CheckpointInvalid as exc:
             return Verdict(name, step, None, str(exc))
@@ -104,10 +116,11 @@ class CheckpointStore:
         moved = []
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         for member in self._members(name):
-            if not member.exists():
+            # lexists: a dangling link is moved too (as the link), never skipped or followed.
+            if not os.path.lexists(member):
                 continue
             target = self.quarantine_dir / member.name
-            if target.exists():
+            if os.path.lexists(target):
                 target = self.quarantine_dir / f"{member.name}.{stamp}"
             os.replace(member, target)
             moved.append(target.name)
@@ -133,7 +146,7 @@ class CheckpointStore:
         for name in in_flight:
             with contextlib.suppress(FileNotFoundError):
                 path = self._child(name)
-                if path.is_dir():
+                if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
                 else:
                     path.unlink()
@@ -152,8 +165,9 @@ class CheckpointWatcher(FileSystemEventHandler):
     """inotify on the checkpoint directory, reporting into the asyncio loop.
 
     A checkpoint counts when it appears under its final name by a rename (the commit
-    point of the contract) or when a file written in place under its final name is
-    closed; a bare create is ignored until then, so a half-copied file is never judged.
+    point of the contract; a rename from another folder arrives as a create of a whole
+    file) or when a file written in place under its final name is closed; the create of
+    a file still being written is ignored until then, so a half-copied file is never judged.
     """
 
     def __init__(
@@ -171,7 +185,8 @@ class CheckpointWatcher(FileSystemEventHandler):
         self._last_writing = 0.0
 
     def start(self) -> None:
-        self.observer.schedule(self, str(self.store.dir), recursive=False)
+        # Recursive: a checkpoint folder (hf-trainer) is committed by a file closed inside it.
+        self.observer.schedule(self, str(self.store.dir), recursive=True)
         self.observer.daemon = True
         self.observer.start()
 
@@ -180,22 +195,67 @@ class CheckpointWatcher(FileSystemEventHandler):
         with contextlib.suppress(RuntimeError):
             self.observer.join(timeout=2)
 
-    def _final(self, path: str) -> str | None:
+    def _unit(self, path: str, *, committing: bool) -> Path | None:
+        """The direct child of the checkpoint directory an event's path stands for.
+
+        Inside a checkpoint folder any write is activity of that folder, but only the file
+        the format names (its optional `commits_folder`) can commit it: a late close of
+        another file must not get a half-written folder judged.
+        """
         p = Path(path)
-        if p.parent != self.store.dir:
+        if p.parent == self.store.dir:
+            return p
+        if p.parent.parent != self.store.dir or p.parent.name == QUARANTINE:
             return None
-        return p.name if self.store.fmt.step_of(p) is not None else None
+        if not committing:
+            return p.parent
+        commits_folder = getattr(self.store.fmt, "commits_folder", None)
+        return p.parent if commits_folder is not None and commits_folder(p) else None
+
+    def _final(self, path: str) -> str | None:
+        unit = self._unit(path, committing=True)
+        if unit is None:
+            return None
+        return unit.name if self.store.fmt.step_of(unit) is not None else None
+
+    def _in_flight(self, path: str) -> bool:
+        unit = self._unit(path, committing=False)
+        return unit is not None and self.store.fmt.is_in_flight(unit)
+
+    def _arrived_whole(self, path: str) -> bool:
+        """A final name that appeared complete: renamed in from another folder (watchdog
+        reports that as a create), or anything but a regular file (a link, a FIFO), which
+        is never written in place. A file still being written in place is not whole yet
+        and is reported when it is closed."""
+        name = self._final(path)
+        if name is None:
+            return False
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return True
+        except OSError:
+            return False
+        return self.store.verify(name).info is not None
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        # An exception here would end watchdog's thread and blind the daemon for good.
+        try:
+            self._dispatch(event)
+        except Exception:
+            logging.getLogger("trainwarden.checkpoints").exception("checkpoint event %r", event)
+
+    def _dispatch(self, event: FileSystemEvent) -> None:
         if isinstance(event, FileSystemMovedEvent):  # a file or a whole checkpoint directory
             name = self._final(os.fsdecode(event.dest_path))
-        elif isinstance(event, FileClosedEvent):
+        elif isinstance(event, FileClosedEvent) or (
+            isinstance(event, FileCreatedEvent) and self._arrived_whole(os.fsdecode(event.src_path))
+        ):
             name = self._final(os.fsdecode(event.src_path))
         else:
             name = None
-            if isinstance(
-                event, FileModifiedEvent | FileCreatedEvent
-            ) and self.store.fmt.is_in_flight(Path(os.fsdecode(event.src_path))):
+            if isinstance(event, FileModifiedEvent | FileCreatedEvent) and self._in_flight(
+                os.fsdecode(event.src_path)
+            ):
                 now = time.monotonic()
                 if now - self._last_writing >= 1.0:
                     self._last_writing = now

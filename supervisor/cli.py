@@ -336,6 +336,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.run_dir).expanduser().resolve() if args.run_dir else None)
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    from supervisor.restore import restore
+
+    config = Path(args.config).expanduser() if args.config else None
+    print(restore(_run_dir(args), Path(args.mirror).expanduser(), config_from=config))
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -392,12 +400,30 @@ def build_parser() -> Parser:
         )
         p.add_argument("step", type=int, help="the checkpoint's step")
 
+    p = add(
+        "restore", cmd_restore, "recreate the run directory from a mirror (after losing its disk)"
+    )
+    p.add_argument(
+        "--from",
+        dest="mirror",
+        required=True,
+        metavar="MIRROR",
+        help="the mirror folder ([mirror] path)",
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="install this trainwarden.toml instead of the mirror's"
+    )
+
     p = add("tui", cmd_tui, "watch and steer the run in a terminal UI (works over SSH)")
     p.add_argument(
-        "--socket", metavar="PATH", help="control socket instead of RUN's (e.g. forwarded with ssh -L)"
+        "--socket",
+        metavar="PATH",
+        help="control socket instead of RUN's (e.g. forwarded with ssh -L)",
     )
     p.add_argument("--read-only", action="store_true", help="watch only: acting keys are refused")
-    p = add("demo", cmd_demo, "create a demo run of the reference trainer, supervise it, open the TUI")
+    p = add(
+        "demo", cmd_demo, "create a demo run of the reference trainer, supervise it, open the TUI"
+    )
     p.set_defaults(run_dir=None)
 
     p = add(

@@ -55,6 +55,8 @@ class CheckpointsConfig:
     """How many newest verified, unpinned checkpoints retention keeps (>= 1)."""
     pinned: list[int] = field(default_factory=list)
     """Steps whose checkpoints retention never deletes."""
+    options: dict[str, str | int | float | bool | list[str]] = field(default_factory=dict)
+    """Options for the format plugin (README, "Other checkpoint formats")."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,22 @@ class ControlConfig:
 
 
 @dataclass(frozen=True)
+class MirrorConfig:
+    path: str | None = None
+    """Absolute folder, on another disk, keeping a verified copy of each checkpoint (unset: off)."""
+    keep_last: int = 3
+    """Mirrored checkpoints the mirror keeps (>= 1); the one its latest.json names always stays."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str | None = None
+    """HOST:PORT serving Prometheus metrics at /metrics, e.g. "127.0.0.1:9108" (unset: off)."""
+    allow_remote: bool = False
+    """Allow a listen address other than loopback (the figures are then open to the network)."""
+
+
+@dataclass(frozen=True)
 class Config:
     run_dir: Path
     path: Path
@@ -115,6 +133,8 @@ class Config:
     restart: RestartConfig = field(default_factory=RestartConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    mirror: MirrorConfig = field(default_factory=MirrorConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def log_path(self) -> Path:
@@ -136,6 +156,8 @@ TABLES: dict[str, type] = {
     "restart": RestartConfig,
     "telemetry": TelemetryConfig,
     "control": ControlConfig,
+    "mirror": MirrorConfig,
+    "metrics": MetricsConfig,
 }
 
 
@@ -230,8 +252,10 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         )
     if cfg.checkpoints.keep_last < 1:
         raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
+    # Comparisons written so that nan fails them too: a nan deadline never comes due and
+    # never expires, and the daemon's loop would spin on it.
     for key in ("backoff_initial_s", "backoff_max_s"):
-        if getattr(cfg.restart, key) < 0:
+        if not getattr(cfg.restart, key) >= 0:
             raise bad(f"restart.{key}", getattr(cfg.restart, key), "a number >= 0")
     if cfg.restart.backoff_max_s < cfg.restart.backoff_initial_s:
         raise bad(
@@ -245,14 +269,19 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             cfg.restart.max_restarts_without_progress,
             "an integer >= 1",
         )
-    if cfg.restart.stall_timeout_s <= 0:
+    if not cfg.restart.stall_timeout_s > 0:
         raise bad("restart.stall_timeout_s", cfg.restart.stall_timeout_s, "a number > 0")
     if cfg.restart.divergence_retries < 0:
         raise bad("restart.divergence_retries", cfg.restart.divergence_retries, "an integer >= 0")
-    if cfg.trainer.stop_timeout_s <= 0:
+    if not cfg.trainer.stop_timeout_s > 0:
         raise bad("trainer.stop_timeout_s", cfg.trainer.stop_timeout_s, "a number > 0")
     if cfg.trainer.total_steps is not None and cfg.trainer.total_steps < 1:
         raise bad("trainer.total_steps", cfg.trainer.total_steps, "an integer >= 1")
+    if not cfg.telemetry.max_loss > 0:
+        raise bad("telemetry.max_loss", cfg.telemetry.max_loss, "a number > 0")
+    peak = cfg.telemetry.peak_tflops
+    if not isinstance(peak, str) and not peak > 0:
+        raise bad("telemetry.peak_tflops", peak, 'a number > 0 (TFLOP/s) or "auto"')
     if cfg.telemetry.window < 1:
         raise bad("telemetry.window", cfg.telemetry.window, "an integer >= 1")
     if not 0 < cfg.telemetry.ema_beta < 1:
@@ -267,6 +296,26 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             "a table with exactly n_layer, seq_len and d_model, "
             "for example { n_layer = 12, seq_len = 1024, d_model = 768 }",
         )
+    if cfg.mirror.path is not None:
+        mirror = Path(cfg.mirror.path).expanduser()
+        if not mirror.is_absolute():
+            raise bad(
+                "mirror.path",
+                cfg.mirror.path,
+                'an absolute path, for example path = "/mnt/backup/run"',
+            )
+        if mirror.resolve() == cfg.run_dir or cfg.run_dir in mirror.resolve().parents:
+            raise bad(
+                "mirror.path",
+                cfg.mirror.path,
+                "a folder outside the run directory, on another disk",
+            )
+    if cfg.mirror.keep_last < 1:
+        raise bad("mirror.keep_last", cfg.mirror.keep_last, "an integer >= 1")
+    if cfg.metrics.listen is not None:
+        from supervisor.metrics import parse_listen
+
+        parse_listen(cfg.metrics.listen, allow_remote=cfg.metrics.allow_remote, source=str(path))
     for rel, key in ((cfg.run.log, "run.log"), (cfg.checkpoints.dir, "checkpoints.dir")):
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise bad(key, rel, "a path inside the run directory")

@@ -133,7 +133,9 @@ class ControlServer:
         address, fd = connect_path(self.path)
         old_umask = os.umask(0o177)
         try:
-            self.server = await asyncio.start_unix_server(self._serve, address, limit=MAX_LINE + 1)
+            self.server = await asyncio.start_unix_server(
+                self._serve, address, limit=MAX_LINE + 1, backlog=512
+            )
         finally:
             os.umask(old_umask)
             if fd is not None:

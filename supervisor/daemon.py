@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -25,6 +25,10 @@ from supervisor.notify import NOTIFY_ENV_KEYS
 from supervisor.process import TrainerIdentity, send_signal, spawn, stop_leftover
 from supervisor.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
 from supervisor.telemetry_hub import TelemetryHub
+
+if TYPE_CHECKING:
+    from supervisor.metrics import MetricsServer
+    from supervisor.mirror import Mirror
 
 log = logging.getLogger("trainwarden.daemon")
 
@@ -70,7 +74,9 @@ class Daemon:
         self.cfg = cfg
         self.files = RunFiles(cfg.run_dir)
         self.rules = rules_from(cfg)
-        self.fmt = plugin_registry.checkpoint_format(cfg.checkpoints.format)
+        self.fmt = plugin_registry.checkpoint_format(
+            cfg.checkpoints.format, dict(cfg.checkpoints.options)
+        )
         self.store = CheckpointStore(cfg.checkpoint_dir, self.fmt)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.state = policy.State()
@@ -87,6 +93,9 @@ class Daemon:
         self.started_t = time.time()
         self.known_commits: dict[str, float] = {}
         self.ready_sent = False
+        self.mirror: Mirror | None = None
+        self.metrics: MetricsServer | None = None
+        self._background: set[asyncio.Task[Any]] = set()
         # Test-only fault injection: SIGKILL this daemon right after a pivot stage is
         # journaled, before its effects, to prove a restarted daemon finishes or undoes it.
         self._die_at_stage = os.environ.get("TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE")
@@ -146,6 +155,8 @@ class Daemon:
         await self.server.start()
         self.hub.sinks.append(self.server.publish)
         self.hub.start_samplers()
+        self._start_mirror()
+        self._start_metrics(loop)
 
         self.queue.put_nowait(
             policy.Startup(
@@ -162,6 +173,10 @@ class Daemon:
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
+            if self.mirror is not None:
+                self.mirror.close()  # interrupts a copy in progress; latest.json stays
+            if self.metrics is not None:
+                await asyncio.to_thread(self.metrics.close)
             await self.server.close()
             self.hub.close()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -185,13 +200,22 @@ class Daemon:
 
     async def _event_loop(self) -> None:
         while self.exit_code is None:
+            if not self.queue.empty():
+                await self.handle(self.queue.get_nowait())
+                continue
             due = policy.deadline(self.state, self.rules)
-            timeout = None if due is None else max(0.0, due - time.monotonic())
             try:
-                event = await asyncio.wait_for(self.queue.get(), timeout)
+                # asyncio.timeout is a timer handle, not a task per event (wait_for's cost).
+                async with asyncio.timeout_at(None if due is None else self._loop_time(due)):
+                    event = await self.queue.get()
             except TimeoutError:
                 event = policy.Tick(time.monotonic())
             await self.handle(event)
+
+    def _loop_time(self, monotonic_t: float) -> float:
+        """A time.monotonic() deadline in the event loop's clock."""
+        loop = asyncio.get_running_loop()
+        return loop.time() + (monotonic_t - time.monotonic())
 
     async def handle(self, event: Any) -> None:
         assert self.journal is not None and self.hub is not None
@@ -216,6 +240,10 @@ class Daemon:
             self._notify_status()
         if before.checkpoints != self.state.checkpoints or before.pinned != self.state.pinned:
             self.hub.publish("checkpoints", self.checkpoints_view())
+        if self.mirror is not None:
+            fresh = [c for c in self.state.checkpoints if c not in before.checkpoints]
+            if fresh:
+                self._mirror_soon(max(fresh, key=lambda c: c.step))
 
     # ------------------------------------------------------------------ executor
 
@@ -244,6 +272,9 @@ class Daemon:
             )
             await asyncio.to_thread(self.store.quarantine, action.name)
             self.known_commits.pop(action.name, None)
+            if self.mirror is not None and action.step is not None:
+                # The mirror must never offer what was quarantined here (poisoned weights).
+                self._in_background(self._retract(action.step))
         elif isinstance(action, policy.Reply):
             future = self.replies.pop(action.request_id, None)
             if future is not None and not future.done():
@@ -445,6 +476,85 @@ class Daemon:
             "_zombies": list(bandit.get("zombies") or []) if isinstance(bandit, dict) else [],
             "_current_policy": current if isinstance(current, dict) else {},
             "_utc": time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        }
+
+    # ------------------------------------------------------------------ mirror, metrics
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _start_mirror(self) -> None:
+        if self.cfg.mirror.path is None:
+            return
+        from supervisor.mirror import Mirror
+
+        self.mirror = Mirror(
+            Path(self.cfg.mirror.path).expanduser(),
+            run_dir=self.cfg.run_dir,
+            keep_last=self.cfg.mirror.keep_last,
+            format_name=self.cfg.checkpoints.format,
+            checkpoint_dir=self.cfg.checkpoints.dir,
+        )
+        newest = self.state.newest
+        if newest is not None and (self.mirror.newest_step() or -1) < newest.step:
+            # Committed while no daemon ran (or a copy failed): the mirror is behind.
+            self._mirror_soon(newest)
+
+    def _mirror_soon(self, ckpt: policy.Ckpt) -> None:
+        path = self.store.dir / ckpt.name
+        companions = [p for p in self.fmt.companions(path) if p.parent == self.store.dir]
+        files = [path, *(p for p in companions if p.exists())]
+        self._in_background(self._mirror(ckpt.step, ckpt.name, files))
+
+    async def _mirror(self, step: int, name: str, files: list[Path]) -> None:
+        assert self.mirror is not None and self.journal is not None
+        result = await self.mirror.copy(step, files, name)
+        if result.ok:
+            self.journal.append("mirrored", result.journal_fields())
+        elif result.superseded_by is not None:
+            self.journal.append("mirror_superseded", result.journal_fields())
+        else:
+            self.journal.append("mirror_failed", result.journal_fields())
+
+    async def _retract(self, step: int) -> None:
+        assert self.mirror is not None and self.journal is not None
+        if step not in self.mirror.steps():
+            return
+        latest = await self.mirror.retract(step)
+        self.journal.append("mirror_retracted", {"step": step, "latest": latest})
+
+    def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.journal is not None
+        if self.cfg.metrics.listen is None:
+            return
+        from supervisor.metrics import start_metrics_server
+
+        try:
+            self.metrics = start_metrics_server(
+                self.cfg.metrics.listen,
+                self.metrics_snapshot,
+                allow_remote=self.cfg.metrics.allow_remote,
+                loop=loop,
+            )
+        except OSError as exc:
+            # Supervision matters more than the figures: carry on without them.
+            self.journal.append(
+                "metrics_failed",
+                {"listen": self.cfg.metrics.listen, "error": exc.strerror or str(exc)},
+            )
+            return
+        self.journal.append("metrics_listening", {"url": self.metrics.url})
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """The figures /metrics exports; runs on the event loop (see supervisor.metrics)."""
+        assert self.hub is not None
+        return {
+            "run": self.cfg.run.name,
+            **self.state_view(),
+            **self.hub.telemetry(),
+            "gpu": self.hub.latest.get("gpu"),
         }
 
     # ------------------------------------------------------------------ views

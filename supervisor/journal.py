@@ -30,6 +30,9 @@ def utc_now(t: float | None = None) -> str:
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
+        # A step number read from a file name can be any size; JSON here is 64-bit.
+        return str(value)
     if isinstance(value, dict):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):

@@ -384,7 +384,11 @@ def retention_deletions(state: State, rules: Rules) -> list[Ckpt]:
     unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
     if len(unpinned) <= rules.keep_last:
         return []
-    in_use = state.resume_step if state.trainer_alive or state.phase == "backoff" else None
+    loading = state.last_step is None or (
+        state.resume_step is not None and state.last_step <= state.resume_step
+    )
+    busy = state.trainer_alive or state.phase == "backoff"
+    in_use = state.resume_step if busy and loading else None
     return [c for c in unpinned[: -rules.keep_last] if c.step != in_use]
 
 
@@ -561,12 +565,19 @@ def _on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         return state
     if is_divergent(ev.loss, rules.max_loss):
         return _diverge(state, ev, rules, actions)
+    was_loading = state.last_step is None or (
+        state.resume_step is not None and state.last_step <= state.resume_step
+    )
     state = replace(state, last_step=ev.step, last_activity_t=ev.t)
     if state.phase == "starting":
         state = replace(state, phase="running")
     suspect = state.resume_step
-    if suspect is not None and ev.step > suspect and failures_of(state, suspect):
-        state = with_failures(state, suspect, 0)
+    if suspect is not None and ev.step > suspect:
+        if failures_of(state, suspect):
+            state = with_failures(state, suspect, 0)
+        if was_loading:
+            # The checkpoint it resumed from is no longer in use: retention may take it now.
+            state = _apply_retention(state, rules, actions)
     return state
 
 

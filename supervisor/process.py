@@ -61,7 +61,20 @@ def send_signal(pid: int, sig: int, target: str = "group") -> None:
     SIGKILL always goes to the whole group so nothing is left behind.
     """
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        if sig == signal.SIGKILL or target == "group":
+        if sig == signal.SIGKILL:
+            # Launchers such as torchrun start workers in sessions of their own, out of the
+            # trainer's group: find every descendant first (once the parent dies they are
+            # reparented and lost), then kill the group and each of them.
+            try:
+                descendants = psutil.Process(pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                descendants = []
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            for child in descendants:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+        elif target == "group":
             os.killpg(pid, sig)
         elif target == "main":
             os.kill(pid, sig)

@@ -51,6 +51,7 @@ import contextlib
 import itertools
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ class Client:
         self.sock.settimeout(timeout)
         address, fd = connect_path(socket_path)
         try:
-            self.sock.connect(address)
+            self._connect(address, timeout)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             self.sock.close()
             raise DaemonNotRunning(not_running_message(socket_path)) from None
@@ -133,6 +134,18 @@ class Client:
             _close(fd)
         self.buffer = b""
         self.ids = itertools.count(1)
+
+    def _connect(self, address: str, timeout: float | None) -> None:
+        # A full listen backlog (hundreds of clients at once) answers EAGAIN: retry briefly.
+        deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
+        while True:
+            try:
+                self.sock.connect(address)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConnectionRefusedError(f"{address}: backlog full") from None
+                time.sleep(0.01)
 
     def close(self) -> None:
         self.sock.close()

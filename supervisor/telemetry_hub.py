@@ -113,6 +113,7 @@ class TelemetryHub:
 
     def _on_lines(self, lines: list[str]) -> None:
         parse = self.parser.parse
+        rows = []
         for line in lines:
             record = parse(line)
             if record is None:
@@ -120,8 +121,7 @@ class TelemetryHub:
             # The policy first: a divergence is acted on before any bookkeeping.
             self.on_step(record.step, record.loss)
             now = time.time()
-            if self.writer is not None:
-                self.writer.append(record.step, record.loss, record.dt, now, self.seg)
+            rows.append((record.step, record.loss, record.dt, now, self.seg))
             self.history.add(record.step, record.loss, record.dt, now, self.seg)
             self.monitor.observe_record(record, now)
             self.last_step = record.step
@@ -129,6 +129,8 @@ class TelemetryHub:
                 result = self.audit.observe(record.step, record.loss)
                 if result is not None:
                     self._finish_audit(result)
+        if rows and self.writer is not None:
+            self.writer.append_many(rows)
         self._save_offset()
         self._schedule_publish()
 

@@ -129,7 +129,7 @@ def test_hang_is_detected_and_restarted(tmp_path: Path):
         10,
         "--hang-at-step",
         "15",
-        restart={"stall_timeout_s": 3.0},
+        restart={"stall_timeout_s": 8.0},
         trainer={"stop_timeout_s": 2.0},
     )
     with running_daemon(run_dir) as daemon:
@@ -143,7 +143,7 @@ def test_hang_is_detected_and_restarted(tmp_path: Path):
         assert len(restarted) == 2 and restarted[1]["resume"]["step"] == 10
         crash = next(r for r in journal(run_dir) if r["kind"] == "crash")
         assert crash["t"] - stall["t"] <= 2.0 + 1.0
-        assert stall["silent_s"] >= 3.0
+        assert stall["silent_s"] >= 8.0
 
 
 def test_daemon_sigterm_saves_at_the_current_step_and_both_exit_zero(tmp_path: Path):

@@ -268,6 +268,16 @@ def test_pin_unknown_step_and_unpin_triggers_retention():
     assert [d.step for d in kinds(actions, p.Delete)] == [1]
 
 
+def test_resume_checkpoint_is_released_once_the_trainer_moves_past_it():
+    rules = replace(RULES, keep_last=2)
+    ckpts = (p.Ckpt(10, "step_000010.bin", 1),)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts), rules)
+    state, actions = run([commit(20, 1.0), commit(30, 2.0)], state, rules)
+    assert not kinds(actions, p.Delete)  # 10 is still being loaded
+    state, actions = run([p.StepLogged(3.0, 31, 2.0)], state, rules)
+    assert [d.step for d in kinds(actions, p.Delete)] == [10]
+
+
 def test_unknown_command_is_an_error_reply():
     state, _ = started()
     _, actions = run([op("frobnicate")], state)
@@ -367,7 +377,10 @@ def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
             newer = [c for c in state.checkpoints if c.step > step and c.step not in state.pinned]
             assert len(newer) >= rules.keep_last
         # Never the one a live trainer loads before it has moved past it.
-        if state.trainer_alive and state.resume_step is not None:
+        loading = state.last_step is None or (
+            state.resume_step is not None and state.last_step <= state.resume_step
+        )
+        if state.trainer_alive and state.resume_step is not None and loading:
             assert state.resume_step not in deleted
         remaining_unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
         verified_unpinned = [s for s in verified_before - quarantined if s not in state.pinned]

@@ -1,0 +1,338 @@
+"""What every comparison needs: a scratch directory whose processes die with it, the
+child programs' event files, a death watcher, latency statistics and the result shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+PYTHON = sys.executable
+
+
+def program(name: str, *args: str | Path) -> list[str]:
+    """argv for one of bench/programs/*.py: standard library only, so `python -S` (no
+    site-packages scan) keeps the interpreter's start-up small and equal for every peer."""
+    return [PYTHON, "-S", str(PROGRAMS / name), *map(str, args)]
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class Target:
+    """One goal from DESIGN.md section 8 or the issue, and whether this run met it."""
+
+    goal: str
+    measured: str
+    met: bool | None
+    """None: not measured in this run (`why` says why)."""
+    why: str = ""
+
+
+@dataclass
+class Section:
+    """One comparison's part of RESULTS.md and results.json."""
+
+    key: str
+    title: str
+    intro: str
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    """PNG file names, relative to the output directory."""
+    targets: list[Target] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
+    extra_markdown: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Context:
+    quick: bool
+    out: Path
+    work: Workspace
+    peers: Any = None
+    """bench.peers.Peers: the tools we compare against, installed once per run."""
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of the values; nan when there are none.
+
+    Nearest rank, not interpolation: with fewer than 100 samples p99 is the largest one,
+    which is what a user waiting on the slowest restart would see."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def latency_summary(ms: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p90_ms": percentile(ms, 90),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": max(ms) if ms else math.nan,
+        "mean_ms": sum(ms) / len(ms) if ms else math.nan,
+    }
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    if value is None or math.isnan(value) or math.isinf(value):
+        return "-"
+    return f"{value:,.0f}x" if value >= 10 else f"{value:.2f}x"
+
+
+# ----------------------------------------------------------------------------- event files
+
+
+def read_events(path: Path) -> list[tuple[str, int, float, list[str]]]:
+    """(kind, pid, monotonic t, extra fields) for each complete line the programs wrote."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            with contextlib.suppress(ValueError):
+                rows.append((parts[0], int(parts[1]), float(parts[2]), parts[3:]))
+    return rows
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
+    """predicate()'s first truthy value, or None after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
+
+
+class DeathWatch:
+    """Notices a process's end from outside, without being its parent: a pidfd becomes
+    readable the moment the process exits. Open it before provoking the death."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self.fd = os.pidfd_open(pid)
+
+    def wait(self, timeout: float) -> float | None:
+        """monotonic time of the death, or None if it did not die within timeout s."""
+        try:
+            if self.fd is not None:
+                poller = select.poll()
+                poller.register(self.fd, select.POLLIN)
+                if poller.poll(timeout * 1000):
+                    return time.monotonic()
+                return None
+            # No pidfd (kernel < 5.3): look at the process table every millisecond.
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if not _alive(self.pid):
+                    return time.monotonic()
+                time.sleep(0.001)
+            return None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process (all its threads) from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int, key: str = "VmRSS") -> float:
+    """VmRSS (or VmHWM, the peak) from /proc/PID/status, in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024 / 1e6
+    return math.nan
+
+
+# ----------------------------------------------------------------------------- workspace
+
+
+class Workspace:
+    """A temporary directory and every process started for it.
+
+    Processes start in their own sessions and are tracked; stop() and close() end them
+    and what they started (by pid, and only processes whose command line names this
+    directory, so never anybody else's). close() then removes the directory.
+    """
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="trainwarden-bench-"))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.known_pids: set[int] = set()
+
+    def dir(self, *parts: str) -> Path:
+        target = self.root.joinpath(*parts)
+        target.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def popen(
+        self,
+        argv: Sequence[str | Path],
+        *,
+        cwd: Path,
+        stdout: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start argv in a new session; stdout and stderr appended to a file if given."""
+        handle = open(stdout, "ab") if stdout is not None else None  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=handle if handle is not None else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if handle is not None else subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            if handle is not None:
+                handle.close()  # the child holds its own copy
+        self.procs.append(proc)
+        return proc
+
+    def descendants(self, proc: subprocess.Popen[bytes]) -> set[int]:
+        """proc's live descendants, remembered for close() (they may outlive proc)."""
+        found = self._descendants(proc)
+        self.known_pids.update(found)
+        return found
+
+    def remember(self, pids: Sequence[int] | set[int]) -> None:
+        """Pids of grandchildren (trainers a supervisor started) to check at close()."""
+        self.known_pids.update(pids)
+
+    def stop(
+        self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10.0
+    ) -> None:
+        """Ask proc to end (a supervisor stops what it supervises), then SIGKILL whatever
+        of its tree is left after grace seconds."""
+        descendants = self._descendants(proc)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace)
+        self._kill_tree(proc, descendants)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self._kill_tree(proc)
+        self.kill_ours(self.known_pids)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _ours(self, pid: int) -> bool:
+        try:
+            return str(self.root) in " ".join(psutil.Process(pid).cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+    def kill_ours(self, pids: set[int]) -> None:
+        """SIGKILL each of pids that is still one of this workspace's processes."""
+        for pid in pids:
+            if self._ours(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    @staticmethod
+    def _descendants(proc: subprocess.Popen[bytes]) -> set[int]:
+        if proc.poll() is not None:
+            return set()
+        try:
+            return {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def _kill_tree(self, proc: subprocess.Popen[bytes], known: set[int] | None = None) -> None:
+        doomed = (known or set()) | self._descendants(proc)
+        if proc.poll() is None:
+            # Not reaped yet, so the pid (and the group it leads) is still ours.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.kill_ours(doomed)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor() or "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    with contextlib.suppress(Exception):
+        info["torch"] = metadata.version("torch")
+    info["nvidia_gpu"] = Path("/dev/nvidia0").exists()
+    return info

@@ -1,0 +1,24 @@
+"""A trainer that crashes at once: records when it started and when it died, then exits 1.
+
+    python -S crash.py EVENTS [GATE]
+
+EVENTS gets `start PID T` as the first thing the interpreter runs and `exit PID T WALL`
+just before os._exit; T is time.monotonic(), one clock for every process on a Linux
+machine, and WALL is time.time(), to compare with the daemon's journal.
+While the file GATE exists the child waits between the two (so the benchmark can let one
+supervisor at a time crash-loop); the wait is not part of any measured gap.
+Standard library only, so it runs under `python -S` from any supervisor's environment.
+"""
+
+import os
+import sys
+import time
+
+started = time.monotonic()
+events = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+os.write(events, f"start {os.getpid()} {started!r}\n".encode())
+print("crash.py: started, crashing now", flush=True)
+while len(sys.argv) > 2 and os.path.exists(sys.argv[2]):
+    time.sleep(0.02)
+os.write(events, f"exit {os.getpid()} {time.monotonic()!r} {time.time()!r}\n".encode())
+os._exit(1)

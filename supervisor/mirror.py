@@ -1,0 +1,450 @@
+"""The mirror: a second, verified copy of every committed checkpoint on another disk.
+
+After a checkpoint is committed and verified, the daemon hands its files to `Mirror.copy`.
+Each file is copied under a temporary folder name, fsynced, dropped from the page cache
+and read back; the copy counts only if the xxh3_128 of what was read from the source,
+of the copy on disk and of the source read again afterwards all agree (a checkpoint that
+changed while it was copied is refused). Then the folder is renamed into place, and only
+then does `latest.json` move to it (written atomically, then read back). The mirror keeps
+its own newest `keep_last` steps and never deletes the one latest.json names. A failure
+leaves latest.json where it was; the local checkpoints are only ever read.
+
+Layout of the mirror (one mirror serves one run):
+
+    MIRROR/latest.json                  {"step", "dir", "name", "format", "files": [...], "t"}
+    MIRROR/step-000001200/manifest.json what latest.json says while it points here
+    MIRROR/step-000001200/checkpoint/   the checkpoint's files (folders for hf-trainer)
+    MIRROR/step-000001200/run/          trainwarden.toml and policy.json as they were then
+
+Copies run one at a time in a worker thread; a newer checkpoint arriving while one is
+copied supersedes any older one still waiting. When the daemon quarantines a checkpoint
+(a divergence rollback), `Mirror.retract` drops its copy and moves latest.json back to
+the newest older copy, so the mirror never offers poisoned weights to `restore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import xxhash
+
+from supervisor.errors import TrainwardenError
+from supervisor.rundir import fsync_dir
+
+LATEST = "latest.json"
+MANIFEST = "manifest.json"
+POINTER_VERSION = 1
+CHECKPOINT_PART = "checkpoint"
+RUN_PART = "run"
+RUN_FILES = ("trainwarden.toml", "policy.json")
+INCOMING_PREFIX = ".incoming-"
+STEP_DIR = re.compile(r"^step-(\d{9,})$")
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class MirrorError(TrainwardenError):
+    """A mirror copy, its verification or the mirror's pointer failed."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+@dataclass(frozen=True)
+class MirroredFile:
+    """One file of a mirrored checkpoint, named relative to its step folder."""
+
+    name: str
+    bytes: int
+    xxh3_128: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "xxh3_128": self.xxh3_128}
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """What latest.json says: the newest complete, verified copy in the mirror."""
+
+    step: int
+    dir: str
+    name: str
+    format: str
+    checkpoint_dir: str
+    files: tuple[MirroredFile, ...]
+    t: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": POINTER_VERSION,
+            "step": self.step,
+            "dir": self.dir,
+            "name": self.name,
+            "format": self.format,
+            "checkpoint_dir": self.checkpoint_dir,
+            "files": [f.to_json() for f in self.files],
+            "t": self.t,
+        }
+
+
+@dataclass(frozen=True)
+class MirrorResult:
+    """The outcome of one `Mirror.copy` call (journaled by the daemon)."""
+
+    step: int
+    ok: bool
+    error: str | None = None
+    superseded_by: int | None = None
+    files: tuple[MirroredFile, ...] = ()
+    bytes: int = 0
+    seconds: float = 0.0
+    removed_steps: tuple[int, ...] = field(default=())
+
+    def journal_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"step": self.step, "seconds": round(self.seconds, 3)}
+        if self.ok:
+            fields.update(files=len(self.files), bytes=self.bytes, removed=list(self.removed_steps))
+        elif self.superseded_by is not None:
+            fields["superseded_by"] = self.superseded_by
+        else:
+            fields["error"] = self.error
+        return fields
+
+
+# ----------------------------------------------------------------------------- hashing
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise MirrorError("interrupted: the daemon is shutting down")
+
+
+def hash_file(
+    path: Path, chunk_bytes: int = CHUNK_BYTES, stop: threading.Event | None = None
+) -> tuple[str, int]:
+    """(xxh3_128 hex digest, size) of a file, streamed."""
+    digest = xxhash.xxh3_128()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            _check(stop)
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def copy_hashed(
+    source: Path, target: Path, chunk_bytes: int = CHUNK_BYTES, stop: threading.Event | None = None
+) -> tuple[str, int]:
+    """Stream source into a new file target, fsync it; (xxh3_128 of what was read, size)."""
+    digest = xxhash.xxh3_128()
+    size = 0
+    with open(source, "rb") as fin, open(target, "xb") as fout:
+        while chunk := fin.read(chunk_bytes):
+            _check(stop)
+            digest.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+        # Drop the copy's pages so reading it back checks the disk, not the page cache.
+        with contextlib.suppress(AttributeError, OSError):
+            os.posix_fadvise(fout.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return digest.hexdigest(), size
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every folder under root, deepest first: the entries are durable only then."""
+    folders = [Path(d) for d, _, _ in os.walk(root)]
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(folder)
+
+
+def _files_of(source: Path, prefix: str) -> Iterator[tuple[Path, str]]:
+    """(file, name relative to the step folder) for a file or every file under a folder."""
+    if source.is_dir() and not source.is_symlink():
+        for path in sorted(source.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                yield path, f"{prefix}/{source.name}/{path.relative_to(source).as_posix()}"
+    else:
+        yield source, f"{prefix}/{source.name}"
+
+
+# ----------------------------------------------------------------------------- pointer
+
+
+def read_pointer(root: Path, path: Path | None = None) -> Pointer:
+    """The mirror's latest.json (or a step's manifest), checked; MirrorError says what is wrong."""
+    path = path or root / LATEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise MirrorError(
+            f"{path}: missing; {root} is not a trainwarden mirror or holds no checkpoint yet"
+        ) from None
+    except OSError as exc:
+        raise MirrorError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = orjson.loads(raw)
+        files = tuple(
+            MirroredFile(str(f["name"]), int(f["bytes"]), str(f["xxh3_128"])) for f in data["files"]
+        )
+        pointer = Pointer(
+            step=int(data["step"]),
+            dir=str(data["dir"]),
+            name=str(data.get("name", "")),
+            format=str(data.get("format", "")),
+            checkpoint_dir=str(data.get("checkpoint_dir", "checkpoints")),
+            files=files,
+            t=float(data.get("t", 0.0)),
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise MirrorError(
+            f"{path}: corrupt (not the pointer a trainwarden mirror writes)"
+        ) from None
+    unsafe = [
+        f.name
+        for f in files
+        if f.name.startswith("/") or ".." in f.name.split("/") or "\x00" in f.name
+    ]
+    if STEP_DIR.match(pointer.dir) is None or unsafe or not files:
+        raise MirrorError(f"{path}: corrupt (bad folder or file names)")
+    return pointer
+
+
+def write_pointer(root: Path, pointer: Pointer, name: str = LATEST) -> None:
+    """Replace latest.json (or a manifest) atomically, then read it back: a pointer that
+    reads back different from what was written is a failure, not a success."""
+    data = orjson.dumps(pointer.to_json(), option=orjson.OPT_INDENT_2) + b"\n"
+    tmp = root / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, root / name)
+    fsync_dir(root)
+    if read_pointer(root, root / name) != pointer:
+        raise MirrorError(f"{root / name}: reads back different from what was written")
+
+
+# ----------------------------------------------------------------------------- the mirror
+
+
+class Mirror:
+    """Copies committed checkpoints to `root`, one at a time, newest wins."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        run_dir: Path,
+        keep_last: int = 3,
+        format_name: str = "",
+        checkpoint_dir: str = "checkpoints",
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        if keep_last < 1:
+            raise ValueError("keep_last must be >= 1")
+        self.root = root
+        self.run_dir = run_dir
+        self.keep_last = keep_last
+        self.format_name = format_name
+        self.checkpoint_dir = checkpoint_dir
+        self.chunk_bytes = chunk_bytes
+        self._turn = asyncio.Lock()
+        self._newest_waiting: int | None = None
+        # A cancelled caller leaves its thread running: never let two copies overlap.
+        self._copying = threading.Lock()
+        self._stop = threading.Event()
+
+    def close(self) -> None:
+        """Interrupt a copy in progress (it fails, latest.json stays) and refuse new ones."""
+        self._stop.set()
+
+    def newest_step(self) -> int | None:
+        """The step latest.json names, or None when there is no readable pointer."""
+        try:
+            return read_pointer(self.root).step
+        except MirrorError:
+            return None
+
+    async def copy(self, step: int, files: Iterable[Path], name: str | None = None) -> MirrorResult:
+        """Mirror one checkpoint (files[0] is its main path unless `name` says otherwise).
+
+        Waits for the copy in progress; returns a superseded result without copying when
+        a newer checkpoint arrived meanwhile.
+        """
+        paths = list(files)
+        if self._newest_waiting is None or step >= self._newest_waiting:
+            self._newest_waiting = step
+        async with self._turn:
+            newest = self._newest_waiting
+            if newest is not None and newest > step:
+                return MirrorResult(step, ok=False, superseded_by=newest)
+            self._newest_waiting = None
+            return await asyncio.to_thread(self.copy_now, step, paths, name)
+
+    def copy_now(self, step: int, files: list[Path], name: str | None = None) -> MirrorResult:
+        """The blocking copy, verification, pointer update and retention."""
+        started = time.monotonic()
+        with self._copying:
+            staging: Path | None = None
+            try:
+                _check(self._stop)
+                if not files:
+                    raise MirrorError(f"step {step}: no files to mirror")
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._remove_leftovers()
+                staging = self.root / f"{INCOMING_PREFIX}{step_dir_name(step)}"
+                staging.mkdir()
+                copied = self._copy_all(files, staging)
+                pointer = Pointer(
+                    step=step,
+                    dir=step_dir_name(step),
+                    name=name or files[0].name,
+                    format=self.format_name,
+                    checkpoint_dir=self.checkpoint_dir,
+                    files=tuple(copied),
+                    t=time.time(),
+                )
+                write_pointer(staging, pointer, MANIFEST)
+                _fsync_tree(staging)
+                self._put_in_place(staging, self.root / step_dir_name(step))
+                staging = None
+                write_pointer(self.root, pointer)
+                removed = self._apply_retention(step)
+            except MirrorError as exc:
+                return self._failed(step, str(exc), started, staging)
+            except FileNotFoundError as exc:
+                where = exc.filename or "a file"
+                return self._failed(step, f"{where}: vanished during the copy", started, staging)
+            except OSError as exc:
+                where = exc.filename or self.root
+                return self._failed(step, f"{where}: {exc.strerror or exc}", started, staging)
+            return MirrorResult(
+                step,
+                ok=True,
+                files=tuple(copied),
+                bytes=sum(f.bytes for f in copied),
+                seconds=time.monotonic() - started,
+                removed_steps=tuple(removed),
+            )
+
+    async def retract(self, step: int) -> int | None:
+        """Drop the mirror's copy of `step` (quarantined locally); returns the step latest.json
+        names afterwards (None: no copy is left). Waits for the copy in progress."""
+        async with self._turn:
+            return await asyncio.to_thread(self.retract_now, step)
+
+    def retract_now(self, step: int) -> int | None:
+        with self._copying:
+            current = self.newest_step()
+            if current == step:
+                # Back to the newest older copy whose manifest still reads; none: no pointer.
+                current = None
+                for candidate in reversed([s for s in self.steps() if s < step]):
+                    manifest = self.root / step_dir_name(candidate) / MANIFEST
+                    try:
+                        write_pointer(self.root, read_pointer(self.root, manifest))
+                    except (MirrorError, OSError):
+                        continue
+                    current = candidate
+                    break
+                if current is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.root / LATEST).unlink()
+            folder = self.root / step_dir_name(step)
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                fsync_dir(self.root)
+            return current
+
+    def _failed(self, step: int, error: str, started: float, staging: Path | None) -> MirrorResult:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        return MirrorResult(step, ok=False, error=error, seconds=time.monotonic() - started)
+
+    def _copy_all(self, files: list[Path], staging: Path) -> list[MirroredFile]:
+        sources = [pair for path in files for pair in _files_of(path, CHECKPOINT_PART)]
+        for run_file in RUN_FILES:
+            path = self.run_dir / run_file
+            if path.is_file():
+                sources.append((path, f"{RUN_PART}/{run_file}"))
+        copied = []
+        for source, relative in sources:
+            target = staging / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copied.append(self._copy_verified(source, target, relative))
+        return copied
+
+    def _copy_verified(self, source: Path, target: Path, relative: str) -> MirroredFile:
+        read_digest, size = copy_hashed(source, target, self.chunk_bytes, self._stop)
+        copy_digest, copy_size = hash_file(target, self.chunk_bytes, self._stop)
+        source_digest, source_size = hash_file(source, self.chunk_bytes, self._stop)
+        if copy_digest != read_digest or copy_size != size:
+            raise MirrorError(
+                f"{relative}: the copy reads back as xxh3_128 {copy_digest}, "
+                f"but {read_digest} was written (the mirror disk corrupts data?)"
+            )
+        if source_digest != read_digest or source_size != size:
+            raise MirrorError(
+                f"{relative}: hash mismatch: the source now hashes to {source_digest}, the copy "
+                f"to {read_digest}: the checkpoint changed while it was copied"
+            )
+        return MirroredFile(relative, size, read_digest)
+
+    def _put_in_place(self, staging: Path, final: Path) -> None:
+        if final.exists():
+            # The same step mirrored again (a re-save): swap the old copy out first.
+            old = self.root / f"{INCOMING_PREFIX}old-{final.name}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(staging, final)
+            fsync_dir(self.root)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+            fsync_dir(self.root)
+
+    def _remove_leftovers(self) -> None:
+        """Temporary folders of copies a crash interrupted (never a complete step folder)."""
+        for entry in os.scandir(self.root):
+            if entry.name.startswith(INCOMING_PREFIX) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    def steps(self) -> list[int]:
+        """Steps with a complete copy in the mirror, oldest first."""
+        found = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.root):
+                match = STEP_DIR.match(entry.name)
+                if match and entry.is_dir(follow_symlinks=False):
+                    found.append(int(match.group(1)))
+        return sorted(found)
+
+    def _apply_retention(self, pointed_step: int) -> list[int]:
+        steps = self.steps()
+        keep = set(steps[-self.keep_last :]) | {pointed_step}
+        removed = []
+        for step in steps:
+            if step in keep:
+                continue
+            shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+            removed.append(step)
+        if removed:
+            fsync_dir(self.root)
+        return removed

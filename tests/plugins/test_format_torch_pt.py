@@ -1,0 +1,187 @@
+"""The torch-pt format on real torch.save files: weights_only verification in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugins.formats.torch_pt import TorchPt
+from supervisor.errors import CheckpointInvalid, ConfigError
+from tests.format_trainer import daemon_scenario
+from tests.helpers import pid_alive
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def save(path: Path, obj: object, **kwargs: object) -> Path:
+    torch.save(obj, path, **kwargs)  # type: ignore[arg-type]
+    return path
+
+
+def good_state(step: int | None = 100) -> dict[str, object]:
+    state: dict[str, object] = {
+        "model": {"wte": torch.zeros(10, 4), "ln": torch.ones(4)},
+        "optimizer": {"state": {}, "param_groups": [{"lr": 3e-4, "params": [0, 1]}]},
+    }
+    if step is not None:
+        state["step"] = step
+    return state
+
+
+def invalid(fmt: TorchPt, path: Path) -> str:
+    with pytest.raises(CheckpointInvalid) as caught:
+        fmt.verify(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(path.name)
+    return message
+
+
+def test_names_in_flight_and_pattern_option(tmp_path: Path):
+    fmt = TorchPt({})
+    assert fmt.step_of(tmp_path / "ckpt_000100.pt") == 100
+    assert fmt.step_of(tmp_path / "step-100.pt") == 100
+    for other in ("ckpt.pt", "ckpt_000100.pt.tmp", "model_100.pt", "step-100.pth", "ckpt_x.pt"):
+        assert fmt.step_of(tmp_path / other) is None
+    assert fmt.is_in_flight(tmp_path / "ckpt_000100.pt.tmp")
+    assert not fmt.is_in_flight(tmp_path / "ckpt_000100.pt")
+    assert not fmt.is_in_flight(tmp_path / "notes.tmp")
+    assert fmt.companions(tmp_path / "ckpt_000100.pt") == []
+    custom = TorchPt({"options": {"pattern": r"^iter(\d+)\.pth$", "tmp_suffix": ".partial"}})
+    assert custom.step_of(tmp_path / "iter42.pth") == 42
+    assert custom.is_in_flight(tmp_path / "iter42.pth.partial")
+    assert custom.step_of(tmp_path / "ckpt_000100.pt") is None
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"pattern": r"^ckpt_\d+\.pt$"}, "pattern"),
+        ({"pattern": "(unclosed"}, "pattern"),
+        ({"required_keys": "model"}, "required_keys"),
+        ({"verify_timeout_s": 0}, "verify_timeout_s"),
+    ],
+)
+def test_bad_options_are_config_errors_naming_the_key(options: dict[str, object], key: str):
+    with pytest.raises(ConfigError, match=rf"'checkpoints\.options\.{key}'"):
+        TorchPt(options)
+
+
+def test_a_real_checkpoint_verifies_with_its_size_and_parameter_count(tmp_path: Path):
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    info = TorchPt({}).verify(path)
+    assert (info.step, info.path, info.bytes, info.n_params) == (100, path, path.stat().st_size, 44)
+    legacy = save(tmp_path / "step-7.pt", good_state(None), _use_new_zipfile_serialization=False)
+    assert TorchPt({}).verify(legacy).step == 7  # not mmap-able: loaded without mmap
+
+
+def test_a_malicious_pickle_is_refused_and_never_executed(tmp_path: Path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    path = save(tmp_path / "ckpt_000100.pt", {"model": Payload(), "optimizer": {}, "step": 100})
+    message = invalid(TorchPt({}), path)
+    assert "weights_only refused it" in message and "system" in message
+    assert not marker.exists()
+    # The file really is hostile: an unrestricted load runs the payload.
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: p.write_bytes(b""), "empty file"),
+        (lambda p: p.write_bytes(b"not a checkpoint at all"), "torch.load failed"),
+        (
+            lambda p: save(p, good_state(100)) and p.write_bytes(p.read_bytes()[:300]),
+            "torch.load failed",
+        ),
+        (lambda p: save(p, [torch.zeros(2)]), "top-level object is a list"),
+        (lambda p: save(p, {"model": {}, "step": 100}), "missing required key(s) optimizer"),
+        (lambda p: save(p, good_state(90)), "step value 90 does not match the step 100"),
+        (lambda p: save(p, {**good_state(None), "step": "100"}), "expected an integer"),
+        (lambda p: os.mkfifo(p), "not a regular file"),
+    ],
+    ids=["empty", "junk", "truncated", "list", "missing-key", "step-mismatch", "step-type", "fifo"],
+)
+def test_broken_files_are_invalid_with_a_one_line_reason(tmp_path: Path, make, expected: str):
+    path = tmp_path / "ckpt_000100.pt"
+    make(path)
+    assert expected in invalid(TorchPt({}), path)
+
+
+def test_iter_num_counts_as_the_step_and_required_keys_are_configurable(tmp_path: Path):
+    path = save(tmp_path / "ckpt_000100.pt", {"model": {"w": torch.zeros(3)}, "iter_num": 100})
+    assert "missing required key(s) optimizer" in invalid(TorchPt({}), path)
+    assert TorchPt({"required_keys": ["model"]}).verify(path).step == 100
+    wrong = save(tmp_path / "ckpt_000200.pt", {"model": {}, "iter_num": 150})
+    assert "step value 150" in invalid(TorchPt({"required_keys": ["model"]}), wrong)
+
+
+def test_a_probe_that_hangs_is_killed_at_the_timeout(tmp_path: Path):
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    pid_file = tmp_path / "probe.pid"
+    slow_python = tmp_path / "slow-python"
+    slow_python.write_text(
+        textwrap.dedent(
+            f"""\
+            #!{sys.executable}
+            import os, time
+            open({str(pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(600)
+            """
+        )
+    )
+    slow_python.chmod(0o755)
+    fmt = TorchPt({"python": str(slow_python), "verify_timeout_s": 1.5})
+    started = time.monotonic()
+    message = invalid(fmt, path)
+    assert "did not finish within 1.5 s" in message
+    assert time.monotonic() - started < 10
+    assert not pid_alive(int(pid_file.read_text()))
+
+
+def test_a_missing_probe_interpreter_is_reported(tmp_path: Path):
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    message = invalid(TorchPt({"python": str(tmp_path / "no-such-python")}), path)
+    assert "cannot start the probe interpreter" in message
+
+
+def test_daemon_retains_and_falls_back_with_torch_pt(tmp_path: Path):
+    def corrupt(directory: Path, step: int) -> None:
+        path = directory / f"ckpt_{step:06d}.pt"
+        path.write_bytes(path.read_bytes()[:200])
+
+    def unit_step(name: str) -> int | None:
+        return TorchPt({}).step_of(Path(name))
+
+    daemon_scenario(tmp_path, TorchPt({}), unit_step, corrupt, "torch.load failed")
+
+
+def test_an_unchanged_file_that_passed_is_not_probed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fmt = TorchPt({})
+    probes = []
+    real_probe = fmt._probe
+
+    def counting_probe(path: Path) -> dict[str, object]:
+        probes.append(path)
+        return real_probe(path)
+
+    monkeypatch.setattr(fmt, "_probe", counting_probe)
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    assert fmt.verify(path) == fmt.verify(path)
+    assert len(probes) == 1
+    save(path, good_state(90))  # rewritten in place: probed afresh, and now wrong
+    assert "step value 90" in invalid(fmt, path)
+    assert len(probes) == 2
