@@ -159,11 +159,6 @@ def test_main_target_reaches_only_the_agent_which_dies_of_sigusr1(tmp_path: Path
         kill_workers(run_dir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="supervisor.process.send_signal SIGKILLs only the trainer's process group; torchrun "
-    "workers lead sessions of their own and survive (the report to the lead has the fix)",
-)
 def test_sigkill_after_the_grace_period_leaves_no_worker_behind(tmp_path: Path):
     run_dir = torchrun_run(tmp_path / "run", "children", "--ignore-term", stop_timeout_s=2.0)
     try:
