@@ -453,6 +453,9 @@ class ResumeAudit:
     def _matches(self, old: float, new: float) -> bool:
         if old == new or (math.isnan(old) and math.isnan(new)):
             return True
+        if not math.isfinite(old) and math.isfinite(new):
+            # The superseded value is a divergence the rollback undid, not a resume error.
+            return True
         return abs(new - old) <= self.tolerance  # false for inf vs finite, nan vs anything
 
     def _decide(self, drift: tuple[int, float, float] | None = None) -> AuditResult:

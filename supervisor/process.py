@@ -27,7 +27,13 @@ class TrainerIdentity:
     @classmethod
     def of(cls, pid: int) -> TrainerIdentity:
         proc = psutil.Process(pid)
-        return cls(pid, proc.create_time(), proc.cmdline())
+        cmdline = proc.cmdline()
+        deadline = time.monotonic() + 2.0
+        while not cmdline and time.monotonic() < deadline:
+            # Right after fork the child may still be inside execve: its cmdline reads empty.
+            time.sleep(0.01)
+            cmdline = proc.cmdline()
+        return cls(pid, proc.create_time(), cmdline)
 
     def save(self, path: Path) -> None:
         data = {"pid": self.pid, "create_time": self.create_time, "cmdline": self.cmdline}
@@ -46,7 +52,7 @@ class TrainerIdentity:
             proc = psutil.Process(self.pid)
             return (
                 abs(proc.create_time() - self.create_time) < 0.05
-                and proc.cmdline() == self.cmdline
+                and (not self.cmdline or proc.cmdline() == self.cmdline)
                 and proc.status() != psutil.STATUS_ZOMBIE
             )
         except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -115,6 +115,8 @@ def load_policy(path: Path | str, known_arms: Iterable[str]) -> dict[str, Any]:
         return default_policy(known)
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text; write it as JSON") from None
     try:
         policy = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -1,0 +1,898 @@
+"""The chaos soak: a real daemon supervising the reference trainer through a seeded storm.
+
+One `Soak` drives one run: it writes the config, optionally puts the checkpoint directory
+on a small tmpfs in a private mount namespace (so a full disk can be staged), starts the
+watcher process (tests/chaos/watcher.py) and the daemon, then walks a seeded schedule of
+faults and operator commands keyed to training steps. When the run has finished it shuts
+the daemon down and tests/chaos/judge.py checks the six invariants from the journal, the watcher's
+records, the files and the reference runs, and builds the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from supervisor.protocol import Client
+from tests.helpers import PYTHON, reference_run, trainer_argv, wait_for
+
+WATCHER = Path(__file__).with_name("watcher.py")
+STEP_LINE = re.compile(r"^step: (\d+), loss: ([^,]+),")
+CKPT_NAME = re.compile(r"^step_(\d{6,})\.bin$")
+HEADER = struct.Struct("<ii")
+NEW_POLICY = {"caps": {"docs": 0.5}, "floors": {"tests": 0.2}}
+PLANTS = ("truncate", "flip_step", "flip_n_params")
+"""Corruptions planted while the daemon is down. Bit flips go in the header (step or
+n_params): andrea-bin verification checks size and header only, so a flip in the weights
+region would pass it and cannot be caught by the daemon."""
+TMPFS_SIZE = "160m"
+# Command outcomes that are answers, not failures: another command held the operator
+# lock, or the state did not allow it (a kill landed while a save waited).
+ACCEPTED_REFUSALS = {"busy", "wrong_state"}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    """How big a storm: the run's size and how many faults of each kind."""
+
+    steps: int
+    save_every: int
+    seed: int
+    trainer_kills: int
+    kills_in_write: int
+    daemon_kills: int
+    """Each one plants a corrupt newest checkpoint while the daemon is down; every
+    second one is a double kill (restart, SIGKILL again at once, restart)."""
+    enospc: int
+    save_pairs: int
+    stop_starts: int
+    save_kills: int
+    pivot: bool = True
+    keep_last: int = 3
+    stall_timeout_s: float = 15.0
+    stop_timeout_s: float = 4.0
+    slow_save_s: float = 0.15
+    train_seed: int = 1337
+
+
+@dataclass
+class Event:
+    step: int
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
+    """(events sorted by step, NaN step, hang step), all from plan.seed."""
+    rng = random.Random(plan.seed)
+    kinds: list[Event] = []
+    kinds += [Event(0, "trainer_kill") for _ in range(plan.trainer_kills)]
+    kinds += [Event(0, "trainer_kill_in_write") for _ in range(plan.kills_in_write)]
+    for i in range(plan.daemon_kills):
+        kinds.append(Event(0, "daemon_kill", {"plant": PLANTS[i % 3], "double": i % 2 == 1}))
+    kinds += [Event(0, "enospc") for _ in range(plan.enospc)]
+    kinds += [Event(0, "save_pair") for _ in range(plan.save_pairs)]
+    kinds += [Event(0, "stop_start") for _ in range(plan.stop_starts)]
+    kinds += [Event(0, "save_kill") for _ in range(plan.save_kills)]
+    kinds += [Event(0, "nan"), Event(0, "hang")]
+    rng.shuffle(kinds)
+    if plan.pivot:
+        kinds.insert(max(0, round(0.85 * len(kinds))), Event(0, "pivot"))
+    # Leave room for two checkpoints before the first fault and a few after the last.
+    low = 2 * plan.save_every + 10
+    high = plan.steps - max(60, plan.save_every + 10)
+    slot = (high - low) / len(kinds)
+    for i, event in enumerate(kinds):
+        jitter = rng.uniform(0.1, 0.6) * slot
+        event.step = int(low + i * slot + jitter)
+    nan_step = next(e.step for e in kinds if e.kind == "nan")
+    hang_step = next(e.step for e in kinds if e.kind == "hang")
+    return kinds, nan_step, hang_step
+
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass
+class Fault:
+    kind: str
+    t: float
+    step: int | None
+    detail: dict[str, Any] = field(default_factory=dict)
+    reaction: dict[str, Any] = field(default_factory=dict)
+    latency_s: float | None = None
+    survived: bool = False
+    problem: str | None = None
+
+
+@dataclass
+class CommandResult:
+    client: str
+    cmd: str
+    t0: float
+    t1: float
+    outcome: str
+    """"ok", a refusal code, or "transport: ..." when the connection failed."""
+    result: Any = None
+
+
+class JournalTail:
+    """Reads .trainwarden/journal.jsonl incrementally (complete lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.records: list[dict[str, Any]] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.records
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for line in lines:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                record = orjson.loads(line)
+                if isinstance(record, dict):
+                    self.records.append(record)
+        return self.records
+
+    def find(self, kind: str, after: float, **match: Any) -> dict[str, Any] | None:
+        for record in self.read():
+            if record.get("kind") != kind or record.get("t", 0) < after:
+                continue
+            if all(record.get(k) == v for k, v in match.items()):
+                return record
+        return None
+
+
+def verify_bytes(path: Path) -> bool:
+    """andrea-bin verification as the watcher does it, for the test's own choices."""
+    match = CKPT_NAME.match(path.name)
+    try:
+        if path.is_symlink() or not path.is_file() or match is None:
+            return False
+        with open(path, "rb") as f:
+            head = f.read(HEADER.size)
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if len(head) < HEADER.size:
+        return False
+    step, n_params = HEADER.unpack(head)
+    return n_params > 0 and step == int(match.group(1)) and size == 8 + 12 * n_params
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (p99 of a few values is their maximum); None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def is_our_trainer(pid: int, run_dir: Path) -> bool:
+    """pid is a live reference trainer working in run_dir (not a recycled pid)."""
+    try:
+        if os.readlink(f"/proc/{pid}/cwd") != str(run_dir.resolve()):
+            return False
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b") ", 1)[1][:1]
+    except OSError:
+        return False
+    return state != b"Z" and b"trainer" in argv and b"-m" in argv
+
+
+# ----------------------------------------------------------------------------- reference runs
+
+
+class StraightRun:
+    """`python -m trainer` alone, never interrupted: the bit-exact reference (runs in the
+    background from the moment it is asked for, on the other core)."""
+
+    def __init__(self, run_dir: Path, steps: int, save_every: int, seed: int) -> None:
+        self.run_dir = run_dir
+        self.steps = steps
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = run_dir / "stdout.txt"
+        with open(self.stdout_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                trainer_argv(steps, save_every, seed=seed),
+                cwd=run_dir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait(self, timeout: float) -> None:
+        code = self.proc.wait(timeout)
+        assert code == 0, f"straight run failed ({code}): {self.stdout_path.read_text()[-2000:]}"
+
+    def losses(self) -> dict[int, float]:
+        return step_losses(self.stdout_path.read_text())
+
+    def final_bytes(self) -> bytes:
+        return (self.run_dir / "checkpoints" / f"step_{self.steps:06d}.bin").read_bytes()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def step_losses(text: str) -> dict[int, float]:
+    losses: dict[int, float] = {}
+    for line in text.splitlines():
+        match = STEP_LINE.match(line)
+        if match:
+            losses[int(match.group(1))] = float(match.group(2))
+    return losses
+
+
+# ----------------------------------------------------------------------------- the soak
+
+
+class Soak:
+    def __init__(self, plan: SoakPlan, base: Path, *, use_namespace: bool) -> None:
+        self.plan = plan
+        self.base = base
+        self.run_dir = (base / "run").resolve()
+        self.rng = random.Random(plan.seed * 7919 + 1)
+        self.schedule, self.nan_step, self.hang_step = make_schedule(plan)
+        self.use_namespace = use_namespace
+        self.namespace_reason = ""
+        self.holder: subprocess.Popen[bytes] | None = None
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemon_exits: list[dict[str, Any]] = []
+        self.watcher: subprocess.Popen[bytes] | None = None
+        self.watch_out = base / "watcher.jsonl"
+        self.stderr_path = base / "daemon.stderr"
+        self.journal = JournalTail(self.run_dir / ".trainwarden" / "journal.jsonl")
+        self.faults: list[Fault] = []
+        self.commands: list[CommandResult] = []
+        self.downtimes: list[list[float]] = []
+        self.notes: list[str] = []
+        self.skipped: list[str] = []
+        self.pivot_result: dict[str, Any] | None = None
+        self.halts: list[dict[str, Any]] = []
+        self.started_t = 0.0
+        self.finished_t = 0.0
+
+    # ------------------------------------------------------------------ set-up
+
+    @property
+    def ckpt(self) -> Path:
+        """The checkpoint directory as the daemon sees it (inside its mount namespace)."""
+        if self.holder is not None:
+            return Path(f"/proc/{self.holder.pid}/root") / str(self.run_dir / "checkpoints")[1:]
+        return self.run_dir / "checkpoints"
+
+    @property
+    def socket(self) -> Path:
+        return self.run_dir / ".trainwarden" / "control.sock"
+
+    def write_config(self) -> None:
+        plan = self.plan
+        reference_run(
+            self.run_dir,
+            plan.steps,
+            plan.save_every,
+            "--nan-at-step",
+            str(self.nan_step),
+            "--hang-at-step",
+            str(self.hang_step),
+            trainer={
+                "env": {"TRAINER_TEST_SLOW_SAVE_S": str(plan.slow_save_s)},
+                "stop_timeout_s": plan.stop_timeout_s,
+            },
+            restart={
+                "stall_timeout_s": plan.stall_timeout_s,
+                "max_restarts_without_progress": 10,
+            },
+            checkpoints={"keep_last": plan.keep_last},
+        )
+        # The trainer's seed is part of its argv (trainer_argv's default); keep it explicit.
+        assert plan.train_seed == 1337
+
+    def start_namespace(self) -> None:
+        """A holder process owns a private mount namespace with a tmpfs on checkpoints/."""
+        if not self.use_namespace:
+            return
+        (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            self.namespace_reason = "not root: cannot mount a tmpfs for the ENOSPC fault"
+            self.use_namespace = False
+            return
+        script = f'mount -t tmpfs -o size={TMPFS_SIZE} tmpfs "$1" && exec sleep 1000000'
+        holder = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                str(self.run_dir / "checkpoints"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+        def mounted() -> bool:
+            if holder.poll() is not None:
+                return True
+            with contextlib.suppress(OSError):
+                info = Path(f"/proc/{holder.pid}/mountinfo").read_text()
+                return f" {self.run_dir / 'checkpoints'} " in info and "tmpfs" in info
+            return False
+
+        try:
+            wait_for(mounted, 10, 0.02, what="the tmpfs in the private namespace")
+        except AssertionError:
+            pass
+        if holder.poll() is not None or not mounted():
+            err = holder.stderr.read().decode(errors="replace").strip() if holder.stderr else ""
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(10)
+            self.namespace_reason = f"unshare/mount failed: {err or 'no tmpfs appeared'}"
+            self.use_namespace = False
+            return
+        self.holder = holder
+
+    def start_watcher(self) -> None:
+        threshold = self.plan.keep_last + 1
+        self.watcher = subprocess.Popen(
+            [
+                PYTHON,
+                str(WATCHER),
+                "--checkpoints",
+                str(self.ckpt),
+                "--run-dir",
+                str(self.run_dir),
+                "--out",
+                str(self.watch_out),
+                "--threshold",
+                str(threshold),
+            ],
+            start_new_session=True,
+        )
+
+    def launch_daemon(self) -> subprocess.Popen[bytes]:
+        argv = [PYTHON, "-m", "supervisor", "daemon", str(self.run_dir)]
+        if self.holder is not None:
+            argv = ["nsenter", "-t", str(self.holder.pid), "-m", "--", *argv]
+        with open(self.stderr_path, "ab") as err:
+            self.daemon = subprocess.Popen(argv, stdout=err, stderr=err, start_new_session=True)
+        return self.daemon
+
+    def wait_answering(self, timeout: float = 60.0) -> None:
+        def answers() -> bool:
+            assert self.daemon is not None
+            if self.daemon.poll() is not None:
+                raise AssertionError(
+                    f"daemon exited {self.daemon.returncode}: {self.stderr_tail()}"
+                )
+            return self.request("hello", timeout=2.0) is not None
+
+        wait_for(answers, timeout, 0.05, what="the daemon's socket")
+
+    def kill_daemon(self, why: str) -> None:
+        proc = self.daemon
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        code = proc.wait(10)
+        self.daemon_exits.append({"pid": proc.pid, "code": code, "cause": why})
+
+    def stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.stderr_path.read_text(errors="replace")[-3000:]
+        return ""
+
+    # ------------------------------------------------------------------ talking to it
+
+    def request(self, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
+        """The result, or None when no daemon answers right now."""
+        try:
+            with Client(self.socket, timeout=timeout) as client:
+                return client.request(cmd, **args)
+        except (DaemonNotRunning, ProtocolError, OSError):
+            return None
+
+    def status(self) -> dict[str, Any] | None:
+        return self.request("status")
+
+    def ensure_daemon(self) -> None:
+        """A daemon that died without the test killing it is a violation; restart it as
+        systemd would so the soak can go on and report the rest."""
+        if self.daemon is not None and self.daemon.poll() is not None:
+            code = self.daemon.returncode
+            self.daemon_exits.append({"pid": self.daemon.pid, "code": code, "cause": "on its own"})
+            self.notes.append(
+                f"daemon exited on its own ({code}); restarted: {self.stderr_tail()[-500:]}"
+            )
+            self.launch_daemon()
+            self.wait_answering()
+
+    def unexpected_halt(self, status: dict[str, Any]) -> None:
+        """The run halted without the test asking for it: a violation. Start it again (as an
+        operator would) so the soak can go on and report everything else."""
+        self.halts.append({"t": time.time(), "state": status["state"], **status.get("detail", {})})
+        if len(self.halts) > 5:
+            raise AssertionError(f"the run keeps halting: {self.halts}")
+        self.request("start")
+
+    def wait_running(self, timeout: float = 120.0, not_pid: int | None = None) -> dict[str, Any]:
+        """Status once the trainer runs (logged a step), or the run has finished."""
+
+        def ready() -> dict[str, Any] | None:
+            self.ensure_daemon()
+            s = self.status()
+            if s is None:
+                return None
+            if s["state"] == "finished":
+                return s
+            if s["state"] in ("stopped", "crash_loop", "diverged"):
+                self.unexpected_halt(s)
+                return None
+            if s["state"] == "running" and s.get("trainer_pid") and s["trainer_pid"] != not_pid:
+                return s
+            return None
+
+        return wait_for(ready, timeout, 0.1, what="a running trainer")
+
+    def advance_to(self, step: int, timeout: float) -> dict[str, Any] | None:
+        """Status once the run has logged `step`; None if it finished first."""
+
+        def reached() -> dict[str, Any] | None:
+            self.ensure_daemon()
+            s = self.status()
+            if s is None:
+                return None
+            if s["state"] == "finished":
+                return s
+            if s["state"] in ("stopped", "crash_loop", "diverged"):
+                self.unexpected_halt(s)
+                return None
+            if s["state"] == "running" and (s.get("step") or 0) >= step:
+                return s
+            return None
+
+        s = wait_for(reached, timeout, 0.05, what=f"step {step}")
+        return None if s["state"] == "finished" else s
+
+    # ------------------------------------------------------------------ checkpoint files
+
+    def committed(self) -> list[Path]:
+        try:
+            names = [n for n in os.listdir(self.ckpt) if CKPT_NAME.match(n)]
+        except OSError:
+            return []
+        return sorted((self.ckpt / n for n in names), key=lambda p: int(p.name[5:-4]))
+
+    def verified(self) -> list[Path]:
+        return [p for p in self.committed() if verify_bytes(p)]
+
+    def fresh_tmp(self, seen: dict[str, int]) -> Path | None:
+        """A .bin.tmp write that was not there (with this mtime) when `seen` was taken."""
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.ckpt):
+                if entry.name.endswith(".bin.tmp"):
+                    with contextlib.suppress(OSError):
+                        if seen.get(entry.name) != entry.stat().st_mtime_ns:
+                            return Path(entry.path)
+        return None
+
+    def tmp_snapshot(self) -> dict[str, int]:
+        seen = {}
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.ckpt):
+                if entry.name.endswith(".bin.tmp"):
+                    with contextlib.suppress(OSError):
+                        seen[entry.name] = entry.stat().st_mtime_ns
+        return seen
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> None:
+        self.write_config()
+        self.start_namespace()
+        self.start_watcher()
+        self.started_t = time.time()
+        self.launch_daemon()
+        self.wait_answering()
+        step_budget = self.plan.steps / 10.0 + 120.0
+        for event in self.schedule:
+            if event.kind in ("nan", "hang"):
+                if not self.await_builtin(event):
+                    break
+                continue
+            status = self.advance_to(event.step, step_budget)
+            if status is None:
+                self.skipped.append(f"{event.kind}@{event.step}: the run finished first")
+                continue
+            getattr(self, f"do_{event.kind}")(event, status)
+
+        def finished() -> dict[str, Any] | None:
+            self.ensure_daemon()
+            s = self.status()
+            if s is not None and s["state"] in ("stopped", "crash_loop", "diverged"):
+                self.unexpected_halt(s)
+                return None
+            return s if s is not None and s["state"] == "finished" else None
+
+        final = wait_for(finished, step_budget + 300, 0.2, what="the run to finish")
+        self.finished_t = time.time()
+        self.final_status = final
+        self.final_checkpoints = self.request("checkpoints")
+        reply = self.request("shutdown", timeout=60.0)
+        assert reply is not None, "shutdown got no answer"
+        assert self.daemon is not None
+        code = self.daemon.wait(60)
+        self.daemon_exits.append({"pid": self.daemon.pid, "code": code, "cause": "shutdown"})
+
+    def stop_watcher(self) -> None:
+        if self.watcher is not None and self.watcher.poll() is None:
+            self.watcher.send_signal(signal.SIGTERM)
+            try:
+                self.watcher.wait(10)
+            except subprocess.TimeoutExpired:
+                self.watcher.kill()
+                self.watcher.wait(10)
+
+    def cleanup(self) -> None:
+        """Kill what is left, by pid: trainers of this run, the daemon, watcher, holder."""
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.kill_daemon("cleanup")
+        pids = {r.get("pid") for r in self.journal.read() if r.get("kind") == "trainer_started"}
+        for pid in pids:
+            if isinstance(pid, int) and is_our_trainer(pid, self.run_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        self.stop_watcher()
+        if self.holder is not None and self.holder.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.holder.pid, signal.SIGKILL)
+            self.holder.wait(10)
+
+    # ------------------------------------------------------------------ faults
+
+    def record(self, kind: str, step: int | None, **detail: Any) -> Fault:
+        fault = Fault(kind, time.time(), step, detail)
+        self.faults.append(fault)
+        return fault
+
+    def kill_trainer(self, pid: int, kind: str, step: int | None, **detail: Any) -> Fault | None:
+        if not is_our_trainer(pid, self.run_dir):
+            self.notes.append(f"{kind}: pid {pid} was no longer our trainer; not killed")
+            return None
+        fault = self.record(kind, step, pid=pid, **detail)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            self.faults.remove(fault)
+            return None
+        fault.t = time.time()
+        return fault
+
+    def await_restart(self, pid: int, timeout: float = 120.0) -> None:
+        self.wait_running(timeout, not_pid=pid)
+
+    def do_trainer_kill(self, event: Event, status: dict[str, Any]) -> None:
+        time.sleep(self.rng.uniform(0.0, 1.5))
+        status = self.wait_running()
+        if status["state"] == "finished":
+            return
+        pid = status["trainer_pid"]
+        if self.kill_trainer(pid, "trainer_kill", status.get("step")):
+            self.await_restart(pid)
+
+    def do_trainer_kill_in_write(self, event: Event, status: dict[str, Any]) -> None:
+        pid = status["trainer_pid"]
+        seen = self.tmp_snapshot()
+        deadline = time.monotonic() + 60
+        tmp = None
+        while time.monotonic() < deadline and tmp is None:
+            tmp = self.fresh_tmp(seen)
+            if tmp is None:
+                time.sleep(0.002)
+        if tmp is None:
+            self.notes.append("trainer_kill_in_write: no checkpoint write seen in 60 s")
+            return
+        fault = self.kill_trainer(pid, "trainer_kill_in_write", None, tmp=tmp.name)
+        if fault is None:
+            return
+        # Landed mid-write when the .tmp is still there and never became a committed file.
+        time.sleep(0.05)
+        final = tmp.with_name(tmp.name[: -len(".tmp")])
+        fault.detail["landed_in_write"] = tmp.exists() and not final.exists()
+        self.await_restart(pid)
+
+    def plant(self, how: str) -> dict[str, Any] | None:
+        """Corrupt the newest verified checkpoint in place (while the daemon is down)."""
+        good = self.verified()
+        if len(good) < 2:
+            self.notes.append(f"plant {how}: fewer than two verified checkpoints; skipped")
+            return None
+        target = good[-1]
+        data = bytearray(target.read_bytes())
+        if how == "truncate":
+            data = data[: len(data) // 2]
+        elif how == "flip_step":
+            data[0] ^= 1 << self.rng.randrange(8)
+        else:
+            data[4 + self.rng.randrange(4)] ^= 1 << self.rng.randrange(8)
+        with open(target, "r+b") as f:
+            f.write(data)
+            f.truncate(len(data))
+            f.flush()
+            os.fsync(f.fileno())
+        return {"name": target.name, "how": how}
+
+    def do_daemon_kill(self, event: Event, status: dict[str, Any]) -> None:
+        time.sleep(self.rng.uniform(0.0, 1.0))
+        down = [time.time(), math.inf]
+        self.downtimes.append(down)
+        fault = self.record("daemon_kill", status.get("step"), double=event.args["double"])
+        self.kill_daemon("test: SIGKILL")
+        fault.t = time.time()
+        planted = self.plant(event.args["plant"])
+        if planted is not None:
+            self.record(f"plant_{planted['how']}", None, name=planted["name"])
+        if event.args["double"]:
+            self.launch_daemon()
+            time.sleep(self.rng.uniform(0.05, 0.8))
+            self.kill_daemon("test: SIGKILL (second, in quick succession)")
+            # Down again: corrupt the (new) newest one too, the next way round.
+            again = self.plant(PLANTS[(PLANTS.index(event.args["plant"]) + 1) % len(PLANTS)])
+            if again is not None:
+                self.record(f"plant_{again['how']}", None, name=again["name"])
+        fault.detail["relaunch_t"] = time.time()
+        self.launch_daemon()
+        self.wait_answering()
+        spawned = wait_for(
+            lambda: self.journal.find("spawn", fault.detail["relaunch_t"]),
+            120,
+            0.05,
+            what="a spawn after the daemon restart",
+        )
+        down[1] = spawned["t"] + 0.5
+        self.wait_running()
+
+    def do_enospc(self, event: Event, status: dict[str, Any]) -> None:
+        if self.holder is None:
+            self.skipped.append(f"enospc@{event.step}: {self.namespace_reason}")
+            return
+        good = self.verified()
+        size = good[-1].stat().st_size if good else 1_500_000
+        stats = os.statvfs(self.ckpt)
+        free = stats.f_bavail * stats.f_frsize
+        # Leave half a checkpoint: the sidecar fits, the .bin write fails part-way.
+        ballast = self.ckpt / "ballast.fill"
+        fill = max(0, free - size // 2)
+        with open(ballast, "wb") as f:
+            chunk = b"\0" * (1 << 20)
+            left = fill
+            with contextlib.suppress(OSError):
+                while left > 0:
+                    left -= f.write(chunk[: min(len(chunk), left)])
+                f.flush()
+        fault = self.record("enospc", status.get("step"), free_before=free, ballast=fill)
+        crash = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            crash = self.journal.find("crash", fault.t)
+            if crash is not None:
+                break
+            time.sleep(0.02)
+        ballast.unlink()
+        fault.detail["cleared_t"] = time.time()
+        if crash is None:
+            fault.problem = "no crash within 120 s of the disk filling up"
+            return
+        wait_for(
+            lambda: self.journal.find("checkpoint", fault.detail["cleared_t"]),
+            120,
+            0.1,
+            what="a checkpoint after the disk was cleared",
+        )
+        self.wait_running()
+
+    # ------------------------------------------------------------------ two clients
+
+    def two_clients(self, a: Any, b: Any) -> None:
+        """Run a(client) and b(client) in two threads that start at the same moment."""
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def body(name: str, script: Any) -> None:
+            try:
+                with Client(self.socket, timeout=120.0) as client:
+                    barrier.wait(10)
+                    script(name, client)
+            except BaseException as exc:  # reported by the caller
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=body, args=("A", a)),
+            threading.Thread(target=body, args=("B", b)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        if errors:
+            self.notes.append(f"client thread error: {errors[0]!r}")
+
+    def send(self, name: str, client: Client, cmd: str, **args: Any) -> CommandResult:
+        t0 = time.time()
+        try:
+            result = client.request(cmd, **args)
+            outcome = "ok"
+        except CommandRefused as exc:
+            result, outcome = str(exc), exc.code
+        except (ProtocolError, OSError) as exc:
+            result, outcome = None, f"transport: {exc}"
+        entry = CommandResult(name, cmd, t0, time.time(), outcome, result)
+        self.commands.append(entry)
+        return entry
+
+    def until_ok(
+        self,
+        name: str,
+        client: Client,
+        cmd: str,
+        deadline_s: float = 90.0,
+        retry: tuple[str, ...] = ("busy", "wrong_state"),
+        **args: Any,
+    ) -> CommandResult:
+        """Send cmd until it succeeds, while the refusal is one of `retry` (another client
+        holds the operator lock, or the run is between states)."""
+        end = time.monotonic() + deadline_s
+        while True:
+            entry = self.send(name, client, cmd, **args)
+            if entry.outcome not in retry or time.monotonic() > end:
+                return entry
+            time.sleep(0.05)
+
+    def do_save_pair(self, event: Event, status: dict[str, Any]) -> None:
+        def both(name: str, client: Client) -> None:
+            self.send(name, client, "save", wait=True)
+            self.send(name, client, "status")
+
+        self.two_clients(both, both)
+
+    def do_stop_start(self, event: Event, status: dict[str, Any]) -> None:
+        def operator(name: str, client: Client) -> None:
+            self.until_ok(name, client, "stop")
+            self.until_ok(name, client, "start")
+
+        def saver(name: str, client: Client) -> None:
+            self.send(name, client, "save", wait=True)
+            self.send(name, client, "checkpoints")
+
+        self.two_clients(operator, saver)
+        s = self.status()
+        if s is not None and s["state"] == "stopped":
+            self.notes.append("stop_start: the operator's start did not get through; started again")
+            self.request("start")
+        self.wait_running()
+
+    def do_save_kill(self, event: Event, status: dict[str, Any]) -> None:
+        pid = status["trainer_pid"]
+
+        def saver(name: str, client: Client) -> None:
+            self.send(name, client, "save", wait=True)
+
+        def killer(name: str, client: Client) -> None:
+            time.sleep(self.rng.uniform(0.0, 0.3))
+            self.kill_trainer(pid, "trainer_kill", None, during="save --wait")
+            self.send(name, client, "status")
+
+        self.two_clients(saver, killer)
+        self.await_restart(pid)
+
+    def do_pivot(self, event: Event, status: dict[str, Any]) -> None:
+        wait_for(lambda: (self.run_dir / ".state.json").exists(), 60, what=".state.json")
+
+        def pivoter(name: str, client: Client) -> None:
+            # Retries while the other client holds the operator lock; gives up (and the
+            # main thread retries alone) if the other's stop got in first.
+            entry = self.until_ok(name, client, "pivot", 10.0, ("busy",), **NEW_POLICY)
+            if entry.outcome == "ok":
+                self.pivot_result = {**entry.result, "t": entry.t1}
+
+        def other(name: str, client: Client) -> None:
+            self.send(name, client, "save", wait=True)
+            self.send(name, client, "stop")
+
+        self.two_clients(pivoter, other)
+        s = self.status()
+        if s is not None and s["state"] == "stopped":
+            self.request("start")
+        self.wait_running()
+        if self.pivot_result is None:
+            with Client(self.socket, timeout=120.0) as client:
+                entry = self.until_ok("A", client, "pivot", 60.0, **NEW_POLICY)
+            if entry.outcome == "ok":
+                self.pivot_result = {**entry.result, "t": entry.t1}
+            self.wait_running()
+
+    def await_builtin(self, event: Event) -> bool:
+        """NaN and hang fire inside the trainer at their step: wait for the reaction."""
+        kind = "divergence" if event.kind == "nan" else "stall"
+        budget = self.plan.steps / 10.0 + 120.0 + self.plan.stall_timeout_s
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            self.ensure_daemon()
+            if self.journal.find(kind, self.started_t) is not None:
+                self.wait_running()
+                return True
+            s = self.status()
+            if s is not None and s["state"] == "finished":
+                self.skipped.append(f"{event.kind}@{event.step}: the run finished first")
+                return False
+            time.sleep(0.1)
+        raise AssertionError(
+            f"no {kind} record within {budget:.0f} s of waiting for step {event.step}"
+        )
+
+
+def continuation_from_pivot(soak: Soak, base: Path) -> StraightRun:
+    """The pivot's reference: the pinned pivot checkpoint, the new policy.json, and the
+    trainer alone from there with a fresh bandit, as the daemon starts it."""
+    assert soak.pivot_result is not None
+    step = soak.pivot_result["step"]
+    run_dir = base / "continuation"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for suffix in (".bin", ".json"):
+        shutil.copy(soak.ckpt / f"step_{step:06d}{suffix}", run_dir / "checkpoints")
+    shutil.copy(soak.run_dir / "policy.json", run_dir / "policy.json")
+    resume = run_dir / "checkpoints" / f"step_{step:06d}.bin"
+    plan = soak.plan
+    run = StraightRun.__new__(StraightRun)
+    run.run_dir, run.steps = run_dir, plan.steps
+    run.stdout_path = run_dir / "stdout.txt"
+    with open(run.stdout_path, "wb") as out:
+        run.proc = subprocess.Popen(
+            [
+                *trainer_argv(plan.steps, plan.save_every, seed=plan.train_seed),
+                "--resume",
+                str(resume),
+                "--fresh-bandit",
+            ],
+            cwd=run_dir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return run

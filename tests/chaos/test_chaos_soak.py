@@ -1,0 +1,118 @@
+"""The chaos soak: the real daemon and the reference trainer through a seeded storm of
+trainer and daemon SIGKILLs, corrupt checkpoints, a NaN, a hang, a full disk and two
+operators at once, then six invariants checked from outside (see harness.Judge).
+
+The fast variant (2,000 steps) runs in the default suite; the long one (20,000 steps)
+only with `--run-slow`. TRAINWARDEN_CHAOS_SEED picks another schedule and
+TRAINWARDEN_CHAOS_STEPS resizes the long variant (fault counts scale with it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import Soak, SoakPlan, StraightRun, continuation_from_pivot
+from tests.chaos.judge import Judge, describe, write_summary
+
+SEED = int(os.environ.get("TRAINWARDEN_CHAOS_SEED", "20240611"))
+
+FAST = SoakPlan(
+    steps=2000,
+    save_every=50,
+    seed=SEED,
+    trainer_kills=2,
+    kills_in_write=2,
+    daemon_kills=2,
+    enospc=1,
+    save_pairs=1,
+    stop_starts=1,
+    save_kills=1,
+)
+
+LONG = SoakPlan(
+    steps=20000,
+    save_every=100,
+    seed=SEED,
+    trainer_kills=12,
+    kills_in_write=8,
+    daemon_kills=6,
+    enospc=3,
+    save_pairs=4,
+    stop_starts=3,
+    save_kills=3,
+)
+
+
+def scaled(plan: SoakPlan, steps: int) -> SoakPlan:
+    """The long plan resized to `steps`, with fault counts in proportion (at least one)."""
+    k = steps / plan.steps
+
+    def n(count: int) -> int:
+        return max(1, round(count * k))
+
+    return replace(
+        plan,
+        steps=steps,
+        trainer_kills=n(plan.trainer_kills),
+        kills_in_write=n(plan.kills_in_write),
+        daemon_kills=n(plan.daemon_kills),
+        enospc=n(plan.enospc),
+        save_pairs=n(plan.save_pairs),
+        stop_starts=n(plan.stop_starts),
+        save_kills=n(plan.save_kills),
+    )
+
+
+def soak(
+    plan: SoakPlan,
+    variant: str,
+    tmp_path: Path,
+    straight_runs: Callable[[int, int, int], StraightRun],
+) -> None:
+    straight = straight_runs(plan.steps, plan.save_every, plan.train_seed)
+    run = Soak(plan, tmp_path, use_namespace=True)
+    started = time.monotonic()
+    try:
+        try:
+            run.run()
+        finally:
+            run.stop_watcher()
+            if run.daemon is not None and run.daemon.poll() is None:
+                print("daemon stderr:\n" + run.stderr_tail())
+        continuation = None
+        if run.pivot_result is not None:
+            continuation = continuation_from_pivot(run, tmp_path)
+            continuation.wait(plan.steps / 10 + 300)
+        straight.wait(plan.steps / 5 + 600)
+        judge = Judge(run, straight, continuation)
+        verdicts = judge.judge()
+        summary = judge.summary(variant)
+        summary["test_wall_s"] = round(time.monotonic() - started, 1)
+        path = write_summary(summary, tmp_path)
+        print(describe(summary))
+        print(f"summary: {path}")
+    finally:
+        run.cleanup()
+    failed = [v for v in verdicts if not v.ok]
+    assert not failed, "invariant(s) violated:\n" + "\n".join(
+        f"{v.name}: {v.detail}" for v in failed
+    )
+
+
+@pytest.mark.timeout(1200)
+def test_chaos_soak_fast(tmp_path: Path, straight_runs):
+    soak(FAST, "fast", tmp_path, straight_runs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4 * 3600)
+def test_chaos_soak_long(tmp_path: Path, straight_runs):
+    steps = int(os.environ.get("TRAINWARDEN_CHAOS_STEPS", LONG.steps))
+    plan = LONG if steps == LONG.steps else scaled(LONG, steps)
+    soak(plan, "long" if steps == LONG.steps else f"medium-{steps}", tmp_path, straight_runs)

@@ -1,0 +1,914 @@
+"""A catalogue of bad inputs on every surface the daemon has, each with the error it must give.
+
+The table comes first so it can grow: one `Bad` row per input, naming its surface, the
+input itself, and a substring of the specific error text expected. After every row the
+test also checks that nothing was lost (checkpoints intact) and, for the surfaces a live
+daemon owns, that it keeps supervising (status answers, the trainer is alive). One daemon
+(supervising the scripted trainer, which starts in a fraction of a second) serves every
+control, pivot, log, checkpoint and sidecar row.
+
+Surfaces:
+    config       RUN/trainwarden.toml given to `python -m supervisor daemon RUN`: exit 2, one
+                 stderr line naming the file; nothing started, nothing touched
+    cli          `python -m supervisor ARGS`: the exit status of the row, one stderr line
+    control      raw bytes over the live daemon's socket: the error reply ("code: message")
+    pivot        the pivot command over the socket with bad caps/floors: refused, nothing
+                 changes (no archive, no policy.json, same trainer)
+    log          bytes appended to the live run's training.log: what the daemon made of them
+                 (follower counters and the journal records that followed, as JSON)
+    checkpoint   a bad file under a checkpoint name, renamed into checkpoints/ of the live run
+                 ("live") or present when a daemon starts ("startup"): the quarantine reason
+    sidecar      .state.json / .samples.json written as the trainer would: ignored; the
+                 topics keep the last good document; a pivot says why it cannot go on
+    policy_file  a corrupt RUN/policy.json given to the reference trainer: exit 2, one line
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from supervisor.protocol import Client
+from tests.helpers import PYTHON, DaemonProcess, journal, pid_alive, running_daemon, write_config
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTED = ROOT / "tests" / "scripted_trainer.py"
+N_PARAMS = 1000
+"""Parameters of the scripted trainer's checkpoints (8 + 12 x 1000 bytes)."""
+
+
+def ckpt(step: int, n_params: int = N_PARAMS) -> bytes:
+    return struct.pack("<ii", step, n_params) + bytes(12 * n_params)
+
+
+def request(payload: dict[str, Any]) -> bytes:
+    return orjson.dumps(payload) + b"\n"
+
+
+@dataclass(frozen=True)
+class Bad:
+    surface: str
+    name: str
+    input: Any
+    expect: str
+    """A substring of the error text; "" for inputs that must be ignored without a word."""
+    code: int = 2
+    """cli: the expected exit status."""
+    stage: str = "live"
+    """checkpoint: "live" (renamed in while the daemon runs) or "startup"."""
+    xfail: str | None = None
+    """Set when the expected behaviour is not there yet: why, and where the bug is."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+TRAINER_OK = '[trainer]\ncommand = ["python", "train.py"]\n'
+
+CATALOGUE: list[Bad] = [
+    # ------------------------------------------------------------------ config
+    Bad("config", "toml syntax", "[trainer\ncommand = ['x']\n", "not valid TOML"),
+    Bad("config", "duplicate key", TRAINER_OK + 'command = ["y"]\n', "not valid TOML"),
+    Bad("config", "empty file", "", "'[trainer] command' is missing"),
+    Bad("config", "unknown table", "[trainr]\ncommand = ['x']\n", "did you mean 'trainer'"),
+    Bad(
+        "config",
+        "unknown key",
+        TRAINER_OK + "stop_timout_s = 3\n",
+        "did you mean 'stop_timeout_s'",
+    ),
+    Bad("config", "table is a value", "trainer = 5\n", "[trainer] must be a table"),
+    Bad("config", "command is a string", "[trainer]\ncommand = 'python x'\n", "'trainer.command'"),
+    Bad("config", "command of numbers", "[trainer]\ncommand = [1, 2]\n", "'trainer.command'"),
+    Bad("config", "env of numbers", TRAINER_OK + "env = { A = 1 }\n", "'trainer.env'"),
+    Bad("config", "bool for seconds", TRAINER_OK + "stop_timeout_s = true\n", "expected a number"),
+    Bad(
+        "config",
+        "string for an integer",
+        TRAINER_OK + "[checkpoints]\nkeep_last = '3'\n",
+        "'checkpoints.keep_last' = '3' is invalid: expected an integer",
+    ),
+    Bad(
+        "config",
+        "float list for steps",
+        TRAINER_OK + "[checkpoints]\npinned = [1.5]\n",
+        "'checkpoints.pinned'",
+    ),
+    Bad(
+        "config",
+        "keep_last 0",
+        TRAINER_OK + "[checkpoints]\nkeep_last = 0\n",
+        "'checkpoints.keep_last' = 0",
+    ),
+    Bad(
+        "config",
+        "backoff max below initial",
+        TRAINER_OK + "[restart]\nbackoff_initial_s = 10\nbackoff_max_s = 1\n",
+        "'restart.backoff_max_s'",
+    ),
+    Bad(
+        "config",
+        "negative stall timeout",
+        TRAINER_OK + "[restart]\nstall_timeout_s = -1\n",
+        "'restart.stall_timeout_s'",
+    ),
+    Bad(
+        "config",
+        "nan stall timeout",
+        TRAINER_OK + "[restart]\nstall_timeout_s = nan\n",
+        "'restart.stall_timeout_s' = nan",
+    ),
+    Bad(
+        "config",
+        "nan stop timeout",
+        TRAINER_OK + "stop_timeout_s = nan\n",
+        "'trainer.stop_timeout_s' = nan",
+    ),
+    Bad(
+        "config",
+        "nan backoff",
+        TRAINER_OK + "[restart]\nbackoff_initial_s = nan\n",
+        "'restart.backoff_initial_s' = nan",
+    ),
+    Bad(
+        "config",
+        "ema_beta 1",
+        TRAINER_OK + "[telemetry]\nema_beta = 1.0\n",
+        "'telemetry.ema_beta'",
+    ),
+    Bad(
+        "config",
+        "peak_tflops 0",
+        TRAINER_OK + "[telemetry]\npeak_tflops = 0\n",
+        "'telemetry.peak_tflops' = 0",
+    ),
+    Bad(
+        "config",
+        "negative max_loss",
+        TRAINER_OK + "[telemetry]\nmax_loss = -1\n",
+        "'telemetry.max_loss' = -1",
+    ),
+    Bad(
+        "config",
+        "nan max_loss",
+        TRAINER_OK + "[telemetry]\nmax_loss = nan\n",
+        "'telemetry.max_loss' = nan",
+    ),
+    Bad(
+        "config",
+        "attention missing keys",
+        TRAINER_OK + "[telemetry]\nattention = { n_layer = 12 }\n",
+        "'telemetry.attention'",
+    ),
+    Bad(
+        "config",
+        "signal target",
+        TRAINER_OK + "signal_target = 'everyone'\n",
+        "'trainer.signal_target'",
+    ),
+    Bad(
+        "config",
+        "checkpoint dir outside",
+        TRAINER_OK + "[checkpoints]\ndir = '../elsewhere'\n",
+        "a path inside the run directory",
+    ),
+    Bad("config", "absolute log", '[run]\nlog = "/tmp/x.log"\n' + TRAINER_OK, "'run.log'"),
+    Bad(
+        "config",
+        "unknown format plugin",
+        TRAINER_OK + "[checkpoints]\nformat = 'nope'\n",
+        "installed: andrea-bin",
+    ),
+    Bad(
+        "config",
+        "unknown parser plugin",
+        TRAINER_OK + "[telemetry]\nparser = 'nope'\n",
+        "'telemetry.parser' = 'nope' is not an installed plugin",
+    ),
+    Bad("config", "not utf-8", b"\xff\xfe[trainer]\n", "cannot read the config"),
+    Bad("config", "a directory", "<directory>", "cannot read the config"),
+    # ------------------------------------------------------------------ cli
+    Bad("cli", "no command", [], "the following arguments are required", code=2),
+    Bad("cli", "unknown command", ["frobnicate"], "invalid choice: 'frobnicate'", code=2),
+    Bad("cli", "unknown flag", ["status", "{empty}", "--bogus"], "unrecognized arguments", code=2),
+    Bad("cli", "pin a word", ["pin", "{empty}", "ten"], "invalid int value: 'ten'", code=2),
+    Bad("cli", "events -n word", ["events", "{empty}", "-n", "many"], "invalid int value", code=2),
+    Bad("cli", "init bad preset", ["init", "{new}", "--preset", "huge"], "invalid choice", code=2),
+    Bad("cli", "init negative steps", ["init", "{new}", "--steps", "-5"], "at least 1", code=2),
+    Bad("cli", "status, no daemon", ["status", "{empty}"], "no trainwarden daemon answers", code=1),
+    Bad("cli", "daemon, no config", ["daemon", "{empty}"], "no config file", code=2),
+    Bad("cli", "pivot without =", ["pivot", "{live}", "--cap", "docs"], "expected ARM=NUMBER"),
+    Bad("cli", "pivot word value", ["pivot", "{live}", "--cap", "docs=abc"], "ARM=NUMBER"),
+    Bad("cli", "pivot nothing", ["pivot", "{live}"], "pivot needs at least one --cap", code=2),
+    Bad(
+        "cli",
+        "pivot cap above 1",
+        ["pivot", "{live}", "--cap", "docs=2"],
+        "refused (bad_argument): arm 'docs': cap 2.0 is outside [0, 1]",
+        code=1,
+    ),
+    Bad("cli", "unpin unknown", ["unpin", "{live}", "424242"], "step 424242 is not pinned", code=1),
+    # ------------------------------------------------------------------ control
+    Bad("control", "not json", b"not json\n", "bad_request: invalid JSON"),
+    Bad("control", "array", b"[1, 2]\n", "bad_request: expected a JSON object, got list"),
+    Bad("control", "string", b'"hello"\n', "bad_request: expected a JSON object, got str"),
+    Bad("control", "no cmd", request({"id": 1}), "bad_request: 'cmd' must be a string"),
+    Bad("control", "cmd number", request({"id": 2, "cmd": 7}), "'cmd' must be a string"),
+    Bad("control", "unknown cmd", request({"id": 3, "cmd": "frob"}), "unknown command 'frob'"),
+    Bad("control", "private cmd", request({"id": 4, "cmd": "__init__"}), "unknown_command"),
+    Bad("control", "id list", request({"id": [1], "cmd": "status"}), "'id' must be an integer"),
+    Bad("control", "pin bool", request({"id": 5, "cmd": "pin", "step": True}), "bad_argument"),
+    Bad("control", "pin negative", request({"id": 6, "cmd": "pin", "step": -1}), ">= 0"),
+    Bad("control", "pin word", request({"id": 7, "cmd": "pin", "step": "ten"}), "'step' must"),
+    Bad("control", "pin no step", request({"id": 8, "cmd": "pin"}), "'pin' needs 'step'"),
+    Bad(
+        "control",
+        "pin missing checkpoint",
+        request({"id": 9, "cmd": "pin", "step": 999999}),
+        "no verified checkpoint at step 999999",
+    ),
+    Bad(
+        "control",
+        "unpin not pinned",
+        request({"id": 10, "cmd": "unpin", "step": 3}),
+        "step 3 is not pinned",
+    ),
+    Bad(
+        "control",
+        "history points 0",
+        request({"id": 11, "cmd": "history", "points": 0}),
+        "'points' must be an integer between 1 and 100000",
+    ),
+    Bad(
+        "control",
+        "history float",
+        request({"id": 12, "cmd": "history", "points": 1e9}),
+        "'points' must be an integer",
+    ),
+    Bad(
+        "control",
+        "history start negative",
+        request({"id": 13, "cmd": "history", "start": -1}),
+        "'start' must be an integer >= 0",
+    ),
+    Bad("control", "events n 0", request({"id": 14, "cmd": "events", "n": 0}), "'n' must be"),
+    Bad(
+        "control",
+        "topics not a list",
+        request({"id": 15, "cmd": "subscribe", "topics": "telemetry"}),
+        "'topics' must be a list",
+    ),
+    Bad(
+        "control",
+        "unknown topic",
+        request({"id": 16, "cmd": "subscribe", "topics": ["nope"]}),
+        "unknown topic(s) nope",
+    ),
+    Bad(
+        "control",
+        "save wait word",
+        request({"id": 17, "cmd": "save", "wait": "yes"}),
+        "'wait' must be true or false",
+    ),
+    Bad(
+        "control",
+        "save negative timeout",
+        request({"id": 18, "cmd": "save", "timeout_s": -1}),
+        "'timeout_s' must be a positive number",
+    ),
+    Bad(
+        "control",
+        "start while running",
+        request({"id": 19, "cmd": "start"}),
+        "wrong_state: the run is running",
+    ),
+    Bad("control", "NaN literal", b'{"id": 20, "cmd": "status", "x": NaN}\n', "invalid JSON"),
+    Bad("control", "not utf-8", b'{"id": 21, "cmd": "\xff\xfe"}\n', "invalid JSON"),
+    Bad(
+        "control",
+        "nested 5000 deep",
+        b'{"id": 22, "cmd": "status", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}\n",
+        "invalid JSON",
+    ),
+    Bad(
+        "control",
+        "id beyond 64 bits",
+        b'{"id": 1' + b"0" * 30 + b', "cmd": "status"}\n',
+        "'id' must be an integer or a string",
+    ),
+    Bad("control", "no newline then EOF", b'{"id": 23, "cmd": "status"', "invalid JSON"),
+    Bad(
+        "control",
+        "2 MiB line",
+        b'{"id": 24, "cmd": "' + b"a" * (2 << 20) + b'"}\n',
+        "too_large: line exceeds",
+    ),
+    # ------------------------------------------------------------------ pivot
+    Bad("pivot", "cap above 1", {"caps": {"docs": 1.5}}, "cap 1.5 is outside [0, 1]"),
+    Bad("pivot", "negative floor", {"floors": {"docs": -0.1}}, "floor -0.1 is outside [0, 1]"),
+    Bad(
+        "pivot",
+        "floor above cap",
+        {"caps": {"docs": 0.1}, "floors": {"docs": 0.2}},
+        "floor 0.2 is above cap 0.1",
+    ),
+    Bad(
+        "pivot",
+        "floors above 1",
+        {"floors": {"docs": 0.5, "code": 0.4, "tests": 0.3}},
+        "floors sum to 1.2",
+    ),
+    Bad(
+        "pivot",
+        "caps below 1",
+        {"caps": {"docs": 0.3, "code": 0.3, "tests": 0.3}},
+        "caps sum to 0.9",
+    ),
+    Bad("pivot", "unknown arm", {"caps": {"nosuch": 0.5}}, "unknown arm 'nosuch'"),
+    Bad("pivot", "zombie arm", {"caps": {"legacy": 0.5}}, "no data source any more (zombie"),
+    Bad("pivot", "word value", {"caps": {"docs": "half"}}, "'caps' must map arm names to numbers"),
+    Bad("pivot", "bool value", {"floors": {"docs": True}}, "'floors' must map arm names"),
+    Bad("pivot", "list of caps", {"caps": [0.5]}, "'caps' must map arm names to numbers"),
+    Bad("pivot", "nothing to change", {}, "a pivot needs 'caps' or 'floors'"),
+    Bad("pivot", "smuggled context", {"caps": {"docs": 0.5}, "_arms": ["x"]}, "unexpected"),
+    # ------------------------------------------------------------------ log
+    Bad("log", "garbage text", b"hello world, this is not a step\n", ""),
+    Bad("log", "binary", b"\x00\xff\xfe\x80 step: 5 \x81\n", '"undecodable": 1'),
+    Bad("log", "huge line", b"x" * 200_000 + b"\n", '"skipped_long": 1'),
+    Bad("log", "step line, bad utf-8", b"step: 12, loss: 1.5, arm: \xff\xfe\n", '"undecodable": 1'),
+    Bad("log", "negative step", b"step: -5, loss: 1.0, dt: 0.1\n", ""),
+    Bad("log", "21-digit step", b"step: 999999999999999999999, loss: nan\n", ""),
+    Bad("log", "nan dt", b"step: 13, loss: 4.9, dt: nan\n", ""),
+    Bad("log", "nan", b"step: 900001, loss: nan, dt: 0.1\n", '"loss": "nan"'),
+    Bad("log", "-nan", b"step: 900002, loss: -nan, dt: 0.1\n", '"loss": "nan"'),
+    Bad("log", "NaN", b"step: 900003, loss: NaN, dt: 0.1\n", '"loss": "nan"'),
+    Bad("log", "inf", b"step: 900004, loss: inf, dt: 0.1\n", '"loss": "inf"'),
+    Bad("log", "overflowing number", b"step: 900005, loss: 1e999\n", '"loss": "inf"'),
+    Bad("log", "above max_loss", b"step: 900006, loss: 1e30, dt: 0.1\n", '"loss": 1e+30'),
+    # ------------------------------------------------------------------ checkpoint
+    # Inputs are (kind, value) pairs made into bytes for the step in the file's name.
+    Bad("checkpoint", "truncated", ("truncated to", 5000), "truncated or padded"),
+    Bad("checkpoint", "padded", ("padded by", 3), "truncated or padded"),
+    Bad("checkpoint", "wrong header step", ("header step", 1), "header step 1 does not match"),
+    Bad("checkpoint", "n_params 0", ("header n_params", 0), "n_params = 0, expected > 0"),
+    Bad("checkpoint", "n_params < 0", ("header n_params", -7), "n_params = -7"),
+    Bad("checkpoint", "foreign file", ("bytes", b"\x89PNG\r\n\x1a\n" + bytes(100)), "header step"),
+    Bad("checkpoint", "zero-length", ("bytes", b""), "0 bytes, shorter than the 8-byte header"),
+    Bad("checkpoint", "5 bytes", ("bytes", b"\x01\x02\x03\x04\x05"), "5 bytes, shorter"),
+    Bad("checkpoint", "directory", ("directory", None), "Is a directory"),
+    Bad("checkpoint", "link to a valid file outside", ("link to", "valid"), "a symbolic link"),
+    Bad("checkpoint", "dangling link", ("link to", "nothing"), "a symbolic link"),
+    Bad("checkpoint", "fifo", ("fifo", None), "not a regular file or folder"),
+    Bad("checkpoint", "step beyond 64 bits", ("named step", 10**20), "does not match"),
+    Bad("checkpoint", "truncated", ("truncated to", 5000), "truncated", stage="startup"),
+    Bad("checkpoint", "wrong header step", ("header step", 1), "does not match", stage="startup"),
+    Bad("checkpoint", "zero-length", ("bytes", b""), "0 bytes", stage="startup"),
+    Bad("checkpoint", "directory", ("directory", None), "Is a directory", stage="startup"),
+    Bad(
+        "checkpoint",
+        "link to a valid file outside",
+        ("link to", "valid"),
+        "a symbolic link",
+        stage="startup",
+    ),
+    Bad("checkpoint", "dangling link", ("link to", "nothing"), "a symbolic link", stage="startup"),
+    Bad("checkpoint", "fifo", ("fifo", None), "not a regular file or folder", stage="startup"),
+    Bad(
+        "checkpoint",
+        "step beyond 64 bits",
+        ("named step", 10**20),
+        "does not match",
+        stage="startup",
+    ),
+    # ------------------------------------------------------------------ sidecar
+    Bad(
+        "sidecar",
+        ".state.json not json",
+        (".state.json", b"{not json"),
+        "has not written its bandit state",
+    ),
+    Bad(
+        "sidecar",
+        ".state.json array",
+        (".state.json", b"[1, 2, 3]"),
+        "has not written its bandit state",
+    ),
+    Bad("sidecar", ".state.json empty", (".state.json", b""), "has not written its bandit state"),
+    Bad(
+        "sidecar",
+        ".state.json binary",
+        (".state.json", b"\x00\xff\xfe"),
+        "has not written its bandit state",
+    ),
+    Bad(
+        "sidecar",
+        ".state.json NaN",
+        (".state.json", b'{"arms": {"docs": NaN}}'),
+        "has not written its bandit state",
+    ),
+    Bad("sidecar", ".samples.json not json", (".samples.json", b"{{{"), ""),
+    Bad("sidecar", ".samples.json number", (".samples.json", b"42"), ""),
+    Bad("sidecar", ".samples.json binary", (".samples.json", b"\xff" * 64), ""),
+    # ------------------------------------------------------------------ policy file
+    Bad("policy_file", "not json", b"not json", "policy.json: not valid JSON"),
+    Bad("policy_file", "array", b"[1]", "a policy is a JSON object"),
+    Bad("policy_file", "cap above 1", b'{"arms": {"docs": {"cap": 2}}}', "cap 2 is outside"),
+    Bad("policy_file", "unknown arm", b'{"arms": {"nosuch": {}}}', "unknown arm 'nosuch'"),
+    Bad(
+        "policy_file",
+        "floors above 1",
+        b'{"arms": {"docs": {"floor": 0.6}, "code": {"floor": 0.6}}}',
+        "floors sum to 1.2",
+    ),
+    Bad("policy_file", "NaN cap", b'{"arms": {"docs": {"cap": NaN}}}', "must be a number"),
+    Bad("policy_file", "bool cap", b'{"arms": {"docs": {"cap": true}}}', "must be a number"),
+    Bad("policy_file", "unknown key", b'{"policy": 1}', "unknown key 'policy'"),
+    Bad("policy_file", "a directory", "<directory>", "policy.json: cannot read"),
+    Bad(
+        "policy_file",
+        "not utf-8",
+        b"\xff\xfe{}",
+        "policy.json",
+    ),
+]
+
+
+def rows(surface: str, stage: str | None = None) -> list[Any]:
+    params = []
+    for row in CATALOGUE:
+        if row.surface != surface or (stage is not None and row.stage != stage):
+            continue
+        marks = [pytest.mark.xfail(strict=True, reason=row.xfail)] if row.xfail else []
+        params.append(
+            pytest.param(
+                row,
+                id=f"{row.stage}-{row.name}" if surface == "checkpoint" else row.name,
+                marks=marks,
+            )
+        )
+    return params
+
+
+def test_the_catalogue_is_big_and_covers_every_surface():
+    surfaces = {row.surface for row in CATALOGUE}
+    assert surfaces == {
+        "config",
+        "cli",
+        "control",
+        "pivot",
+        "log",
+        "checkpoint",
+        "sidecar",
+        "policy_file",
+    }
+    assert len(CATALOGUE) >= 40
+    keys = [(r.surface, r.stage, r.name) for r in CATALOGUE]
+    assert len(keys) == len(set(keys)), "duplicate rows"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "supervisor", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {stderr[-2000:]}"
+    return lines[0]
+
+
+def verifies(path: Path) -> bool:
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if len(data) < 8:
+        return False
+    step, n = struct.unpack("<ii", data[:8])
+    return n > 0 and step == int(path.name[5:-4]) and len(data) == 8 + 12 * n
+
+
+def scripted_run(run_dir: Path) -> Path:
+    write_config(
+        run_dir,
+        {
+            "run": {"name": "bad-inputs"},
+            "trainer": {
+                "command": [
+                    PYTHON,
+                    str(SCRIPTED),
+                    "--steps",
+                    "100000000",
+                    "--save-every",
+                    "20",
+                    "--dt",
+                    "0.02",
+                    "--n-params",
+                    str(N_PARAMS),
+                ],
+                "stop_timeout_s": 10.0,
+            },
+            "restart": {
+                "backoff_initial_s": 0.0,
+                "backoff_max_s": 0.0,
+                "stall_timeout_s": 60.0,
+                "max_restarts_without_progress": 50,
+                "divergence_retries": 1000,
+            },
+        },
+    )
+    return run_dir
+
+
+GOOD_STATE = {
+    "step": 1,
+    "arms": {
+        "docs": {"prob": 0.4, "cap": 1.0, "floor": 0.0},
+        "code": {"prob": 0.3, "cap": 1.0, "floor": 0.0},
+        "tests": {"prob": 0.3, "cap": 1.0, "floor": 0.0},
+    },
+    "zombies": ["legacy"],
+}
+GOOD_SAMPLES = {"step": 1, "samples": [{"arm": "docs", "text": "def f():"}]}
+
+
+class Live:
+    """The shared daemon and what every row checks after it."""
+
+    def __init__(self, daemon: DaemonProcess) -> None:
+        self.daemon = daemon
+        self.run_dir = daemon.run_dir
+        self.ckpts = self.run_dir / "checkpoints"
+
+    def status(self) -> dict[str, Any]:
+        return self.daemon.status()
+
+    def running(self, timeout: float = 30.0) -> dict[str, Any]:
+        return self.daemon.wait_state("running", timeout=timeout)
+
+    def newest_verified(self) -> int:
+        listed = self.daemon.request("checkpoints")["checkpoints"]
+        assert listed, "the daemon lists no verified checkpoint"
+        for c in listed:
+            assert verifies(self.ckpts / c["name"]), f"listed {c['name']} does not verify"
+        return max(c["step"] for c in listed)
+
+    def raw(self, payload: bytes, timeout: float = 20.0) -> list[dict[str, Any]]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(str(self.run_dir / ".trainwarden" / "control.sock"))
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        sock.close()
+        return [orjson.loads(line) for line in data.splitlines() if line.strip()]
+
+    def still_supervising(self, before_step: int, same_pid: int | None) -> None:
+        """Status answers, a trainer runs (the same one unless the row killed it), and the
+        newest verified checkpoint from before the row is still there or superseded."""
+        status = self.running()
+        if same_pid is not None:
+            assert status["trainer_pid"] == same_pid, "the row cost the trainer its life"
+        assert pid_alive(status["trainer_pid"])
+        newest = self.newest_verified()
+        assert newest >= before_step
+        assert verifies(self.ckpts / f"step_{newest:06d}.bin")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    run_dir = scripted_run(tmp_path_factory.mktemp("bad-inputs") / "run")
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("running", timeout=60)
+        shared = Live(daemon)
+        (run_dir / ".state.json").write_bytes(orjson.dumps(GOOD_STATE))
+        (run_dir / ".samples.json").write_bytes(orjson.dumps(GOOD_SAMPLES))
+        deadline = time.monotonic() + 30
+        while (
+            not (run_dir / "checkpoints").is_dir()
+            or not shared.daemon.request("checkpoints")["checkpoints"]
+        ):
+            assert time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.1)
+        yield shared
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("row", rows("config"))
+def test_config(row: Bad, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    keep = run_dir / "checkpoints" / "step_000010.bin"
+    keep.write_bytes(ckpt(10))
+    config = run_dir / "trainwarden.toml"
+    if row.input == "<directory>":
+        config.mkdir()
+    else:
+        data = row.input if isinstance(row.input, bytes) else row.input.encode()
+        config.write_bytes(data)
+    result = cli("daemon", str(run_dir), timeout=20)
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert row.expect in line and "trainwarden.toml" in line, line
+    # Nothing started, nothing touched.
+    assert not (run_dir / "training.log").exists()
+    assert not (run_dir / ".trainwarden").exists()
+    assert keep.read_bytes() == ckpt(10)
+
+
+# ----------------------------------------------------------------------------- cli
+
+
+@pytest.mark.parametrize("row", rows("cli"))
+def test_cli(row: Bad, tmp_path: Path, live: Live):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    places = {"{empty}": str(empty), "{new}": str(tmp_path / "new"), "{live}": str(live.run_dir)}
+    before = live.newest_verified()
+    pid = live.status()["trainer_pid"]
+    result = cli(*[places.get(a, a) for a in row.input])
+    assert result.returncode == row.code, result.stderr
+    line = one_line(result.stderr)
+    assert row.expect in line, line
+    assert not (tmp_path / "new" / "trainwarden.toml").exists()
+    assert not (live.run_dir / "archive").exists() and not (live.run_dir / "policy.json").exists()
+    live.still_supervising(before, same_pid=pid)
+
+
+# ----------------------------------------------------------------------------- control
+
+
+@pytest.mark.parametrize("row", rows("control"))
+def test_control(row: Bad, live: Live):
+    before = live.newest_verified()
+    pid = live.status()["trainer_pid"]
+    replies = live.raw(row.input)
+    errors = [r for r in replies if not r.get("ok")]
+    assert errors, f"no error reply: {replies}"
+    text = " ".join(f"{e['error']['code']}: {e['error']['message']}" for e in errors)
+    assert row.expect in text, text
+    # The same connection's neighbours are unaffected: a fresh request is answered.
+    assert live.daemon.request("hello")["protocol"] == 1
+    live.still_supervising(before, same_pid=pid)
+
+
+# ----------------------------------------------------------------------------- pivot
+
+
+@pytest.mark.parametrize("row", rows("pivot"))
+def test_pivot(row: Bad, live: Live):
+    (live.run_dir / ".state.json").write_bytes(orjson.dumps(GOOD_STATE))
+    before = live.newest_verified()
+    pid = live.status()["trainer_pid"]
+    kinds_before = len(journal(live.run_dir))
+    replies = live.raw(request({"id": 1, "cmd": "pivot", **row.input}))
+    assert len(replies) == 1 and not replies[0]["ok"], replies
+    error = replies[0]["error"]
+    assert row.expect in error["message"], error
+    assert error["code"] == "bad_argument"
+    # Refused before anything happened: no signal, no pivot stage, no files.
+    new = journal(live.run_dir)[kinds_before:]
+    assert not [r for r in new if r["kind"] in ("pivot_stage", "signal", "pivot")], new
+    assert not (live.run_dir / "archive").exists() and not (live.run_dir / "policy.json").exists()
+    assert live.status()["state"] == "running"
+    live.still_supervising(before, same_pid=pid)
+
+
+# ----------------------------------------------------------------------------- log
+
+
+def append_to_log(run_dir: Path, data: bytes) -> None:
+    fd = os.open(run_dir / "training.log", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("row", rows("log"))
+def test_log(row: Bad, live: Live):
+    before = live.newest_verified()
+    status = live.running()
+    pid, stats = status["trainer_pid"], status["log"]
+    start = len(journal(live.run_dir))
+    divergence = row.expect.startswith('"loss"')
+    append_to_log(live.run_dir, row.input)
+    if divergence:
+        deadline = time.monotonic() + 10
+        while not any(r["kind"] == "divergence" for r in journal(live.run_dir)[start:]):
+            assert time.monotonic() < deadline, "no divergence record"
+            time.sleep(0.05)
+    # Let the follower read it, then compare what it counted and what was journaled.
+    time.sleep(0.5)
+    status = live.running()
+    delta = {k: status["log"][k] - stats[k] for k in ("skipped_long", "undecodable")}
+    records = [
+        {k: v for k, v in r.items() if k not in ("ts", "t")}
+        for r in journal(live.run_dir)[start:]
+        if r["kind"] in ("divergence", "crash", "quarantine", "halt", "signal")
+    ]
+    observed = json.dumps({"log": delta, "records": records}, sort_keys=True)
+    if row.expect:
+        assert row.expect in observed, observed
+    else:
+        assert records == [] and delta == {"skipped_long": 0, "undecodable": 0}, observed
+    if divergence:
+        # Killed without a save and restarted from the newest verified checkpoint.
+        kinds = [r["kind"] for r in records]
+        assert "divergence" in kinds and "signal" in kinds, observed
+        assert not any(r["kind"] == "quarantine" for r in records), observed
+        live.still_supervising(before, same_pid=None)
+        assert live.status()["trainer_pid"] != pid and not pid_alive(pid)
+    else:
+        live.still_supervising(before, same_pid=pid)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_name(row: Bad, step: int) -> str:
+    kind, value = row.input
+    return f"step_{value if kind == 'named step' else step:06d}.bin"
+
+
+def plant(row: Bad, target: Path, outside: Path) -> None:
+    """Make `target` (a checkpoint name) hold the row's bad input."""
+    kind, value = row.input
+    step = int(re.search(r"step_(\d+)\.bin", target.name).group(1))  # type: ignore[union-attr]
+    if kind == "directory":
+        target.mkdir()
+        (target / "weights").write_bytes(b"x")
+    elif kind == "link to":
+        real = outside / f"real-{target.name}"
+        if value == "valid":
+            real.write_bytes(ckpt(step))
+        target.symlink_to(real)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "truncated to":
+        target.write_bytes(ckpt(step)[:value])
+    elif kind == "padded by":
+        target.write_bytes(ckpt(step) + bytes(value))
+    elif kind == "header step":
+        target.write_bytes(ckpt(value))
+    elif kind == "header n_params":
+        target.write_bytes(struct.pack("<ii", step, value) + bytes(64))
+    elif kind == "named step":
+        target.write_bytes(ckpt(12345))
+    else:
+        target.write_bytes(value)
+
+
+def reason_of(run_dir: Path, name: str, start: int = 0) -> str | None:
+    for r in journal(run_dir)[start:]:
+        if r["kind"] == "quarantine" and r["name"] == name:
+            return r["reason"]
+    return None
+
+
+@pytest.mark.parametrize("row", rows("checkpoint", "live"))
+def test_checkpoint_live(row: Bad, live: Live, tmp_path: Path):
+    before = live.newest_verified()
+    pid = live.status()["trainer_pid"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    name = checkpoint_name(row, 920000 + CATALOGUE.index(row))
+    start = len(journal(live.run_dir))
+    # Staged under another name in the checkpoint folder, then renamed: the contract's
+    # commit point. (A bad file renamed in from another folder is only judged at the next
+    # daemon start: watchdog reports it as a create, indistinguishable from an in-place
+    # write that has only just begun.)
+    staged = live.ckpts / f"staging-{name}"
+    plant(row, staged, outside)
+    os.replace(staged, live.ckpts / name)
+    deadline = time.monotonic() + 10
+    while (reason := reason_of(live.run_dir, name, start)) is None:
+        assert live.daemon.proc is not None and live.daemon.proc.poll() is None, (
+            "the daemon died: " + live.daemon.stderr()[-1500:]
+        )
+        assert time.monotonic() < deadline, f"{name} was never quarantined"
+        time.sleep(0.05)
+    assert row.expect in reason, reason
+    assert os.path.lexists(live.ckpts / "quarantine" / name)
+    assert not os.path.lexists(live.ckpts / name)
+    assert all(c["name"] != name for c in live.daemon.request("checkpoints")["checkpoints"])
+    # A link is moved as a link: its target keeps every byte.
+    for real in outside.iterdir():
+        assert real.read_bytes() == ckpt(int(name[5:-4]))
+    live.still_supervising(before, same_pid=pid)
+
+
+def test_checkpoint_startup_batch(tmp_path: Path):
+    """Every "startup" row at once, present when a daemon starts: each is quarantined with
+    its reason, the daemon starts (a FIFO does not block it, a huge step does not crash
+    it) and resumes from the one real checkpoint; link targets keep their bytes."""
+    batch = [p.values[0] for p in rows("checkpoint", "startup")]
+    run_dir = scripted_run(tmp_path / "run")
+    ckpts = run_dir / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "step_000020.bin").write_bytes(ckpt(20))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    names = {}
+    for index, row in enumerate(batch):
+        name = checkpoint_name(row, 30 + index)
+        plant(row, ckpts / name, outside)
+        names[name] = row
+    targets = {p.name: p.read_bytes() for p in outside.iterdir()}
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("running", timeout=60)
+        for name, row in names.items():
+            reason = reason_of(run_dir, name)
+            assert reason is not None and row.expect in reason, (row.name, reason)
+            assert os.path.lexists(ckpts / "quarantine" / name)
+        spawn = next(r for r in journal(run_dir) if r["kind"] == "spawn")
+        assert spawn["resume"]["step"] == 20
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == targets
+
+
+# ----------------------------------------------------------------------------- sidecars
+
+
+def snapshot(live: Live, topic: str) -> Any:
+    with Client(live.run_dir / ".trainwarden" / "control.sock", timeout=10) as client:
+        return client.request("subscribe", topics=[topic])["snapshot"][topic]
+
+
+def wait_snapshot(live: Live, topic: str, expected: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while snapshot(live, topic) != expected:
+        assert time.monotonic() < deadline, f"{topic} never became {expected}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("row", rows("sidecar"))
+def test_sidecar(row: Bad, live: Live):
+    filename, data = row.input
+    topic = "bandit" if filename == ".state.json" else "samples"
+    good = GOOD_STATE if topic == "bandit" else GOOD_SAMPLES
+    good = {**good, "step": time.monotonic_ns()}  # a fresh good document each row
+    (live.run_dir / filename).write_bytes(orjson.dumps(good))
+    wait_snapshot(live, topic, good)
+    before = live.newest_verified()
+    pid = live.status()["trainer_pid"]
+    (live.run_dir / filename).write_bytes(data)
+    time.sleep(2.6)  # one sampling period (2 s) and a margin: the daemon has read it
+    assert snapshot(live, topic) == good, "the topic lost the last good document"
+    if topic == "bandit":
+        replies = live.raw(request({"id": 1, "cmd": "pivot", "caps": {"docs": 0.5}}))
+        assert not replies[0]["ok"] and row.expect in replies[0]["error"]["message"], replies
+    assert not (live.run_dir / "archive").exists()
+    live.still_supervising(before, same_pid=pid)
+    (live.run_dir / filename).write_bytes(orjson.dumps(good))
+
+
+# ----------------------------------------------------------------------------- policy file
+
+
+@pytest.mark.parametrize("row", rows("policy_file"))
+def test_policy_file(row: Bad, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if row.input == "<directory>":
+        (run_dir / "policy.json").mkdir()
+    else:
+        (run_dir / "policy.json").write_bytes(row.input)
+    result = subprocess.run(
+        [PYTHON, "-m", "trainer", "--run-dir", str(run_dir), "--steps", "1", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = one_line(result.stderr)
+    assert line.startswith("trainer: ") and row.expect in line, line
+    assert not (run_dir / "checkpoints").exists()
