@@ -157,7 +157,7 @@ class CheckpointStore:
     def quarantined(self) -> list[str]:
         try:
             return sorted(p.name for p in self.quarantine_dir.iterdir())
-        except FileNotFoundError:
+        except OSError:  # none yet, or something that is not a folder in its place
             return []
 
 

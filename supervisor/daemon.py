@@ -37,7 +37,9 @@ SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": sign
 
 def archive_dir(run_dir: Path, relative: str) -> Path:
     """A pivot archive folder, refusing any name that would leave run_dir/archive."""
-    base = (run_dir / "archive").resolve()
+    if (run_dir / "archive").is_symlink():
+        raise OSError(0, f"refusing archive path {relative!r}: {run_dir / 'archive'} is a link")
+    base = run_dir.resolve() / "archive"
     target = (run_dir / relative).resolve()
     if target.parent != base or not target.name.startswith("pivot-"):
         raise OSError(0, f"refusing archive path {relative!r} outside {base}")
@@ -263,14 +265,13 @@ class Daemon:
             journal.append(
                 "delete", {"step": action.step, "name": action.name, "reason": action.reason}
             )
-            removed = await asyncio.to_thread(self.store.delete, action.name)
+            await self._file_op(self.store.delete, action.name, "delete_failed")
             self.known_commits.pop(action.name, None)
-            log.info("deleted %s", removed)
         elif isinstance(action, policy.Quarantine):
             journal.append(
                 "quarantine", {"step": action.step, "name": action.name, "reason": action.reason}
             )
-            await asyncio.to_thread(self.store.quarantine, action.name)
+            await self._file_op(self.store.quarantine, action.name, "quarantine_failed")
             self.known_commits.pop(action.name, None)
             if self.mirror is not None and action.step is not None:
                 # The mirror must never offer what was quarantined here (poisoned weights).
@@ -328,6 +329,16 @@ class Daemon:
         except OSError as exc:
             return f"policy.json: {exc.strerror or exc}"
         return None
+
+    async def _file_op(self, operation: Any, name: str, failure_kind: str) -> None:
+        """Move or delete checkpoint files; a failure is journaled, never fatal to the loop."""
+        assert self.journal is not None
+        try:
+            await asyncio.to_thread(operation, name)
+        except (OSError, ValueError) as exc:
+            reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
+            self.journal.append(failure_kind, {"name": name, "error": reason})
+            log.error("%s %s: %s", failure_kind, name, reason)
 
     async def _spawn(self, action: policy.Spawn) -> None:
         assert self.journal is not None and self.hub is not None
@@ -401,7 +412,7 @@ class Daemon:
                     "quarantine",
                     {"step": verdict.step, "name": verdict.name, "reason": verdict.reason},
                 )
-                await asyncio.to_thread(self.store.quarantine, verdict.name)
+                await self._file_op(self.store.quarantine, verdict.name, "quarantine_failed")
                 continue
             mtime = verdict.info.path.stat().st_mtime
             self.known_commits[verdict.name] = mtime

@@ -202,12 +202,6 @@ def test_archive_dir_accepts_a_pivot_folder_and_refuses_one_linked_outside(tmp_p
         archive_dir(run_dir, "archive/pivot-000020-x")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon.archive_dir resolves the archive/ folder itself through a symlink, so a "
-    "run whose archive/ links elsewhere archives outside the run directory (daemon.py: "
-    "not fixed here)",
-)
 def test_archive_dir_refuses_an_archive_folder_that_links_outside(tmp_path: Path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -359,13 +353,6 @@ def test_the_unpickling_check_tells_each_form_apart(source: str, caught: bool):
     assert unpickles(source) is caught
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon.py's executor lets an OSError from CheckpointStore.quarantine/delete "
-    "escape the event loop: here checkpoints/quarantine is a regular file, quarantining the "
-    "bad checkpoint raises FileExistsError and the daemon exits 1 with a traceback (under "
-    "systemd: restarted into the same crash). It should journal the failure and go on.",
-)
 def test_a_quarantine_that_cannot_be_made_does_not_kill_the_daemon(tmp_path: Path):
     run_dir = scripted_run(tmp_path / "run")
     ckpts = run_dir / "checkpoints"
