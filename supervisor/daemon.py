@@ -126,7 +126,9 @@ class Daemon:
         )
         self.persisted = policy.persisted(self.state)
 
-        self.hub = TelemetryHub(self.cfg, self.files, self.journal, loop, self._on_step)
+        self.hub = TelemetryHub(
+            self.cfg, self.files, self.journal, loop, self._on_step, lambda: self.state.trainer_pid
+        )
         self.hub.load_history(seg=self.state.seg)
         self.hub.start_follower()
 

@@ -6,7 +6,6 @@ bandit and sample files, and the topics they are published on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -42,12 +41,15 @@ class TelemetryHub:
         journal: Journal,
         loop: asyncio.AbstractEventLoop,
         on_step: Callable[[int, float], None],
+        trainer_pid: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.files = files
         self.journal = journal
         self.loop = loop
         self.on_step = on_step
+        self.trainer_pid = trainer_pid
+        """The daemon's own knowledge of the live trainer (for process figures)."""
         self.parser = plugin_registry.log_parser(
             cfg.telemetry.parser, dataclasses.asdict(cfg.telemetry)
         )
@@ -300,7 +302,7 @@ class TelemetryHub:
         gpu_data = gpu.to_dict() if gpu is not None else None
         self.latest["gpu"] = gpu_data
         self.publish("gpu", gpu_data)
-        pid = self._trainer_pid()
+        pid = self.trainer_pid()
         host = await asyncio.to_thread(self.host_sampler.sample, pid)
         host_data = host.to_dict()
         self.latest["host"] = host_data
@@ -319,14 +321,6 @@ class TelemetryHub:
             if data is not None:
                 self.latest[topic] = data
                 self.publish(topic, data)
-
-    def _trainer_pid(self) -> int | None:
-        from supervisor.rundir import read_pid
-
-        with contextlib.suppress(Exception):
-            data = orjson.loads(self.files.trainer_pid.read_bytes())
-            return int(data["pid"])
-        return read_pid(self.files.trainer_pid)
 
     def _read_if_changed(self, topic: str, path: Path) -> Any:
         try:
