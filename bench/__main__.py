@@ -18,7 +18,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import checkpoint_write, divergence, history, overhead, parse_suite, report, restart
+from bench import (
+    checkpoint_write,
+    divergence,
+    follow_rates,
+    history,
+    overhead,
+    parse_suite,
+    report,
+    restart,
+)
 from bench.common import Context, Section, Workspace, machine
 from bench.peers import Peers
 
@@ -29,6 +38,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "history": (history.TITLE, history.run),
     "checkpoint": (checkpoint_write.TITLE, checkpoint_write.run),
     "parse": (parse_suite.TITLE, parse_suite.run),
+    "follow": (follow_rates.TITLE, follow_rates.run),
 }
 
 

@@ -268,8 +268,8 @@ def run(ctx: Context) -> Section:
         "so bash runs `kill` at once. (A tail that only noticed on its next write would "
         "hold the kill back by one step time of the trainer.) Nothing in it handles a "
         "restart, a loss above a threshold, or a second NaN.",
-        "trainwarden's path: inotify wakes the log follower's thread, which hands the line "
-        "to the event loop; the parser reads the loss, the policy decides, the journal "
+        "trainwarden's path: inotify wakes the event loop, which reads the new line "
+        "straight away; the parser reads the loss, the policy decides, the journal "
         "records the `divergence` and `signal` events, then SIGKILL goes to the trainer's "
         "process group.",
     ]

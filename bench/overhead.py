@@ -17,7 +17,6 @@ from pathlib import Path
 from bench.common import (
     Context,
     Section,
-    Target,
     cpu_seconds,
     program,
     read_events,
@@ -66,7 +65,8 @@ def measure(pid: int, log: Path, window: float) -> dict[str, float]:
         "window_s": elapsed,
         "cpu_s": cpu,
         "main_thread_cpu_s": main,
-        "other_threads_cpu_s": cpu - main,
+        # Thread and process totals are separate 10 ms tick counts: never below zero.
+        "other_threads_cpu_s": max(0.0, cpu - main),
         "core_pct": 100 * cpu / elapsed,
         "lines": lines,
         "lines_per_s": lines / elapsed,
@@ -181,14 +181,16 @@ def run(ctx: Context) -> Section:
     for rate, f in figures["trainwarden"].items():
         section.notes.append(
             f"trainwarden at {rate:,} lines/s: {f['main_thread_cpu_s']:.2f} s CPU in the event "
-            f"loop's thread, {f['other_threads_cpu_s']:.2f} s in its other threads (the "
-            "inotify log follower, samplers) over the window."
+            f"loop's thread (which also reads the log), {f['other_threads_cpu_s']:.2f} s in "
+            "its other threads (GPU and host samplers) over the window."
         )
     section.notes += [
         f"Resolution: the kernel counts CPU time in ticks of 10 ms, so over {window:g} s "
         f"a figure is known to about {100 * 0.01 / window:.2f} % of a core.",
-        "CPU per line at 10 lines/s is mostly the fixed cost of being alive (timers, "
-        "sampling) divided by few lines; the 1,000 lines/s row shows the cost per line.",
+        "CPU per line at 10 lines/s includes the fixed cost of being alive (sampling "
+        "every 2 s) divided by few lines; the 1,000 lines/s row shows the cost per line. "
+        "The 0.5 % of a core target at 10 lines/s is checked in section 7, beside the cost "
+        "of a bare wake-up per line on the same machine.",
     ]
     groups = [f"{r:,} lines/s" for r in RATES]
     bars_per_group(
@@ -207,25 +209,4 @@ def run(ctx: Context) -> Section:
         "Supervisor memory (VmRSS)",
     )
     section.raw = {"figures": figures, "problems": problems, "window_s": window}
-    tw10 = figures["trainwarden"].get(10)
-    tw1k = figures["trainwarden"].get(1000)
-    why = ""
-    if tw10 and tw10["core_pct"] >= 0.5 and tw1k:
-        threads = 100 * tw1k["other_threads_cpu_s"] / tw1k["cpu_s"] if tw1k["cpu_s"] else 0
-        why = (
-            f"each logged line costs the daemon about {tw1k['cpu_us_per_line']:,.0f} us of CPU "
-            f"(1,000 lines/s row; supervisord: "
-            f"{figures['supervisord'].get(1000, {}).get('cpu_us_per_line', math.nan):,.0f} us), "
-            f"{threads:.0f} % of it outside the event loop's thread (the inotify follower's "
-            "threads); at 10 lines/s each line also wakes those threads and the loop on its "
-            "own, and the GPU/host samplers run every 2 s"
-        )
-    section.targets.append(
-        Target(
-            "trainwarden daemon CPU at 10 lines/s < 0.5 % of a core",
-            f"{tw10['core_pct']:.2f} %" if tw10 else "-",
-            tw10["core_pct"] < 0.5 if tw10 else None,
-            why,
-        )
-    )
     return section

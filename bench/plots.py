@@ -28,7 +28,12 @@ def _color(name: str, i: int) -> Any:
     return COLORS.get(name, f"C{i % 10}")
 
 
-def latency_cdf(path: Path, samples_ms: Mapping[str, Sequence[float]], title: str) -> None:
+def latency_cdf(
+    path: Path,
+    samples_ms: Mapping[str, Sequence[float]],
+    title: str,
+    target_ms: float | None = 50,
+) -> None:
     """Share of samples at or below each latency, one line per tool, log x axis."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
@@ -43,8 +48,9 @@ def latency_cdf(path: Path, samples_ms: Mapping[str, Sequence[float]], title: st
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, log scale)")
     ax.set_ylabel("share of samples <= x")
-    ax.axvline(50, color="grey", linewidth=0.8, linestyle="--")
-    ax.text(50, 0.02, " 50 ms target", color="grey", fontsize=8)
+    if target_ms is not None:
+        ax.axvline(target_ms, color="grey", linewidth=0.8, linestyle="--")
+        ax.text(target_ms, 0.02, f" {target_ms:g} ms target", color="grey", fontsize=8)
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)

@@ -174,6 +174,10 @@ class ControlServer:
 
     # -------------------------------------------------------------- broadcast
 
+    def listening(self, topic: str) -> bool:
+        """Whether any client is subscribed to `topic` (nobody: nothing to build)."""
+        return any(topic in conn.topics for conn in self.connections)
+
     def publish(self, topic: str, data: Any) -> None:
         for conn in self.connections:
             if topic in conn.topics:

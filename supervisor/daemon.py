@@ -81,6 +81,7 @@ class Daemon:
         )
         self.store = CheckpointStore(cfg.checkpoint_dir, self.fmt)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._tick_handle: asyncio.TimerHandle | None = None
         self.state = policy.State()
         self.persisted: dict[str, Any] | None = None
         self.exit_code: int | None = None
@@ -158,6 +159,7 @@ class Daemon:
         self.server = ControlServer(self)
         await self.server.start()
         self.hub.sinks.append(self.server.publish)
+        self.hub.listening = self.server.listening
         self.hub.start_samplers()
         self._start_mirror()
         self._start_metrics(loop)
@@ -204,17 +206,34 @@ class Daemon:
 
     async def _event_loop(self) -> None:
         while self.exit_code is None:
-            if not self.queue.empty():
-                await self.handle(self.queue.get_nowait())
-                continue
-            due = policy.deadline(self.state, self.rules)
-            try:
-                # asyncio.timeout is a timer handle, not a task per event (wait_for's cost).
-                async with asyncio.timeout_at(None if due is None else self._loop_time(due)):
-                    event = await self.queue.get()
-            except TimeoutError:
-                event = policy.Tick(time.monotonic())
+            if self.queue.empty():
+                self._arm_tick(policy.deadline(self.state, self.rules))
+                event = await self.queue.get()
+            else:
+                event = self.queue.get_nowait()
             await self.handle(event)
+
+    def _arm_tick(self, due: float | None) -> None:
+        """Have a Tick queued by `due` (time.monotonic()).
+
+        One timer, moved only when the deadline comes earlier: a step line pushes the
+        stall deadline later each time, and a timer left armed too early just delivers a
+        Tick that finds nothing due, once per stall timeout rather than a timer
+        rescheduled per line.
+        """
+        if due is None:
+            return
+        when = self._loop_time(due)
+        armed = self._tick_handle
+        if armed is not None:
+            if armed.when() <= when:
+                return
+            armed.cancel()
+        self._tick_handle = asyncio.get_running_loop().call_at(when, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        self.queue.put_nowait(policy.Tick(time.monotonic()))
 
     def _loop_time(self, monotonic_t: float) -> float:
         """A time.monotonic() deadline in the event loop's clock."""

@@ -1,9 +1,12 @@
 """Follows the run log as the trainer writes it, the way `tail -F` does, without polling.
 
-A watchdog (inotify) observer watches the log's directory; each write, create or rename
-of the log wakes its thread, which reads the new bytes and hands the complete lines to the
-asyncio loop with call_soon_threadsafe. Reading in the watchdog thread keeps file I/O off
-the loop and costs one thread hop from write to callback (typically well under 20 ms).
+An inotify instance (watchdog's binding of it) watches the log file for writes, and its
+directory for a new file taking the log's name. With an asyncio loop, the inotify
+descriptor is one more reader in the loop's epoll set: a write wakes the loop once, the
+new bytes are read and the complete lines handed to `on_lines` in the same callback. One
+wake-up per write, no thread hop: that wake-up is most of what a step line costs the
+daemon, so this is what keeps a quiet run cheap. Without a loop a small thread waits on
+the descriptor instead.
 
 - A partial last line is held until its newline arrives.
 - A line over MAX_LINE_BYTES is skipped (counted): it is not a step line, and holding it
@@ -13,6 +16,8 @@ the loop and costs one thread hop from write to callback (typically well under 2
 - copytruncate (the file shrinks below our offset): start again from its beginning.
 - logrotate's move-and-create (the path names another inode): finish reading the old
   file, deliver its unterminated last line, then follow the new one from its start.
+- A long backlog is read LOOP_READ_BYTES at a time, the loop running other callbacks in
+  between, so a runaway print never stalls the daemon.
 
 `offset` is the end of the last complete line read, for the daemon to persist; a
 follower started at that offset picks up exactly where this one stopped. (A copytruncate
@@ -23,30 +28,35 @@ start, cannot be told apart from appends; no byte-offset follower can.)
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
+import select
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from watchdog.events import (
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver
+from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch, inotify_init
 
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 1 << 20
+LOOP_READ_BYTES = 4 << 20
+"""At most this much of the log is read per loop callback; the rest in the next ones."""
 # Only a safety net for events inotify never delivers (a queue overflow, a network
 # filesystem that does not report remote writes): the hot path is event-driven.
 SAFETY_RECHECK_S = 5.0
+
+# The log itself: appends and truncations (both IN_MODIFY), and its being moved or deleted.
+FILE_MASK = (
+    InotifyConstants.IN_MODIFY | InotifyConstants.IN_MOVE_SELF | InotifyConstants.IN_DELETE_SELF
+)
+# Its directory: only a file appearing under the log's name (logrotate's create, a rename).
+DIR_MASK = InotifyConstants.IN_CREATE | InotifyConstants.IN_MOVED_TO
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 
 
 class FollowStats(NamedTuple):
@@ -62,23 +72,13 @@ class FollowStats(NamedTuple):
     """Times the path came to name a new file (logrotate) and the new one was followed."""
 
 
-class _LogEvents(FileSystemEventHandler):
-    def __init__(self, name: str, wake: Callable[[], None]) -> None:
-        self._name = name
-        self._wake = wake
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        paths = (event.src_path, event.dest_path)
-        if any(p and os.path.basename(os.fsdecode(p)) == self._name for p in paths):
-            self._wake()
-
-
 class LogFollower:
     """Delivers the lines appended to `path` after `offset` to `on_lines`, in order.
 
-    With a loop, on_lines runs on that loop (lines read while it is busy arrive together
-    in one call); without one, in the reading thread. read_new() reads synchronously
-    (no watchdog needed): it also passes the lines to on_lines and returns them.
+    With a loop, reading and on_lines both run on that loop (lines written while it was
+    busy arrive together in one call); without one, in the follower's thread. read_new()
+    reads synchronously (no inotify needed): it also passes the lines to on_lines and
+    returns them.
     """
 
     def __init__(
@@ -104,12 +104,19 @@ class LogFollower:
         self._partial = bytearray()
         self._skipping_long = False
         self._counts = [0, 0, 0, 0, 0]  # FollowStats fields, in order
-        self._observer: BaseObserver | None = None
+        self._name = os.fsencode(self.path.name)
+        self._inotify: int | None = None
+        self._dir_wd = -1
+        self._file_wd = -1
         self._stopping = threading.Event()
-        self._recheck_thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None
+        self._wake_r: int | None = None
+        self._wake_w: int | None = None
+        self._recheck_handle: asyncio.Handle | None = None
+        self._more_handle: asyncio.Handle | None = None
         self._error_logged = False
-        # Lines read but not yet handed to the loop, with their own small lock so the loop
-        # never waits behind a file read.
+        # Lines another thread read (read_new() off the loop) and the loop has not yet
+        # delivered, with their own small lock so the loop never waits behind a read.
         self._pending: list[str] = []
         self._pending_lock = threading.Lock()
         self._flush_scheduled = False
@@ -124,32 +131,47 @@ class LogFollower:
         return FollowStats(*self._counts)
 
     def start(self) -> None:
-        """Watch the directory and deliver the backlog after `offset`, then each new line."""
-        observer = Observer()
-        observer.schedule(
-            _LogEvents(self.path.name, self._pump),
-            str(self.path.parent),
-            recursive=False,
-            event_filter=[FileModifiedEvent, FileCreatedEvent, FileMovedEvent],
-        )
-        observer.daemon = True
-        observer.start()
-        self._observer = observer
-        # The first pump (the backlog, possibly large) runs here too, not on the loop.
-        self._recheck_thread = threading.Thread(
-            target=self._recheck, name=f"logfollow:{self.path.name}", daemon=True
-        )
-        self._recheck_thread.start()
+        """Watch the log and deliver the backlog after `offset`, then each new line."""
+        fd = inotify_init()
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot watch {self.path}: inotify: {os.strerror(err)}")
+        os.set_inheritable(fd, False)  # not for the trainer
+        os.set_blocking(fd, False)
+        self._inotify = fd
+        self._dir_wd = self._add_watch(os.fsencode(self.path.parent), DIR_MASK)
+        if self._dir_wd < 0:
+            err = ctypes.get_errno()
+            self._close_inotify()
+            raise OSError(err, f"cannot watch {self.path.parent}: {os.strerror(err)}")
+        self._watch_file()
+        if self._loop is not None:
+            self._loop.add_reader(fd, self._on_inotify)
+            self._recheck_handle = self._loop.call_soon(self._recheck)  # the backlog first
+        else:
+            self._wake_r, self._wake_w = os.pipe()
+            self._thread = threading.Thread(
+                target=self._wait_forever, name=f"logfollow:{self.path.name}", daemon=True
+            )
+            self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
-            self._observer = None
-        if self._recheck_thread is not None:
-            self._recheck_thread.join()
-            self._recheck_thread = None
+        for handle in (self._recheck_handle, self._more_handle):
+            if handle is not None:
+                handle.cancel()
+        if self._loop is not None and self._inotify is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._inotify)
+        if self._thread is not None:
+            assert self._wake_w is not None
+            os.write(self._wake_w, b"x")
+            self._thread.join()
+            self._thread = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd is not None:
+                os.close(fd)
+        self._wake_r = self._wake_w = None
+        self._close_inotify()
         with self._lock:
             self._close()
 
@@ -161,8 +183,8 @@ class LogFollower:
         """Read the complete lines there now, pass them to on_lines and return them.
 
         On the loop (a final drain when the trainer exits) on_lines runs before this
-        returns, after any lines the watchdog thread read earlier: order is kept. The
-        read blocks, so on the loop it is for those short drains only.
+        returns, after any lines read earlier: order is kept. The read blocks, so on the
+        loop it is for those short drains only.
         """
         lines: list[str] = []
 
@@ -177,25 +199,100 @@ class LogFollower:
             self._flush()
         return lines
 
-    def _on_loop_thread(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+    # -- inotify --------------------------------------------------------------
 
-    def _recheck(self) -> None:
-        self._pump()
-        while not self._stopping.wait(self._recheck_s):
+    def _add_watch(self, path: bytes, mask: int) -> int:
+        assert self._inotify is not None
+        return int(inotify_add_watch(self._inotify, path, mask))
+
+    def _watch_file(self) -> None:
+        """Watch whatever file the log's name points at now (none yet: the directory
+        watch will tell us when one appears). A watch on a file that was replaced stays
+        until that file is gone; its events still mean "read again"."""
+        wd = self._add_watch(os.fsencode(self.path), FILE_MASK)
+        if wd >= 0:
+            self._file_wd = wd
+
+    def _close_inotify(self) -> None:
+        if self._inotify is not None:
+            os.close(self._inotify)  # also drops every watch
+            self._inotify = None
+
+    def _take_events(self) -> bool:
+        """Read the queued inotify events; True when the log may have changed."""
+        assert self._inotify is not None
+        wake = rewatch = False
+        while True:
+            try:
+                data = os.read(self._inotify, 64 * 1024)
+            except BlockingIOError:
+                break
+            pos = 0
+            while pos + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
+                name = data[pos + _EVENT.size : pos + _EVENT.size + length].rstrip(b"\0")
+                pos += _EVENT.size + length
+                if mask & InotifyConstants.IN_Q_OVERFLOW:
+                    wake = rewatch = True  # events were lost: look at everything again
+                elif wd == self._dir_wd:
+                    if name == self._name:
+                        wake = rewatch = True
+                elif not mask & InotifyConstants.IN_IGNORED:
+                    wake = True  # the log (or a file it replaced) was written or moved
+            if len(data) < 4096:
+                break  # drained: a full buffer may mean more is queued
+        if rewatch:
+            self._watch_file()
+        return wake
+
+    def _on_inotify(self) -> None:
+        """On the loop: the inotify descriptor is readable."""
+        if self._inotify is not None and self._take_events():
             self._pump()
 
+    def _recheck(self) -> None:
+        """On the loop: the backlog at start, then the safety net every recheck_s."""
+        if self._stopping.is_set() or self._loop is None:
+            return
+        self._pump()
+        self._recheck_handle = self._loop.call_later(self._recheck_s, self._recheck)
+
+    def _wait_forever(self) -> None:
+        """Without a loop: wait on inotify (and the stop pipe) in this thread."""
+        assert self._inotify is not None and self._wake_r is not None
+        poller = select.poll()
+        poller.register(self._inotify, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        self._pump()  # the backlog
+        while not self._stopping.is_set():
+            ready = poller.poll(self._recheck_s * 1000)
+            if self._stopping.is_set():
+                return
+            if not ready or self._take_events():
+                self._pump()
+
     def _pump(self) -> None:
-        if not self._stopping.is_set():
+        if self._stopping.is_set():
+            return
+        if self._loop is None:
             self._read(self._deliver)
+            return
+        # On the loop: a bounded read, the rest in the next callback.
+        if self._more_handle is not None:
+            self._more_handle.cancel()
+            self._more_handle = None
+        if self._read(self._deliver, LOOP_READ_BYTES):
+            self._more_handle = self._loop.call_soon(self._pump)
 
     def _deliver(self, lines: list[str]) -> None:
         if self._on_lines is None:
             return
         if self._loop is None:
+            self._on_lines(lines)
+            return
+        if self._on_loop_thread() or not self._loop.is_running():
+            if self._pending:
+                self._flush()  # older lines another thread read go first
             self._on_lines(lines)
             return
         with self._pending_lock:
@@ -208,37 +305,46 @@ class LogFollower:
         except RuntimeError:
             pass  # the loop has closed: the daemon is shutting down
 
+    def _on_loop_thread(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def _flush(self) -> None:
-        """On the loop: hand everything read so far to on_lines, oldest first."""
+        """On the loop: hand everything other threads read so far to on_lines."""
         with self._pending_lock:
             lines, self._pending = self._pending, []
             self._flush_scheduled = False
         if lines and self._on_lines is not None:
             self._on_lines(lines)
 
-    # -- reading (any thread; the lock keeps the watchdog and recheck threads in order) --
+    # -- reading (any thread; the lock keeps a read_new() caller and the follower in order) --
 
-    def _read(self, sink: Callable[[list[str]], None]) -> None:
+    def _read(self, sink: Callable[[list[str]], None], limit: int | None = None) -> bool:
+        """Read what is new, up to about `limit` bytes; True when more is waiting."""
         with self._lock:
             try:
-                self._read_locked(sink)
+                return self._read_locked(sink, limit)
             except OSError as exc:
                 if not self._error_logged:
                     log.warning("cannot read %s: %s", self.path, exc)
                     self._error_logged = True
+                return False
 
-    def _read_locked(self, sink: Callable[[list[str]], None]) -> None:
+    def _read_locked(self, sink: Callable[[list[str]], None], limit: int | None) -> bool:
         if self._fd is None and not self._open(at_start=False):
-            return
+            return False
         assert self._fd is not None
         if os.fstat(self._fd).st_size < self._read_pos:
             self._counts[3] += 1
             self._restart_at_zero()
-        self._drain(sink)
+        if self._drain(sink, limit):
+            return True
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            return  # moved away and not yet recreated: keep the old file until it is
+            return False  # moved away and not yet recreated: keep the old file until it is
         if (st.st_dev, st.st_ino) != self._file_id:
             self._drain(sink)  # the writer may have added to the old file before the move
             if self._partial and not self._skipping_long:
@@ -247,7 +353,8 @@ class LogFollower:
             self._close()
             self._restart_at_zero()  # also when the open below loses a race with another move
             if self._open(at_start=True):
-                self._drain(sink)
+                return self._drain(sink, limit)
+        return False
 
     def _open(self, *, at_start: bool) -> bool:
         try:
@@ -273,13 +380,21 @@ class LogFollower:
         self._partial.clear()
         self._skipping_long = False
 
-    def _drain(self, sink: Callable[[list[str]], None]) -> None:
+    def _drain(self, sink: Callable[[list[str]], None], limit: int | None = None) -> bool:
+        """Read to the end of the file, or until `limit` bytes: then True (more to read)."""
         assert self._fd is not None
+        done = 0
         while chunk := os.pread(self._fd, READ_CHUNK_BYTES, self._read_pos):
             lines = self._split(chunk)
             self._read_pos += len(chunk)
+            done += len(chunk)
             if lines:
                 sink(self._decode(lines))
+            if len(chunk) < READ_CHUNK_BYTES:
+                return False  # a short read: that was the end
+            if limit is not None and done >= limit:
+                return True
+        return False
 
     def _split(self, chunk: bytes) -> list[bytes]:
         """The complete lines this chunk finishes; the rest waits in self._partial."""

@@ -29,7 +29,8 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
-LOAD_CHUNK_BYTES = 4 << 20
+LOAD_CHUNK_BYTES = 1 << 20
+_KEYS = ("step", "loss", "dt", "t", "seg")
 
 
 def encode_loss(loss: float) -> float | str:
@@ -193,6 +194,8 @@ class LossHistory:
 
     def _read_lines(self, lines: list[bytes]) -> int:
         """Append the records of complete lines in file order; returns the garbage count."""
+        if lines and self._read_clean_block(lines):
+            return 0
         steps, losses, dts, ts, segs = self._columns()
         add_step, add_loss, add_dt, add_t, add_seg = (
             steps.append,
@@ -225,6 +228,28 @@ class LossHistory:
             else:
                 self._append(*row)
         return garbage
+
+    def _read_clean_block(self, lines: list[bytes]) -> bool:
+        """The lines as one JSON array, column by column: the common case (every line a
+        finite record), several times faster than a line at a time. False, with nothing
+        appended, when any line needs the careful path (garbage, a non-finite loss, a
+        null dt, a torn line)."""
+        try:
+            rows = orjson.loads(b"[" + b",".join(lines) + b"]")
+            values = [[row[key] for row in rows] for key in _KEYS]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return False
+        columns: tuple[array[Any], ...] = self._columns()
+        n = len(self._seg)
+        try:
+            # The typed arrays refuse a value of the wrong type (a string loss, a float step).
+            for column, column_values in zip(columns, values, strict=True):
+                column.extend(column_values)
+        except (TypeError, OverflowError):
+            for column in columns:
+                del column[n:]
+            return False
+        return True
 
     def _columns(self) -> tuple[array[int], array[float], array[float], array[float], array[int]]:
         return self._step, self._loss, self._dt, self._t, self._seg

@@ -560,6 +560,16 @@ def _on_writing(state: State, ev: CheckpointWriting, rules: Rules, actions: list
     return replace(state, last_activity_t=max(state.last_activity_t, ev.t))
 
 
+def _stepped(state: State, step: int, t: float) -> State:
+    """replace(state, last_step=step, last_activity_t=t), for every step line: a copy of
+    the instance dict instead of dataclasses.replace's walk through all ~40 fields."""
+    new = object.__new__(State)
+    new.__dict__.update(state.__dict__)
+    new.__dict__["last_step"] = step
+    new.__dict__["last_activity_t"] = t
+    return new
+
+
 def _on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
     if not state.trainer_alive or state.stop_reason == "divergence":
         return state
@@ -568,7 +578,7 @@ def _on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
     was_loading = state.last_step is None or (
         state.resume_step is not None and state.last_step <= state.resume_step
     )
-    state = replace(state, last_step=ev.step, last_activity_t=ev.t)
+    state = _stepped(state, ev.step, ev.t)
     if state.phase == "starting":
         state = replace(state, phase="running")
     suspect = state.resume_step

@@ -62,6 +62,8 @@ class TelemetryHub:
         self.seg = 0
         self.last_step: int | None = None
         self.sinks: list[Callable[[str, Any], None]] = []
+        self.listening: Callable[[str], bool] = lambda topic: True
+        """Whether a topic has subscribers: telemetry frames are built only for someone."""
         self.latest: dict[str, Any] = {"gpu": None, "host": None, "bandit": None, "samples": None}
         self.newest_checkpoint: CheckpointInfo | None = None
         self.newest_checkpoint_t: float | None = None
@@ -225,8 +227,9 @@ class TelemetryHub:
         self.publish("state", data)
 
     def _schedule_publish(self) -> None:
-        # Coalesce: at 10,000 lines/s subscribers still get a few frames a second.
-        if self._publish_handle is None:
+        # Coalesce: at 10,000 lines/s subscribers still get a few frames a second. With
+        # nobody subscribed there is no frame to build and no timer to wake the loop for.
+        if self._publish_handle is None and self.listening("telemetry"):
             self._publish_handle = self.loop.call_later(PUBLISH_INTERVAL_S, self._publish_telemetry)
 
     def _publish_telemetry(self) -> None:

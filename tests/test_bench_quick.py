@@ -25,6 +25,7 @@ HEADINGS = [
     "## 4. History scale",
     "## 5. Checkpoint write",
     "## 6. Parsers and history internals (bench_parse.py)",
+    "## 7. Log following at 10, 100 and 10,000 lines/s",
 ]
 
 pytestmark = pytest.mark.skipif(
@@ -61,8 +62,12 @@ def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
     document = orjson.loads((out / "results.json").read_bytes())
     assert document["mode"] == "quick"
     assert set(document["sections"]) == {
-        "restart", "divergence", "overhead", "history", "checkpoint", "parse"
+        "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow"
     }  # fmt: skip
     # Each latency comparison measured trainwarden itself, not only its peers.
     assert document["sections"]["restart"]["raw"]["summary"]["trainwarden"]["n"] > 0
     assert document["sections"]["divergence"]["raw"]["summary"]["trainwarden"]["n"] > 0
+    # The follow section matched lines the daemon saw at every rate.
+    follow = document["sections"]["follow"]["raw"]["figures"]
+    assert set(follow) == {"10", "100", "10000"}, follow.keys()
+    assert all(f["latency"]["n"] > 0 for f in follow.values())

@@ -15,7 +15,7 @@ import orjson
 import psutil
 import pytest
 
-from supervisor.host import HostSample, HostSampler, disk_low
+from supervisor.host import HostSample, HostSampler, descendants, disk_low
 
 # A stand-in trainer: starts two busy-looping workers, prints their pids, then waits.
 TRAINER = """
@@ -157,3 +157,49 @@ def test_disk_low_below_one_and_a_half_checkpoints(
     free: int | None, newest: int | None, low: bool
 ) -> None:
     assert disk_low(free, newest) is low
+
+
+def test_descendants_match_psutil_for_a_nested_tree(tmp_path: Path) -> None:
+    # sh -> (sh -> sleep), sleep: a grandchild as well as children.
+    top = subprocess.Popen(["sh", "-c", "sh -c 'sleep 60; :' & sleep 60 & wait"])
+    try:
+        expected: set[int] = set()
+        deadline = time.monotonic() + 10
+        while len(expected) < 3 and time.monotonic() < deadline:
+            expected = {p.pid for p in psutil.Process(top.pid).children(recursive=True)}
+            time.sleep(0.02)
+        assert len(expected) == 3
+        assert set(descendants(top.pid) or []) == expected
+        sample = HostSampler(tmp_path).sample(top.pid)
+        assert sample.trainer_processes == 4
+    finally:
+        for pid in sorted(expected, reverse=True):
+            kill_pid(pid)
+        kill_pid(top.pid)
+        top.wait(timeout=10)
+
+
+def test_descendants_of_a_gone_process_is_empty() -> None:
+    done = subprocess.Popen(["true"])
+    done.wait()
+    assert descendants(done.pid) == []
+
+
+def test_without_kernel_children_lists_psutil_walks_the_tree(
+    tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("supervisor.host.descendants", lambda pid: None)
+    sample = HostSampler(tmp_path).sample(tree.trainer.pid)
+    assert sample.trainer_processes == 3
+
+
+def test_descendants_is_none_when_the_kernel_has_no_children_lists(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_children_file(path, *args, **kwargs):  # CONFIG_PROC_CHILDREN off
+        if str(path).endswith("/children"):
+            raise FileNotFoundError(path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr("supervisor.host.open", no_children_file, raising=False)
+    assert descendants(tree.trainer.pid) is None

@@ -69,7 +69,7 @@ async def test_appended_lines_arrive_on_the_loop(log, follow):
     follower, got = follow()
     append(log, b"step: 1, loss: 3.0, dt: 0.1\nstep: 2, loss: 2.9, dt: 0.1\n")
     assert await got.wait_for(2) == ["step: 1, loss: 3.0, dt: 0.1", "step: 2, loss: 2.9, dt: 0.1"]
-    assert got.threads == {threading.get_ident()}  # the loop's thread, not watchdog's
+    assert got.threads == {threading.get_ident()}  # read and delivered on the loop's thread
     assert follower.stats.lines == 2
     assert follower.offset == log.stat().st_size
 
@@ -179,8 +179,11 @@ async def test_read_new_on_the_loop_delivers_in_order_before_returning(log):
     loop = asyncio.get_running_loop()
     follower = LogFollower(log, 0, got.extend, loop)
     append(log, b"one\n")
-    # As if the watchdog thread had read this line and the loop not yet run the flush.
-    follower._read(follower._deliver)
+    # Read off the loop (read_new from another thread): the flush is scheduled, not run.
+    reader = threading.Thread(target=follower._read, args=(follower._deliver,))
+    reader.start()
+    reader.join()
+    assert got == []
     append(log, b"two\n")
     assert follower.read_new() == ["two"]
     assert got == ["one", "two"]  # synchronously, oldest first
@@ -242,3 +245,57 @@ async def test_line_latency_is_reported(log, follow, capsys):
         median_ms, max_ms = latencies_ms[10], latencies_ms[-1]
         print(f"\nlog line -> callback latency: median {median_ms:.2f} ms, max {max_ms:.2f} ms")
     assert latencies_ms[10] < WAIT_S * 1000
+
+
+async def test_a_long_backlog_is_read_in_bounded_slices(log, follow, monkeypatch):
+    monkeypatch.setattr("supervisor.logfollow.LOOP_READ_BYTES", 64 * 1024)
+    monkeypatch.setattr("supervisor.logfollow.READ_CHUNK_BYTES", 16 * 1024)
+    lines = [f"step: {i}, loss: 3.0, dt: 0.1" for i in range(20_000)]  # ~600 KB
+    append(log, ("\n".join(lines) + "\n").encode())
+    calls = []
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        follower, got = follow()
+        original = follower._on_lines
+
+        def counting(batch):
+            calls.append(ticks)
+            original(batch)
+
+        follower._on_lines = counting
+        assert await got.wait_for(len(lines)) == lines
+    finally:
+        task.cancel()
+    # Several slices, with other callbacks run on the loop between them.
+    assert len(set(calls)) > 5
+
+
+async def test_stop_closes_every_descriptor_it_opened(log, follow):
+    before = set(os.listdir("/proc/self/fd"))
+    follower, got = follow()
+    append(log, b"x\n")
+    await got.wait_for(1)
+    follower.stop()
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_thread_mode_stop_closes_every_descriptor(log):
+    before = set(os.listdir("/proc/self/fd"))
+    follower = LogFollower(log, 0, lambda lines: None)
+    follower.start()
+    follower.stop()
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+async def test_inotify_descriptor_is_not_inherited(log, follow):
+    follower, _ = follow()
+    assert follower._inotify is not None
+    assert not os.get_inheritable(follower._inotify)

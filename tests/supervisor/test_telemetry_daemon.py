@@ -259,3 +259,21 @@ def test_daemon_cpu_is_small_while_supervising(tmp_path: Path):
         used = cpu_s() - before
         assert pid_alive(daemon.pid)
         assert used < 1.0, f"daemon used {used:.2f} s of CPU in 5 s at 10 lines/s"
+
+
+def test_telemetry_frames_flow_to_a_subscriber_as_steps_arrive(tmp_path: Path):
+    # Frames are built only while someone is subscribed: subscribe mid-run and get them.
+    run_dir = scripted_run(tmp_path / "run", "--steps", "400", "--dt", "0.02")
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 60, what="first steps")
+        with daemon.client(timeout=10.0) as client:
+            snapshot = client.request("subscribe", topics=["telemetry"])
+            first = snapshot["snapshot"]["telemetry"]["step"]
+            steps = []
+            deadline = time.monotonic() + 30
+            while len(steps) < 3 and time.monotonic() < deadline:
+                message = client.read_message()
+                if message.get("topic") == "telemetry":
+                    steps.append(message["data"]["step"])
+        assert len(steps) == 3, steps
+        assert first < steps[0] < steps[1] < steps[2]
