@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from watchdog.events import (
+    DirCreatedEvent,
+    DirMovedEvent,
     FileClosedEvent,
     FileCreatedEvent,
     FileModifiedEvent,
+    FileMovedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
     FileSystemMovedEvent,
@@ -186,7 +189,21 @@ class CheckpointWatcher(FileSystemEventHandler):
 
     def start(self) -> None:
         # Recursive: a checkpoint folder (hf-trainer) is committed by a file closed inside it.
-        self.observer.schedule(self, str(self.store.dir), recursive=True)
+        # Only the events a commit or a write makes: opens and read-only closes (the
+        # daemon's own verification, a mirror copying, `ls`) never wake the watcher.
+        self.observer.schedule(
+            self,
+            str(self.store.dir),
+            recursive=True,
+            event_filter=[
+                FileCreatedEvent,
+                FileModifiedEvent,
+                FileMovedEvent,
+                FileClosedEvent,
+                DirCreatedEvent,
+                DirMovedEvent,
+            ],
+        )
         self.observer.daemon = True
         self.observer.start()
 

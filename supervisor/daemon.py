@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -33,6 +33,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainwarden.daemon")
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": signal.SIGKILL}
+
+
+class _Decided(NamedTuple):
+    """A decision already made (and its state journaled) whose actions are still to run."""
+
+    before: policy.State
+    actions: list[Any]
+
+
+class _Failed(NamedTuple):
+    """A decision made on the follower's callback that raised: raised again in the task."""
+
+    error: Exception
 
 
 def archive_dir(run_dir: Path, relative: str) -> Path:
@@ -82,6 +95,8 @@ class Daemon:
         self.store = CheckpointStore(cfg.checkpoint_dir, self.fmt)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._idle = False
+        """The event loop's task is waiting for an event and none is queued."""
         self.state = policy.State()
         self.persisted: dict[str, Any] | None = None
         self.exit_code: int | None = None
@@ -208,10 +223,19 @@ class Daemon:
         while self.exit_code is None:
             if self.queue.empty():
                 self._arm_tick(policy.deadline(self.state, self.rules))
-                event = await self.queue.get()
+                self._idle = True
+                try:
+                    event = await self.queue.get()
+                finally:
+                    self._idle = False
             else:
                 event = self.queue.get_nowait()
-            await self.handle(event)
+            if isinstance(event, _Decided):
+                await self._carry_out(event.before, event.actions)
+            elif isinstance(event, _Failed):
+                raise event.error
+            else:
+                await self.handle(event)
 
     def _arm_tick(self, due: float | None) -> None:
         """Have a Tick queued by `due` (time.monotonic()).
@@ -241,7 +265,13 @@ class Daemon:
         return loop.time() + (monotonic_t - time.monotonic())
 
     async def handle(self, event: Any) -> None:
-        assert self.journal is not None and self.hub is not None
+        before = self.state
+        actions = self._decide(event)
+        await self._carry_out(before, actions)
+
+    def _decide(self, event: Any) -> list[Any]:
+        """The policy's decision on one event, its state journaled; the actions to run."""
+        assert self.journal is not None
         before = self.state
         self.state, actions = policy.decide(self.state, event, self.rules)
         now_persisted = policy.persisted(self.state)
@@ -256,8 +286,16 @@ class Daemon:
                     os.kill(os.getpid(), signal.SIGKILL)
         if self.state.shutdown and not before.shutdown and self.notifier is not None:
             self.notifier.stopping(f"stopping: {self.state.phase}")
+        return actions
+
+    async def _carry_out(self, before: policy.State, actions: list[Any]) -> None:
         for action in actions:
             await self.execute(action)
+        self._announce(before)
+
+    def _announce(self, before: policy.State) -> None:
+        """Tell subscribers (and systemd, and the mirror) what changed since `before`."""
+        assert self.hub is not None
         if self.state.phase != before.phase or self.state.trainer_pid != before.trainer_pid:
             self.hub.publish_state(self.state_view())
             self._notify_status()
@@ -477,7 +515,27 @@ class Daemon:
         self.queue.put_nowait(policy.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))
 
     def _on_step(self, step: int, loss: float) -> None:
-        self.queue.put_nowait(policy.StepLogged(time.monotonic(), step, loss))
+        event = policy.StepLogged(time.monotonic(), step, loss)
+        if self._idle and self.queue.empty():
+            # The event loop waits with nothing queued: decide on the line's own callback
+            # rather than wake its task for it (most of a quiet run's cost per step). The
+            # actions, if any (a divergence's kill), run in the task, in order.
+            before = self.state
+            try:
+                actions = self._decide(event)
+            except Exception as exc:
+                # Not the follower's to swallow: the task raises it, as for any event.
+                self.queue.put_nowait(_Failed(exc))
+                return
+            if actions:
+                self.queue.put_nowait(_Decided(before, actions))
+            else:
+                self._announce(before)
+                # As the task would before waiting again (a no-op unless a deadline came
+                # earlier: a step only ever pushes the stall deadline later).
+                self._arm_tick(policy.deadline(self.state, self.rules))
+        else:
+            self.queue.put_nowait(event)
         if not self.ready_sent and self.state.trainer_alive:
             self._send_ready()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import logging
 import os
 import select
@@ -49,6 +50,9 @@ LOOP_READ_BYTES = 4 << 20
 # Only a safety net for events inotify never delivers (a queue overflow, a network
 # filesystem that does not report remote writes): the hot path is event-driven.
 SAFETY_RECHECK_S = 5.0
+FALLBACK_POLL_S = 0.25
+"""How often the log is read when inotify cannot be had at all."""
+_EVENTS_BUFFER = 64 * 1024
 
 # The log itself: appends and truncations (both IN_MODIFY), and its being moved or deleted.
 FILE_MASK = (
@@ -56,6 +60,7 @@ FILE_MASK = (
 )
 # Its directory: only a file appearing under the log's name (logrotate's create, a rename).
 DIR_MASK = InotifyConstants.IN_CREATE | InotifyConstants.IN_MOVED_TO
+_SELF_GONE = InotifyConstants.IN_MOVE_SELF | InotifyConstants.IN_DELETE_SELF
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 
 
@@ -107,7 +112,10 @@ class LogFollower:
         self._name = os.fsencode(self.path.name)
         self._inotify: int | None = None
         self._dir_wd = -1
-        self._file_wd = -1
+        self._watch_error_logged = False
+        # Whether the log's name may point at another file now (a directory event, the
+        # file moved or deleted): only then is the name looked up again on a read.
+        self._name_may_have_moved = True
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_r: int | None = None
@@ -132,6 +140,26 @@ class LogFollower:
 
     def start(self) -> None:
         """Watch the log and deliver the backlog after `offset`, then each new line."""
+        try:
+            self._start_inotify()
+        except OSError as exc:
+            # Out of inotify instances or watches (fs.inotify.max_user_*): keep following,
+            # by reading often, rather than leave the run unwatched.
+            log.warning("%s; reading %s every %g s instead", exc, self.path.name, FALLBACK_POLL_S)
+            self._close_inotify()
+            self._recheck_s = min(self._recheck_s, FALLBACK_POLL_S)
+        if self._loop is not None:
+            if self._inotify is not None:
+                self._loop.add_reader(self._inotify, self._on_inotify)
+            self._recheck_handle = self._loop.call_soon(self._recheck)  # the backlog first
+        else:
+            self._wake_r, self._wake_w = os.pipe()
+            self._thread = threading.Thread(
+                target=self._wait_forever, name=f"logfollow:{self.path.name}", daemon=True
+            )
+            self._thread.start()
+
+    def _start_inotify(self) -> None:
         fd = inotify_init()
         if fd < 0:
             err = ctypes.get_errno()
@@ -142,18 +170,8 @@ class LogFollower:
         self._dir_wd = self._add_watch(os.fsencode(self.path.parent), DIR_MASK)
         if self._dir_wd < 0:
             err = ctypes.get_errno()
-            self._close_inotify()
             raise OSError(err, f"cannot watch {self.path.parent}: {os.strerror(err)}")
         self._watch_file()
-        if self._loop is not None:
-            self._loop.add_reader(fd, self._on_inotify)
-            self._recheck_handle = self._loop.call_soon(self._recheck)  # the backlog first
-        else:
-            self._wake_r, self._wake_w = os.pipe()
-            self._thread = threading.Thread(
-                target=self._wait_forever, name=f"logfollow:{self.path.name}", daemon=True
-            )
-            self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -192,6 +210,7 @@ class LogFollower:
             lines.extend(batch)
             self._deliver(batch)
 
+        self._name_may_have_moved = True
         self._read(sink)
         # A loop that is not running (the daemon shutting down) would never run the
         # scheduled flush: deliver now rather than lose lines the offset already counts.
@@ -209,9 +228,17 @@ class LogFollower:
         """Watch whatever file the log's name points at now (none yet: the directory
         watch will tell us when one appears). A watch on a file that was replaced stays
         until that file is gone; its events still mean "read again"."""
-        wd = self._add_watch(os.fsencode(self.path), FILE_MASK)
-        if wd >= 0:
-            self._file_wd = wd
+        if self._add_watch(os.fsencode(self.path), FILE_MASK) >= 0:
+            return
+        err = ctypes.get_errno()
+        if err != errno.ENOENT and not self._watch_error_logged:
+            self._watch_error_logged = True
+            log.warning(
+                "cannot watch %s: %s; it is read every %g s until it can be",
+                self.path,
+                os.strerror(err),
+                self._recheck_s,
+            )
 
     def _close_inotify(self) -> None:
         if self._inotify is not None:
@@ -224,7 +251,7 @@ class LogFollower:
         wake = rewatch = False
         while True:
             try:
-                data = os.read(self._inotify, 64 * 1024)
+                data = os.read(self._inotify, _EVENTS_BUFFER)
             except BlockingIOError:
                 break
             pos = 0
@@ -239,9 +266,12 @@ class LogFollower:
                         wake = rewatch = True
                 elif not mask & InotifyConstants.IN_IGNORED:
                     wake = True  # the log (or a file it replaced) was written or moved
-            if len(data) < 4096:
-                break  # drained: a full buffer may mean more is queued
+                    if mask & _SELF_GONE:
+                        self._name_may_have_moved = True
+            if len(data) <= _EVENTS_BUFFER - 4096:
+                break  # room to spare in the buffer: the queue was drained
         if rewatch:
+            self._name_may_have_moved = True
             self._watch_file()
         return wake
 
@@ -254,21 +284,26 @@ class LogFollower:
         """On the loop: the backlog at start, then the safety net every recheck_s."""
         if self._stopping.is_set() or self._loop is None:
             return
+        self._name_may_have_moved = True
         self._pump()
         self._recheck_handle = self._loop.call_later(self._recheck_s, self._recheck)
 
     def _wait_forever(self) -> None:
         """Without a loop: wait on inotify (and the stop pipe) in this thread."""
-        assert self._inotify is not None and self._wake_r is not None
+        assert self._wake_r is not None
         poller = select.poll()
-        poller.register(self._inotify, select.POLLIN)
+        if self._inotify is not None:
+            poller.register(self._inotify, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         self._pump()  # the backlog
         while not self._stopping.is_set():
             ready = poller.poll(self._recheck_s * 1000)
             if self._stopping.is_set():
                 return
-            if not ready or self._take_events():
+            if not ready:
+                self._name_may_have_moved = True  # the safety net: look at everything
+                self._pump()
+            elif self._take_events():
                 self._pump()
 
     def _pump(self) -> None:
@@ -341,6 +376,9 @@ class LogFollower:
             self._restart_at_zero()
         if self._drain(sink, limit):
             return True
+        if not self._name_may_have_moved:
+            return False  # inotify would have said if another file took the name
+        self._name_may_have_moved = False
         try:
             st = os.stat(self.path)
         except FileNotFoundError:

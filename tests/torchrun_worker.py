@@ -58,18 +58,24 @@ def main() -> int:
         (run_dir / folder).mkdir(exist_ok=True)
     (run_dir / "workers" / f"rank{rank}.pid").write_text(str(os.getpid()))
     signal_log = run_dir / "signals" / f"rank{rank}.log"
-    received = {"save": False, "stop": False}
+    # Counts only the handler writes: a request arriving while a step is in flight (in the
+    # all_reduce, say) is seen at the next step instead of being wiped by the loop.
+    received = {"save": 0, "stop": False}
     current = {"step": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
         with open(signal_log, "a") as f:
             f.write(f"{signal.Signals(signum).name} at step {current['step']}\n")
-        received["stop" if signum == signal.SIGTERM else "save"] = True
+        if signum == signal.SIGTERM:
+            received["stop"] = True
+        else:
+            received["save"] += 1
 
     signal.signal(signal.SIGUSR1, on_signal)
     signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_term else on_signal)
     dist.init_process_group("gloo")
     step = 0
+    saves_handled = 0
     resume = os.environ.get("TRAINWARDEN_RESUME")
     if resume:
         step, _ = read_header(Path(resume))
@@ -80,9 +86,11 @@ def main() -> int:
         current["step"] = step
         time.sleep(args.dt)
         # One all_reduce carries the work and every rank's pending requests.
-        flags = torch.tensor([1.0, float(received["save"]), float(received["stop"])])
+        saves_requested = received["save"]
+        wanted = float(saves_requested > saves_handled)
+        flags = torch.tensor([1.0, wanted, float(received["stop"])])
         dist.all_reduce(flags)
-        received["save"] = False
+        saves_handled = saves_requested
         save_now, stop_now = flags[1].item() > 0, flags[2].item() > 0
         if rank == 0:
             loss = 5.0 - 0.001 * step

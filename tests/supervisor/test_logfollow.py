@@ -1,6 +1,8 @@
 """LogFollower against real files, real inotify events and a real asyncio loop."""
 
 import asyncio
+import ctypes
+import errno
 import os
 import threading
 import time
@@ -299,3 +301,32 @@ async def test_inotify_descriptor_is_not_inherited(log, follow):
     follower, _ = follow()
     assert follower._inotify is not None
     assert not os.get_inheritable(follower._inotify)
+
+
+async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatch, caplog):
+    # Out of inotify instances (fs.inotify.max_user_instances): read often instead.
+    def no_inotify():
+        ctypes.set_errno(errno.EMFILE)
+        return -1
+
+    monkeypatch.setattr("supervisor.logfollow.inotify_init", no_inotify)
+    follower, got = follow()
+    assert follower._inotify is None
+    assert "Too many open files" in caplog.text and "every 0.25 s" in caplog.text
+    append(log, b"step: 1, loss: 3.0\n")
+    assert await got.wait_for(1) == ["step: 1, loss: 3.0"]
+
+
+def test_without_inotify_the_thread_mode_follows_too(log, monkeypatch):
+    monkeypatch.setattr("supervisor.logfollow.inotify_init", lambda: -1)
+    got = []
+    follower = LogFollower(log, 0, got.extend)
+    follower.start()
+    try:
+        append(log, b"x\n")
+        deadline = time.monotonic() + WAIT_S
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == ["x"]
+    finally:
+        follower.stop()
