@@ -102,20 +102,11 @@ async def test_a_file_written_in_place_is_reported_once_it_is_closed_not_before(
     assert checkpoint_name(200) in seen
 
 
-# ----------------------------------------------------------------------------- not fixed here
-# Bugs in modules this suite may not change (supervisor/process.py, daemon.py,
-# telemetry_hub.py): each test states the behaviour the code should have and is marked
-# xfail until the owner fixes it.
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="supervisor.process.TrainerIdentity.of reads /proc/PID/cmdline right after spawn; "
-    "while the child is still inside execve it reads [] (about 1 spawn in 20 on a busy "
-    "2-core machine). A daemon restarted later compares [] with the real cmdline, does not "
-    "recognise its leftover trainer and starts a second one (seen in the chaos soak).",
-)
 async def test_trainer_identity_is_recorded_with_the_trainers_cmdline(tmp_path: Path):
+    """TrainerIdentity.of read /proc/PID/cmdline right after spawn; while the child was still
+    inside execve it read [] (about 1 spawn in 20 on a busy 2-core machine), and a daemon
+    restarted later did not recognise its leftover trainer and started a second one (seen
+    in the chaos soak). It now waits for the cmdline to appear."""
     import signal
 
     from supervisor.process import TrainerIdentity, spawn
