@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 
 import psutil
 
+from supervisor.process import descendants
+
 DISK_HEADROOM = 1.5
 """Free space on the checkpoint volume below this many newest checkpoints counts as low."""
 
@@ -49,38 +51,6 @@ def disk_low(free_bytes: int | None, newest_checkpoint_bytes: int | None) -> boo
     if free_bytes is None or newest_checkpoint_bytes is None:
         return False
     return free_bytes < DISK_HEADROOM * newest_checkpoint_bytes
-
-
-def descendants(pid: int) -> list[int] | None:
-    """Every process below `pid`, from the kernel's per-thread `children` lists.
-
-    A few small reads for a trainer's tree, where psutil's `children()` reads the stat
-    file of every process on the machine. None when the kernel does not provide the
-    lists (CONFIG_PROC_CHILDREN off) and the caller should fall back to psutil.
-    """
-    found: list[int] = []
-    seen = {pid}
-    pending = [pid]
-    while pending:
-        parent = pending.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except FileNotFoundError:
-            continue  # exited while we walked
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
-                    listed = f.read().split()
-            except FileNotFoundError:
-                if os.path.isdir(f"/proc/{parent}/task/{tid}"):
-                    return None  # the thread is there, its list is not: the kernel lacks them
-                continue  # that thread (or its whole process) ended while we walked
-            for child in map(int, listed):
-                if child not in seen:
-                    seen.add(child)
-                    found.append(child)
-                    pending.append(child)
-    return found
 
 
 class HostSampler:
@@ -142,27 +112,18 @@ class HostSampler:
             root = self._tree.get(pid)
             if root is None or not root.is_running():
                 root = psutil.Process(pid)
-            below = descendants(pid)
-            if below is None:
-                children = root.children(recursive=True)
-            else:
-                children = []
-                for child_pid in below:
-                    cached = self._tree.get(child_pid)
-                    try:
-                        children.append(
-                            cached if cached is not None and cached.is_running()
-                            else psutil.Process(child_pid)
-                        )  # fmt: skip
-                    except psutil.NoSuchProcess:
-                        continue  # exited since it was listed
         except psutil.Error:
             return None
         tree = {pid: root}
-        for child in children:
-            cached = self._tree.get(child.pid)
-            # Equal psutil.Process objects share pid and start time: the same process.
-            tree[child.pid] = cached if cached is not None and cached == child else child
+        for child_pid in descendants(pid):
+            cached = self._tree.get(child_pid)
+            try:
+                # is_running() compares start times: the same process, not a reused pid.
+                if cached is None or not cached.is_running():
+                    cached = psutil.Process(child_pid)
+                tree[child_pid] = cached
+            except psutil.Error:
+                continue  # exited since it was listed
         return tree
 
     def _disk(self) -> tuple[int | None, int | None]:

@@ -123,11 +123,6 @@ class LogFollower:
         self._recheck_handle: asyncio.Handle | None = None
         self._more_handle: asyncio.Handle | None = None
         self._error_logged = False
-        # Lines another thread read (read_new() off the loop) and the loop has not yet
-        # delivered, with their own small lock so the loop never waits behind a read.
-        self._pending: list[str] = []
-        self._pending_lock = threading.Lock()
-        self._flush_scheduled = False
 
     @property
     def offset(self) -> int:
@@ -200,10 +195,13 @@ class LogFollower:
     def read_new(self) -> list[str]:
         """Read the complete lines there now, pass them to on_lines and return them.
 
-        On the loop (a final drain when the trainer exits) on_lines runs before this
-        returns, after any lines read earlier: order is kept. The read blocks, so on the
-        loop it is for those short drains only.
+        With a loop, call it on that loop's thread (a final drain when the trainer exits)
+        or while the loop is not running: on_lines runs before this returns, after every
+        line read earlier, so order is kept. The read blocks, so on the loop it is for
+        those short drains only.
         """
+        if self._loop is not None and self._loop.is_running() and not self._on_loop_thread():
+            raise RuntimeError("read_new() must run on the follower's event loop")
         lines: list[str] = []
 
         def sink(batch: list[str]) -> None:
@@ -212,10 +210,6 @@ class LogFollower:
 
         self._name_may_have_moved = True
         self._read(sink)
-        # A loop that is not running (the daemon shutting down) would never run the
-        # scheduled flush: deliver now rather than lose lines the offset already counts.
-        if self._loop is not None and (self._on_loop_thread() or not self._loop.is_running()):
-            self._flush()
         return lines
 
     # -- inotify --------------------------------------------------------------
@@ -320,25 +314,8 @@ class LogFollower:
             self._more_handle = self._loop.call_soon(self._pump)
 
     def _deliver(self, lines: list[str]) -> None:
-        if self._on_lines is None:
-            return
-        if self._loop is None:
+        if self._on_lines is not None:
             self._on_lines(lines)
-            return
-        if self._on_loop_thread() or not self._loop.is_running():
-            if self._pending:
-                self._flush()  # older lines another thread read go first
-            self._on_lines(lines)
-            return
-        with self._pending_lock:
-            self._pending.extend(lines)
-            if self._flush_scheduled:
-                return  # the loop has not run the last flush yet: it will take these too
-            self._flush_scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:
-            pass  # the loop has closed: the daemon is shutting down
 
     def _on_loop_thread(self) -> bool:
         try:
@@ -346,15 +323,7 @@ class LogFollower:
         except RuntimeError:
             return False
 
-    def _flush(self) -> None:
-        """On the loop: hand everything other threads read so far to on_lines."""
-        with self._pending_lock:
-            lines, self._pending = self._pending, []
-            self._flush_scheduled = False
-        if lines and self._on_lines is not None:
-            self._on_lines(lines)
-
-    # -- reading (any thread; the lock keeps a read_new() caller and the follower in order) --
+    # -- reading (the lock keeps a read_new() caller and the follower's thread in order) --
 
     def _read(self, sink: Callable[[list[str]], None], limit: int | None = None) -> bool:
         """Read what is new, up to about `limit` bytes; True when more is waiting."""

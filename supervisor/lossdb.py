@@ -196,30 +196,8 @@ class LossHistory:
         """Append the records of complete lines in file order; returns the garbage count."""
         if lines and self._read_clean_block(lines):
             return 0
-        steps, losses, dts, ts, segs = self._columns()
-        add_step, add_loss, add_dt, add_t, add_seg = (
-            steps.append,
-            losses.append,
-            dts.append,
-            ts.append,
-            segs.append,
-        )
-        loads = orjson.loads
         garbage = 0
         for line in lines:
-            try:
-                # Fast path for the common finite record: straight into the arrays.
-                step, loss, dt, t, seg = _FIELDS(loads(line))
-                add_loss(loss)
-                add_dt(dt)
-                add_step(step)
-                add_t(t)
-                add_seg(seg)
-                continue
-            except Exception:
-                n = len(segs)  # seg goes last: undo whatever a failed record appended
-                for column in (steps, losses, dts, ts):
-                    del column[n:]
             if not line.strip():
                 continue
             row = _decode_row(line)
@@ -230,21 +208,25 @@ class LossHistory:
         return garbage
 
     def _read_clean_block(self, lines: list[bytes]) -> bool:
-        """The lines as one JSON array, column by column: the common case (every line a
-        finite record), several times faster than a line at a time. False, with nothing
-        appended, when any line needs the careful path (garbage, a non-finite loss, a
-        null dt, a torn line)."""
+        """The lines as one JSON array, column by column: the common case, every line a
+        record with a finite loss. False, with nothing appended, when any line needs
+        _decode_row (garbage, a non-finite loss, a torn line)."""
+        joined = b",".join(lines)
+        if b"true" in joined or b"false" in joined:
+            return False  # a JSON boolean: _decode_row refuses one as a step, int arrays not
         try:
-            rows = orjson.loads(b"[" + b",".join(lines) + b"]")
-            values = [[row[key] for row in rows] for key in _KEYS]
+            rows = orjson.loads(b"[" + joined + b"]")
+            steps, losses, dts, ts, segs = [[row[key] for row in rows] for key in _KEYS]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return False
+        if None in dts:
+            dts = [math.nan if dt is None else dt for dt in dts]  # a step without a dt
         columns: tuple[array[Any], ...] = self._columns()
         n = len(self._seg)
         try:
             # The typed arrays refuse a value of the wrong type (a string loss, a float step).
-            for column, column_values in zip(columns, values, strict=True):
-                column.extend(column_values)
+            for column, values in zip(columns, (steps, losses, dts, ts, segs), strict=True):
+                column.extend(values)
         except (TypeError, OverflowError):
             for column in columns:
                 del column[n:]

@@ -59,6 +59,58 @@ class TrainerIdentity:
             return False
 
 
+def _kernel_descendants(pid: int) -> list[int] | None:
+    """The tree below `pid` from the kernel's per-thread `children` lists: a few small
+    reads. None when the kernel does not provide them (CONFIG_PROC_CHILDREN off)."""
+    found: list[int] = []
+    seen = {pid}
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue  # exited while we walked
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                    listed = f.read().split()
+            except FileNotFoundError:
+                if os.path.isdir(f"/proc/{parent}/task/{tid}"):
+                    return None  # the thread is there, its list is not: the kernel lacks them
+                continue  # that thread (or its whole process) ended while we walked
+            for child in map(int, listed):
+                if child not in seen:
+                    seen.add(child)
+                    found.append(child)
+                    pending.append(child)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every process below `pid` ([] when it is gone).
+
+    From the kernel's children lists where it has them; otherwise psutil, which reads the
+    stat file of every process on the machine to find the same tree.
+    """
+    found = _kernel_descendants(pid)
+    if found is not None:
+        return found
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _processes(pids: list[int]) -> list[psutil.Process]:
+    """psutil handles (they refuse to signal a reused pid) for those still there."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found.append(psutil.Process(pid))
+    return found
+
+
 def send_signal(pid: int, sig: int, target: str = "group") -> None:
     """Deliver sig to the trainer: its process group, only its main process, or its children.
 
@@ -71,13 +123,10 @@ def send_signal(pid: int, sig: int, target: str = "group") -> None:
             # Launchers such as torchrun start workers in sessions of their own, out of the
             # trainer's group: find every descendant first (once the parent dies they are
             # reparented and lost), then kill the group and each of them.
-            try:
-                descendants = psutil.Process(pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                descendants = []
+            below = _processes(descendants(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, sig)
-            for child in descendants:
+            for child in below:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     child.kill()
         elif target == "group":
@@ -85,11 +134,7 @@ def send_signal(pid: int, sig: int, target: str = "group") -> None:
         elif target == "main":
             os.kill(pid, sig)
         else:
-            try:
-                children = psutil.Process(pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                return
-            for child in children:
+            for child in _processes(descendants(pid)):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     child.send_signal(sig)
 

@@ -15,7 +15,8 @@ import orjson
 import psutil
 import pytest
 
-from supervisor.host import HostSample, HostSampler, descendants, disk_low
+from supervisor.host import HostSample, HostSampler, disk_low
+from supervisor.process import _kernel_descendants, descendants
 
 # A stand-in trainer: starts two busy-looping workers, prints their pids, then waits.
 TRAINER = """
@@ -169,7 +170,8 @@ def test_descendants_match_psutil_for_a_nested_tree(tmp_path: Path) -> None:
             expected = {p.pid for p in psutil.Process(top.pid).children(recursive=True)}
             time.sleep(0.02)
         assert len(expected) == 3
-        assert set(descendants(top.pid) or []) == expected
+        assert set(_kernel_descendants(top.pid) or []) == expected
+        assert set(descendants(top.pid)) == expected
         sample = HostSampler(tmp_path).sample(top.pid)
         assert sample.trainer_processes == 4
     finally:
@@ -188,7 +190,8 @@ def test_descendants_of_a_gone_process_is_empty() -> None:
 def test_without_kernel_children_lists_psutil_walks_the_tree(
     tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("supervisor.host.descendants", lambda pid: None)
+    monkeypatch.setattr("supervisor.process._kernel_descendants", lambda pid: None)
+    assert set(descendants(tree.trainer.pid)) == set(tree.workers)
     sample = HostSampler(tmp_path).sample(tree.trainer.pid)
     assert sample.trainer_processes == 3
 
@@ -201,5 +204,5 @@ def test_descendants_is_none_when_the_kernel_has_no_children_lists(
             raise FileNotFoundError(path)
         return open(path, *args, **kwargs)
 
-    monkeypatch.setattr("supervisor.host.open", no_children_file, raising=False)
-    assert descendants(tree.trainer.pid) is None
+    monkeypatch.setattr("supervisor.process.open", no_children_file, raising=False)
+    assert _kernel_descendants(tree.trainer.pid) is None

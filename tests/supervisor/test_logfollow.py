@@ -176,25 +176,25 @@ def test_saved_offset_beyond_the_end_means_truncated(log):
     assert follower.stats.truncations == 1
 
 
-async def test_read_new_on_the_loop_delivers_in_order_before_returning(log):
-    got = []
-    loop = asyncio.get_running_loop()
-    follower = LogFollower(log, 0, got.extend, loop)
+async def test_read_new_on_the_loop_delivers_in_order_before_returning(log, follow):
+    follower, got = follow()
     append(log, b"one\n")
-    # Read off the loop (read_new from another thread): the flush is scheduled, not run.
-    reader = threading.Thread(target=follower._read, args=(follower._deliver,))
-    reader.start()
-    reader.join()
-    assert got == []
-    append(log, b"two\n")
+    await got.wait_for(1)
+    append(log, b"two\n")  # written, its inotify event not yet handled
     assert follower.read_new() == ["two"]
-    assert got == ["one", "two"]  # synchronously, oldest first
-    await asyncio.sleep(0.01)
-    assert got == ["one", "two"]  # the scheduled flush found nothing more to deliver
+    assert got.lines == ["one", "two"]  # synchronously, oldest first
+    await asyncio.sleep(0.05)
+    assert got.lines == ["one", "two"]  # the pending inotify event found nothing more
     assert follower.stats_dict() == {
         "lines": 2, "skipped_long": 0, "undecodable": 0, "truncations": 0, "rotations": 0,
         "offset": 8,
     }  # fmt: skip
+
+
+async def test_read_new_off_the_loop_is_refused(log, follow):
+    follower, _ = follow()
+    with pytest.raises(RuntimeError, match="event loop"):
+        await asyncio.to_thread(follower.read_new)
 
 
 def test_read_new_with_a_stopped_loop_still_delivers(log):

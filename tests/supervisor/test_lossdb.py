@@ -293,12 +293,14 @@ def test_large_history_round_trip(path):
 def test_block_load_matches_the_line_by_line_load(tmp_path, monkeypatch):
     path = tmp_path / ".loss.json"
     with LossWriter(path) as writer:
-        # ~2 MB: the first 1 MB chunk is clean (block path), the rest is not (careful path).
+        # ~2 MB: the first 1 MB chunk is clean (block path, a step without dt in it), the
+        # last is not (a nan loss: line by line).
         for step in range(1, 30_001):
             loss = float("nan") if step == 29_000 else 5.0 - step * 1e-4
-            writer.append(step, loss, None if step == 29_500 else 0.25, 1e9 + step, 1)
+            writer.append(step, loss, None if step == 100 else 0.25, 1e9 + step, 1)
     with open(path, "ab") as f:
         f.write(b'{"step": "7", "loss": 1.0, "dt": 0.1, "t": 1.0, "seg": 1}\n')  # a string step
+        f.write(b'{"step": true, "loss": 1.0, "dt": 0.1, "t": 1.0, "seg": 1}\n')  # a bool step
     blocks = []
     original = LossHistory._read_clean_block
 
@@ -312,6 +314,7 @@ def test_block_load_matches_the_line_by_line_load(tmp_path, monkeypatch):
     monkeypatch.setattr(LossHistory, "_read_clean_block", lambda self, lines: False)
     careful = LossHistory.load(path)
     assert fast.load_stats == careful.load_stats
-    assert fast.load_stats.garbage == 1
+    assert fast.load_stats.garbage == 2
+    assert math.isnan(fast._dt[99]) and fast._dt[100] == 0.25
     for a, b in zip(fast._columns(), careful._columns(), strict=True):
         assert a.tobytes() == b.tobytes()
