@@ -191,9 +191,54 @@ def _alive(pid: int) -> bool:
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of the process (all its threads) from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def _stat_cpu_seconds(stat: Path) -> float:
+    with open(stat) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """utime + stime per thread (tid -> s) from /proc/PID/task/TID/stat."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out[int(task.name)] = _stat_cpu_seconds(task / "stat")
+    return out
+
+
+def measure(pid: int, log: Path, window: float) -> dict[str, float]:
+    """CPU (all threads, and the main thread alone) and RSS of `pid` over `window` s."""
+    threads0 = thread_cpu_seconds(pid)
+    cpu0, lines0, t0 = cpu_seconds(pid), count_lines(log), time.monotonic()
+    time.sleep(window)
+    cpu1, lines1, t1 = cpu_seconds(pid), count_lines(log), time.monotonic()
+    threads1 = thread_cpu_seconds(pid)
+    elapsed, cpu, lines = t1 - t0, cpu1 - cpu0, lines1 - lines0
+    main = threads1.get(pid, 0.0) - threads0.get(pid, 0.0)
+    return {
+        "window_s": elapsed,
+        "cpu_s": cpu,
+        "main_thread_cpu_s": main,
+        # Thread and process totals are separate 10 ms tick counts: never below zero.
+        "other_threads_cpu_s": max(0.0, cpu - main),
+        "core_pct": 100 * cpu / elapsed,
+        "lines": lines,
+        "lines_per_s": lines / elapsed,
+        "cpu_us_per_line": 1e6 * cpu / lines if lines else math.nan,
+        "rss_mb": rss_mb(pid),
+        "peak_rss_mb": rss_mb(pid, "VmHWM"),
+    }
 
 
 def rss_mb(pid: int, key: str = "VmRSS") -> float:

@@ -27,17 +27,18 @@ from typing import Any
 
 import orjson
 
+from bench.bench_parse import lines_per_s
 from bench.common import (
     Context,
     Section,
     Target,
     fmt_ms,
     latency_summary,
+    measure,
     program,
     read_events,
     wait_until,
 )
-from bench.overhead import measure
 from bench.peers import Daemon, trainwarden_config
 from bench.plots import bars_per_group, latency_cdf
 from plugins.parsers.step_line import StepLineParser
@@ -158,13 +159,7 @@ def parse_throughput(n_lines: int) -> float:
     parser = StepLineParser({})
     lines = [f"step: {i}, loss: {5.0 - 1e-6 * i:.6f}, dt: 0.0001" for i in range(1, n_lines + 1)]
     assert parser.parse(lines[0]) is not None
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        for line in lines:
-            parser.parse(line)
-        best = min(best, time.perf_counter() - start)
-    return n_lines / best
+    return lines_per_s(parser.parse, lines)  # best of 3
 
 
 def run(ctx: Context) -> Section:

@@ -64,17 +64,10 @@ def write_history(path: Path, steps: int) -> int:
     return lines
 
 
-def tui_available() -> tuple[bool, str]:
-    """Whether bench/bench_tui.py (the TUI's own benchmark) offers `headless_launch`."""
-    path = Path(__file__).resolve().parent / "bench_tui.py"
-    if not path.exists():
-        return False, "bench/bench_tui.py is not in this tree, so the TUI column is skipped"
-    if "def headless_launch(" not in path.read_text():
-        return False, "bench/bench_tui.py has no `headless_launch`: TUI column skipped"
-    return True, (
-        "TUI first frame: bench/bench_tui.py's `headless_launch` (the app in a fresh headless "
-        "process, from spawning it to the first frame in which every panel holds data)"
-    )
+TUI_NOTE = (
+    "TUI first frame: bench/bench_tui.py's `headless_launch` (the app in a fresh headless "
+    "process, from spawning it to the first frame in which every panel holds data)"
+)
 
 
 def tui_first_frame_s(ctx: Context, socket: Path, log: Path) -> float:
@@ -160,7 +153,7 @@ def start_once(
         )
         # Quick mode launches the TUI once, on the longest history only.
         tui_here = figures["steps"] == largest or (figures["steps"] and not ctx.quick)
-        if tui_here and tui_available()[0]:
+        if tui_here:
             # A TUI needs the first GPU/host sample before its frame is complete.
             wait_until(lambda: daemon.request("status").get("host"), 10.0, 0.1)
             frames = []
@@ -231,7 +224,6 @@ def growth_exponent(steps: list[int], values: list[float], base: float = 0.0) ->
 
 def run(ctx: Context) -> Section:
     sizes = QUICK_SIZES if ctx.quick else FULL_SIZES
-    tui, tui_note = tui_available()
     empty, *rows = measure_all(ctx, sizes)
 
     section = Section(
@@ -275,7 +267,7 @@ def run(ctx: Context) -> Section:
                 tui_cell,
             ]
         )
-    section.notes.append(tui_note + ".")
+    section.notes.append(TUI_NOTE + ".")
     for f in rows:
         if "tui_error" in f:
             section.notes.append(f"TUI at {f['steps']:,} steps failed: {f['tui_error']}.")
@@ -369,7 +361,7 @@ def run(ctx: Context) -> Section:
         )
     else:
         tui_target = Target(
-            "200,000-step history: TUI first full paint < 1.5 s", "-", None, tui_note
+            "200,000-step history: TUI first full paint < 1.5 s", "-", None, TUI_NOTE
         )
     section.targets.append(tui_target)
     return section

@@ -9,7 +9,6 @@ else) runs under trainwarden's daemon, torchrun's agent and supervisord, at 10 a
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -17,10 +16,9 @@ from pathlib import Path
 from bench.common import (
     Context,
     Section,
-    cpu_seconds,
+    measure,
     program,
     read_events,
-    rss_mb,
     wait_until,
 )
 from bench.peers import Daemon, torchrun_argv, trainwarden_config
@@ -29,51 +27,6 @@ from bench.plots import bars_per_group
 TITLE = "3. Supervision overhead"
 RATES = (10, 1000)
 SUPERVISORS = ("trainwarden", "torchrun", "supervisord")
-
-
-def count_lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
-
-
-def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """utime + stime per thread (tid -> s) from /proc/PID/task/TID/stat."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            with open(task / "stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
-
-
-def measure(pid: int, log: Path, window: float) -> dict[str, float]:
-    """CPU (all threads, and the main thread alone) and RSS of `pid` over `window` s."""
-    threads0 = thread_cpu_seconds(pid)
-    cpu0, lines0, t0 = cpu_seconds(pid), count_lines(log), time.monotonic()
-    time.sleep(window)
-    cpu1, lines1, t1 = cpu_seconds(pid), count_lines(log), time.monotonic()
-    threads1 = thread_cpu_seconds(pid)
-    elapsed, cpu, lines = t1 - t0, cpu1 - cpu0, lines1 - lines0
-    main = threads1.get(pid, 0.0) - threads0.get(pid, 0.0)
-    return {
-        "window_s": elapsed,
-        "cpu_s": cpu,
-        "main_thread_cpu_s": main,
-        # Thread and process totals are separate 10 ms tick counts: never below zero.
-        "other_threads_cpu_s": max(0.0, cpu - main),
-        "core_pct": 100 * cpu / elapsed,
-        "lines": lines,
-        "lines_per_s": lines / elapsed,
-        "cpu_us_per_line": 1e6 * cpu / lines if lines else math.nan,
-        "rss_mb": rss_mb(pid),
-        "peak_rss_mb": rss_mb(pid, "VmHWM"),
-    }
 
 
 def start(

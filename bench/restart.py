@@ -198,9 +198,7 @@ def run(ctx: Context) -> Section:
             floor_turn(floor_events, per_turn)
     finally:
         for c in contenders:
-            c.stop(ctx)
-            if c.daemon is not None:
-                ctx.work.remember(c.daemon.trainer_pids())
+            c.stop(ctx)  # a daemon's stop() remembers its trainers for the workspace
     gaps = {c.name: c.gaps()[:samples] for c in contenders}
     problems = {c.name: c.problem for c in contenders}
     results = {name: latency_summary(values) for name, values in gaps.items()}

@@ -324,10 +324,10 @@ def cmd_tui(args: argparse.Namespace) -> int:
     if args.socket:
         return tui_main(Path(args.socket).expanduser(), read_only=args.read_only)
     run_dir = _run_dir(args)
-    log_path = None
-    if (run_dir / CONFIG_NAME).exists():
-        log_path = load_config(run_dir, check_plugins=False).log_path
-    return tui_main(_socket_path(run_dir), read_only=args.read_only, log_path=log_path)
+    if not (run_dir / CONFIG_NAME).exists():
+        return tui_main(_socket_path(run_dir), read_only=args.read_only)
+    cfg = load_config(run_dir, check_plugins=False)
+    return tui_main(cfg.socket_path, read_only=args.read_only, log_path=cfg.log_path)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -301,10 +301,10 @@ class Daemon:
             self._notify_status()
         if before.checkpoints != self.state.checkpoints or before.pinned != self.state.pinned:
             self.hub.publish("checkpoints", self.checkpoints_view())
-        if self.mirror is not None:
-            fresh = [c for c in self.state.checkpoints if c not in before.checkpoints]
-            if fresh:
-                self._mirror_soon(max(fresh, key=lambda c: c.step))
+            if self.mirror is not None:
+                fresh = [c for c in self.state.checkpoints if c not in before.checkpoints]
+                if fresh:
+                    self._mirror_soon(max(fresh, key=lambda c: c.step))
 
     # ------------------------------------------------------------------ executor
 
@@ -441,12 +441,15 @@ class Daemon:
             return
         self.proc = proc
         self.journal.append("trainer_started", {"pid": proc.pid, "seg": action.seg})
-        try:
-            TrainerIdentity.of(proc.pid).save(self.files.trainer_pid)
-        except Exception as exc:  # it may already have died; its exit is reported below
-            log.warning("could not record the trainer's identity: %s", exc)
         self.queue.put_nowait(policy.TrainerSpawned(time.monotonic(), proc.pid))
         asyncio.get_running_loop().create_task(self._await_exit(proc))
+        try:
+            # In a thread: while the child is still inside execve its cmdline reads empty,
+            # and TrainerIdentity.of waits (sleeping) for it.
+            identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid)
+            await asyncio.to_thread(identity.save, self.files.trainer_pid)
+        except Exception as exc:  # it may already have died; its exit is reported anyway
+            log.warning("could not record the trainer's identity: %s", exc)
 
     async def _await_exit(self, proc: asyncio.subprocess.Process) -> None:
         returncode = await proc.wait()

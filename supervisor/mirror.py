@@ -40,7 +40,7 @@ import orjson
 import xxhash
 
 from supervisor.errors import TrainwardenError
-from supervisor.rundir import fsync_dir
+from supervisor.rundir import fsync_dir, write_atomic
 
 LATEST = "latest.json"
 MANIFEST = "manifest.json"
@@ -227,15 +227,7 @@ def write_pointer(root: Path, pointer: Pointer, name: str = LATEST) -> None:
     """Replace latest.json (or a manifest) atomically, then read it back: a pointer that
     reads back different from what was written is a failure, not a success."""
     data = orjson.dumps(pointer.to_json(), option=orjson.OPT_INDENT_2) + b"\n"
-    tmp = root / f".{name}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, root / name)
-    fsync_dir(root)
+    write_atomic(root / name, data, mode=0o644)
     if read_pointer(root, root / name) != pointer:
         raise MirrorError(f"{root / name}: reads back different from what was written")
 

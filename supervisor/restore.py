@@ -12,13 +12,13 @@ has (restoring it would roll the run back).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from supervisor.checkpoints import CheckpointStore
 from supervisor.config import CONFIG_NAME
 from supervisor.errors import CheckpointInvalid, TrainwardenError, UsageError
 from supervisor.mirror import (
@@ -31,8 +31,6 @@ from supervisor.mirror import (
     read_pointer,
 )
 from supervisor.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
-
-QUARANTINE = "quarantine"
 
 
 def _size(n: float) -> str:
@@ -59,18 +57,6 @@ def _checkpoint_settings(config_text: str, source: Path) -> tuple[str, str, dict
     if not isinstance(fmt, str) or not isinstance(options, dict):
         raise UsageError(f"{source}: [checkpoints] format/options are malformed")
     return folder, fmt, options
-
-
-def _newest_step(directory: Path, fmt: Any) -> tuple[int | None, str | None]:
-    newest: tuple[int | None, str | None] = (None, None)
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(directory):
-            if entry.name == QUARANTINE:
-                continue
-            step = fmt.step_of(Path(entry.path))
-            if step is not None and (newest[0] is None or step > newest[0]):
-                newest = (step, entry.name)
-    return newest
 
 
 def _fetch(mirror: Path, pointer: Pointer, staging: Path) -> int:
@@ -164,7 +150,9 @@ def restore(run_dir: Path, mirror: Path, *, config_from: Path | None = None) -> 
     staging = files.state_dir / f"restore-{pointer.step}"
     try:
         checkpoints = run_dir / folder
-        newest, newest_name = _newest_step(checkpoints, fmt)
+        committed, _ = CheckpointStore(checkpoints, fmt).scan()
+        newest_name = committed[-1] if committed else None
+        newest = fmt.step_of(checkpoints / newest_name) if newest_name else None
         if newest is not None and newest > pointer.step:
             raise TrainwardenError(
                 f"{checkpoints} already holds step {newest} ({newest_name}), newer than the mirror's "

@@ -248,22 +248,27 @@ class DaemonProcess:
         self.kill()
         for tp in self.trainer_pids:
             # Only our own trainers: a pid may have been reused since it was recorded.
-            if self.run_dir.name in _environ_of(tp) or str(self.run_dir) in _cwd_of(tp):
+            if belongs_to_run(tp, self.run_dir):
                 kill_quietly(tp)
 
 
-def _cwd_of(pid: int) -> str:
+def belongs_to_run(pid: int | None, run_dir: Path) -> bool:
+    """Whether `pid` is a process of this run: working in its directory, or started by
+    its daemon (TRAINWARDEN_RUN_DIR names it). Guards every kill of a recorded pid."""
+    if not pid:
+        return False
+    run = str(run_dir.resolve())
     try:
-        return os.readlink(f"/proc/{pid}/cwd")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
-        return ""
-
-
-def _environ_of(pid: int) -> str:
+        cwd = ""
+    if cwd == run or cwd.startswith(run + "/"):
+        return True
     try:
-        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return ""
+        return False
+    return f"TRAINWARDEN_RUN_DIR={run}".encode() in environ
 
 
 @contextlib.contextmanager

@@ -48,15 +48,10 @@ class Regions:
 def _write_float32(f: Any, tensor: torch.Tensor) -> None:
     """Append the tensor's values as little-endian float32."""
     flat = tensor.detach().to("cpu", torch.float32).reshape(-1).contiguous()
-    if sys.byteorder == "little":
-        # Straight from the tensor's own memory (kept alive by `flat` during the write):
-        # no staging copy of a 1.5 GB model.
-        view = (ctypes.c_char * (4 * flat.numel())).from_address(flat.data_ptr())
-        f.write(memoryview(view).cast("B"))
-        return
-    buffer = bytearray(4 * flat.numel())
-    torch.frombuffer(buffer, dtype=torch.float32).copy_(flat)
-    f.write(buffer)
+    # Straight from the tensor's own memory (kept alive by `flat` during the write): no
+    # staging copy of a 1.5 GB model. The module refuses big-endian machines at import.
+    view = (ctypes.c_char * (4 * flat.numel())).from_address(flat.data_ptr())
+    f.write(memoryview(view).cast("B"))
 
 
 def _region_tensors(model: nn.Module, optimizer: AdamW, region: str) -> Iterator[torch.Tensor]:

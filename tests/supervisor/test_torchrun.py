@@ -11,7 +11,6 @@ only SIGTERM, SIGINT, SIGHUP and SIGQUIT. So:
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests.helpers import (
     PYTHON,
+    belongs_to_run,
     checkpoints,
     journal,
     kill_quietly,
@@ -87,15 +87,8 @@ def signals_seen(run_dir: Path, rank: int) -> str:
 
 def kill_workers(run_dir: Path) -> None:
     for pid in worker_pids(run_dir):
-        if pid_alive(pid) and str(run_dir) in _cwd(pid):
+        if belongs_to_run(pid, run_dir):
             kill_quietly(pid, group=False)
-
-
-def _cwd(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return ""
 
 
 def test_children_target_saves_on_every_rank_and_spares_the_agent(tmp_path: Path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.demo import ask_to_stop
-from tests.helpers import checkpoints, kill_quietly, pid_alive, trainer_pid
+from tests.helpers import belongs_to_run, checkpoints, kill_quietly, pid_alive, trainer_pid
 from tests.tui.terminal import Tmux
 
 pytestmark = pytest.mark.timeout(180)
@@ -24,11 +24,15 @@ def demo_dir(tmp_path: Path) -> Iterator[Path]:
         yield run_dir
     finally:
         # Whatever happened, leave no daemon or trainer of this test behind.
-        kill_quietly(trainer_pid(run_dir))
+        pid = trainer_pid(run_dir)
+        if belongs_to_run(pid, run_dir):
+            kill_quietly(pid)
         try:
-            kill_quietly(int((run_dir / ".trainwarden" / "daemon.pid").read_text()), group=True)
+            daemon = int((run_dir / ".trainwarden" / "daemon.pid").read_text())
         except (OSError, ValueError):
-            pass
+            daemon = None
+        if belongs_to_run(daemon, run_dir):
+            kill_quietly(daemon, group=True)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

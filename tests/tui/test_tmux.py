@@ -22,13 +22,7 @@ pytestmark = [
 
 
 def tui_command(run_dir: Path) -> list[str]:
-    """`trainwarden tui RUN` once the CLI has it; `python -m tui RUN` (same arguments) before."""
-    probe = subprocess.run(
-        [sys.executable, "-m", "supervisor", "tui", "--help"], capture_output=True, timeout=30
-    )
-    if probe.returncode == 0:
-        return [sys.executable, "-m", "supervisor", "tui", str(run_dir)]
-    return [sys.executable, "-m", "tui", str(run_dir)]
+    return [sys.executable, "-m", "supervisor", "tui", str(run_dir)]
 
 
 @pytest.fixture
