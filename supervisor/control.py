@@ -290,6 +290,7 @@ class ControlServer:
             "version": __version__,
             "run": self.daemon.cfg.run.name,
             "run_dir": str(self.daemon.cfg.run_dir),
+            "log": str(self.daemon.cfg.log_path),
         }
 
     def cmd_status(self, conn: Connection, args: dict[str, Any]) -> Any:

@@ -9,7 +9,8 @@ Unix stream socket, newline-delimited JSON, one object per line, at most 1 MiB a
 
 Commands and their results:
 
-    hello                  {"protocol": 1, "version": "0.1.0", "run": name, "run_dir": path}
+    hello                  {"protocol": 1, "version": "0.1.0", "run": name, "run_dir": path,
+                            "log": path of the run log}
     status                 STATUS (below)
     subscribe topics=[..]  {"snapshot": {topic: data, ...}}, then pushes on those topics
     history start= end= points=
@@ -89,6 +90,16 @@ def not_running_message(socket_path: Path) -> str:
     )
 
 
+def unreachable(socket_path: Path, exc: OSError) -> DaemonNotRunning:
+    """The one-line error for a socket nobody answers on, or one we may not use."""
+    if isinstance(exc, PermissionError):
+        return DaemonNotRunning(
+            f"permission denied on {socket_path}: run as the daemon's user or add your uid "
+            "to [control] allow_uids"
+        )
+    return DaemonNotRunning(not_running_message(socket_path))
+
+
 def os_open_dir(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
 
@@ -118,18 +129,18 @@ class Client:
         self.socket_path = socket_path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        address, fd = connect_path(socket_path)
+        fd = None
         try:
+            address, fd = connect_path(socket_path)  # a long path opens its folder: may fail too
             self._connect(address, timeout)
-        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        except (
+            FileNotFoundError,
+            ConnectionRefusedError,
+            NotADirectoryError,
+            PermissionError,
+        ) as exc:
             self.sock.close()
-            raise DaemonNotRunning(not_running_message(socket_path)) from None
-        except PermissionError:
-            self.sock.close()
-            raise DaemonNotRunning(
-                f"permission denied on {socket_path}: run as the daemon's user or add your uid "
-                "to [control] allow_uids"
-            ) from None
+            raise unreachable(socket_path, exc) from None
         finally:
             _close(fd)
         self.buffer = b""
@@ -198,16 +209,17 @@ class AsyncClient:
         self.reader_task: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
-        address, fd = connect_path(self.socket_path)
+        fd = None
         try:
+            address, fd = connect_path(self.socket_path)
             self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
-        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-            raise DaemonNotRunning(not_running_message(self.socket_path)) from None
-        except PermissionError:
-            raise DaemonNotRunning(
-                f"permission denied on {self.socket_path}: run as the daemon's user or add your "
-                "uid to [control] allow_uids"
-            ) from None
+        except (
+            FileNotFoundError,
+            ConnectionRefusedError,
+            NotADirectoryError,
+            PermissionError,
+        ) as exc:
+            raise unreachable(self.socket_path, exc) from None
         finally:
             _close(fd)
         self.reader_task = asyncio.create_task(self._read_loop())

@@ -29,7 +29,6 @@ REQUEST_TIMEOUT_S = 15.0
 POLL_INTERVAL_S = 5.0
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 5.0
-DEFAULT_LOG_NAME = "training.log"
 
 Post = Callable[[Message], object]
 
@@ -54,8 +53,6 @@ class DataSource(Protocol):
 def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return "the daemon did not answer in time"
-    if isinstance(exc, PermissionError):
-        return "permission denied on the control socket"
     if isinstance(exc, CommandRefused):
         return f"{exc.code}: {exc}"
     if isinstance(exc, DaemonNotRunning | ProtocolError):
@@ -66,13 +63,14 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def local_log_path(socket_path: Path, hello: dict[str, Any]) -> Path | None:
-    """RUN/training.log when the socket is the run's own (so the run is on this machine).
+    """The run log the daemon names, when the socket is the run's own (so the run is on
+    this machine).
 
     A socket forwarded over SSH lives elsewhere; then the run directory the daemon names
     is on another machine, whatever happens to exist at that path here.
     """
-    run_dir = hello.get("run_dir")
-    if not isinstance(run_dir, str):
+    run_dir, log = hello.get("run_dir"), hello.get("log")
+    if not isinstance(run_dir, str) or not isinstance(log, str):
         return None
     try:
         root = Path(run_dir).resolve()
@@ -80,8 +78,7 @@ def local_log_path(socket_path: Path, hello: dict[str, Any]) -> Path | None:
             return None
     except (OSError, RuntimeError):
         return None
-    log_path = root / DEFAULT_LOG_NAME
-    return log_path if root.is_dir() else None
+    return Path(log) if root.is_dir() else None
 
 
 class DaemonSource:
@@ -106,13 +103,7 @@ class DaemonSource:
     async def request(
         self, cmd: str, timeout: float | None = REQUEST_TIMEOUT_S, **args: Any
     ) -> Any:
-        try:
-            client = await self._open()
-        except PermissionError:
-            raise DaemonNotRunning(
-                f"permission denied on {self.socket_path}: run as the daemon's user or add "
-                "your uid to [control] allow_uids"
-            ) from None
+        client = await self._open()
         try:
             return await client.request(cmd, timeout=timeout, **args)
         finally:

@@ -71,6 +71,7 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 def test_hello_and_status(daemon: DaemonProcess):
     hello = daemon.request("hello")
     assert hello["protocol"] == 1 and hello["run_dir"] == str(daemon.run_dir)
+    assert hello["log"] == str(daemon.run_dir / "training.log")
     status = daemon.status()
     assert status["state"] == "running"
     assert pid_alive(status["trainer_pid"])

@@ -145,3 +145,15 @@ def test_newest_frame_replaces_a_backlog_of_the_same_topic_only():
     assert not TopicPushed("events", {}).can_replace(TopicPushed("events", {}))
     assert HistoryReceived({}).can_replace(HistoryReceived({}))
     assert StatusReceived({}).can_replace(StatusReceived({}))
+
+
+def test_log_path_is_the_one_the_daemon_names_when_the_socket_is_local(tmp_path):
+    from tui.source import local_log_path
+
+    run = tmp_path / "run"
+    (run / ".trainwarden").mkdir(parents=True)
+    socket = run / ".trainwarden" / "control.sock"
+    hello = {"run_dir": str(run), "log": str(run / "logs" / "train.out")}
+    assert local_log_path(socket, hello) == run / "logs" / "train.out"  # [run] log honoured
+    assert local_log_path(tmp_path / "forwarded.sock", hello) is None  # over SSH: not here
+    assert local_log_path(socket, {"run_dir": str(run)}) is None  # a daemon that names none
