@@ -590,9 +590,17 @@ class Daemon:
             format_name=self.cfg.checkpoints.format,
             checkpoint_dir=self.cfg.checkpoints.dir,
         )
+        self._in_background(self._catch_up_mirror())
+
+    async def _catch_up_mirror(self) -> None:
+        """Committed while no daemon ran (or a copy failed): the mirror is behind. Its
+        pointer is read in a thread: the mirror may be a slow or hung network disk."""
+        assert self.mirror is not None
         newest = self.state.newest
-        if newest is not None and (self.mirror.newest_step() or -1) < newest.step:
-            # Committed while no daemon ran (or a copy failed): the mirror is behind.
+        if newest is None:
+            return
+        mirrored = await asyncio.to_thread(self.mirror.newest_step)
+        if mirrored is None or mirrored < newest.step:
             self._mirror_soon(newest)
 
     def _mirror_soon(self, ckpt: policy.Ckpt) -> None:
@@ -613,7 +621,7 @@ class Daemon:
 
     async def _retract(self, step: int) -> None:
         assert self.mirror is not None and self.journal is not None
-        if step not in self.mirror.steps():
+        if step not in await asyncio.to_thread(self.mirror.steps):
             return
         latest = await self.mirror.retract(step)
         self.journal.append("mirror_retracted", {"step": step, "latest": latest})
