@@ -24,13 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from plugins.parsers.hf_trainer import HfTrainerParser  # noqa: E402
-from plugins.parsers.jsonl import JsonlParser  # noqa: E402
-from plugins.parsers.llmc import LlmcParser  # noqa: E402
-from plugins.parsers.nanogpt import NanoGptParser  # noqa: E402
-from plugins.parsers.step_line import StepLineParser  # noqa: E402
-from supervisor.logfollow import LogFollower  # noqa: E402
-from supervisor.lossdb import LossHistory, LossWriter  # noqa: E402
+from trainwarden.plugins.parsers.hf_trainer import HfTrainerParser  # noqa: E402
+from trainwarden.plugins.parsers.jsonl import JsonlParser  # noqa: E402
+from trainwarden.plugins.parsers.llmc import LlmcParser  # noqa: E402
+from trainwarden.plugins.parsers.nanogpt import NanoGptParser  # noqa: E402
+from trainwarden.plugins.parsers.step_line import StepLineParser  # noqa: E402
+from trainwarden.supervisor.inputs.logfollow import LogFollower  # noqa: E402
+from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter  # noqa: E402
 
 PARSERS: list[tuple[str, Callable[[dict], object], str]] = [
     ("step-line", StepLineParser, "step: {step}, loss: 3.41, dt: 0.25"),

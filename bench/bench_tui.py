@@ -9,7 +9,7 @@ panel holds data and has been drawn. Two measurements:
 
 - headless: `TrainwardenApp` in a child process, from spawning it to the frame in which
   the model first counts as populated (Python start-up and imports included);
-- terminal: `python -m tui` in a 160x48 tmux pane, from spawning it to the pane showing
+- terminal: `python -m trainwarden.tui` in a 160x48 tmux pane, from spawning it to the pane showing
   the run's last step, its newest checkpoint and the bandit's arms (what a person sees).
 
 Target (DESIGN.md section 8): under 1.5 s.
@@ -35,17 +35,17 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-from supervisor.config import load_config  # noqa: E402
-from supervisor.detach import start_detached  # noqa: E402
-from supervisor.protocol import Client  # noqa: E402
+from trainwarden.supervisor.cli.detach import start_detached  # noqa: E402
+from trainwarden.supervisor.config import load_config  # noqa: E402
+from trainwarden.supervisor.protocol import Client  # noqa: E402
 
 TARGET_S = 1.5
 N_PARAMS = 1000
 HEADLESS_CHILD = """
 import sys, time
 from pathlib import Path
-from tui.app import TrainwardenApp
-from tui.source import DaemonSource
+from trainwarden.tui.app import TrainwardenApp
+from trainwarden.tui.source import DaemonSource
 
 async def wait_for_frame(pilot):
     app = pilot.app
@@ -143,7 +143,7 @@ def terminal_launch(socket_path: Path, last_step: int, newest_checkpoint: int) -
             "48",
             sys.executable,
             "-m",
-            "tui",
+            "trainwarden.tui",
             "--socket",
             str(socket_path),
         ],

@@ -27,9 +27,9 @@ def build(quick: bool) -> tuple[Any, Any, str]:
     """(model, optimizer, description): GPT-2 small's shape in full mode, ~50 MB in quick."""
     import torch
 
-    from trainer.model import GPT
-    from trainer.presets import PRESETS
-    from trainer.startup import build_optimizer
+    from trainwarden.trainer.model import GPT
+    from trainwarden.trainer.presets import PRESETS
+    from trainwarden.trainer.startup import build_optimizer
 
     preset = PRESETS["gpt2-124m"]
     if quick:
@@ -59,7 +59,7 @@ def tensors(model: Any, optimizer: Any) -> list[Any]:
 
 
 def write_bin(directory: Path, model: Any, optimizer: Any) -> Path:
-    from trainer.checkpoint import save_checkpoint
+    from trainwarden.trainer.checkpoint import save_checkpoint
 
     return save_checkpoint(directory, 1, model, optimizer, {"bench": True})
 
@@ -105,7 +105,7 @@ def clear(directory: Path) -> None:
 
 def staging_only(model: Any, optimizer: Any) -> float:
     """The .bin writer's per-tensor work alone, into a sink that discards: no disk."""
-    from trainer.checkpoint import _write_float32
+    from trainwarden.trainer.checkpoint import _write_float32
 
     class Discard:
         def write(self, data: Any) -> int:
@@ -151,7 +151,7 @@ def commit_fixed_s(directory: Path) -> float:
     cost (sidecar written atomically, fsyncs of the files and the directory)."""
     import torch
 
-    from trainer.adamw import AdamW
+    from trainwarden.trainer.adamw import AdamW
 
     model = torch.nn.Linear(1, 1, bias=False)
     optimizer = AdamW(
@@ -173,7 +173,7 @@ def step_stall(ctx: Context) -> dict[str, Any]:
     steps = 30 if ctx.quick else 60
     run_dir = ctx.work.dir("checkpoint", "trainer")
     argv = [
-        PYTHON, "-m", "trainer", "--run-dir", str(run_dir), "--preset", "tiny",
+        PYTHON, "-m", "trainwarden.trainer", "--run-dir", str(run_dir), "--preset", "tiny",
         "--device", "cpu", "--steps", str(steps), "--save-every", str(SAVE_EVERY),
         "--sample-every", "0",
     ]  # fmt: skip

@@ -41,7 +41,7 @@ from bench.common import (
 )
 from bench.peers import Daemon, trainwarden_config
 from bench.plots import bars_per_group, latency_cdf
-from plugins.parsers.step_line import StepLineParser
+from trainwarden.plugins.parsers.step_line import StepLineParser
 
 TITLE = "7. Log following at 10, 100 and 10,000 lines/s"
 RATES = (10, 100, 10_000)

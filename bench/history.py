@@ -24,7 +24,7 @@ import orjson
 from bench.common import PYTHON, REPO, Context, Section, Target, rss_mb, wait_until
 from bench.peers import Daemon, trainwarden_config
 from bench.plots import scaling
-from supervisor.protocol import Client
+from trainwarden.supervisor.protocol import Client
 
 TITLE = "4. History scale"
 FULL_SIZES = (1_000, 10_000, 100_000, 200_000, 1_000_000)
@@ -190,7 +190,7 @@ def measure_all(ctx: Context, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
 def loader_seconds(ctx: Context, steps: int) -> dict[str, float]:
     """In process, no daemon: LossHistory.load of a history with replays against one of the
     same steps written as a single segment (best of 2 each)."""
-    from supervisor.lossdb import LossHistory
+    from trainwarden.supervisor.store.lossdb import LossHistory
 
     directory = ctx.work.dir("history", "loader")
     replayed, single = directory / "replayed.json", directory / "single.json"

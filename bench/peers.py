@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from bench.common import PYTHON, REPO, Workspace
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from supervisor.protocol import Client
 from tests.helpers import write_config
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.protocol import Client
 
 # ----------------------------------------------------------------------------- trainwarden
 
@@ -60,7 +60,7 @@ class Daemon:
     def start(self, wait: bool = True) -> Daemon:
         self.spawned_t = time.monotonic()
         self.proc = self.work.popen(
-            [PYTHON, "-m", "supervisor", "daemon", str(self.run_dir)],
+            [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(self.run_dir)],
             cwd=REPO,
             stdout=self.run_dir / "daemon.stderr",
         )

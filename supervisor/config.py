@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from supervisor.errors import ConfigError
+from trainwarden.supervisor.errors import ConfigError
 
 CONFIG_NAME = "trainwarden.toml"
 
@@ -248,7 +248,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     if not cfg.trainer.command:
         raise ConfigError(
             f"{path}: '[trainer] command' is missing: give the trainer's argv, for example "
-            'command = ["python", "-m", "trainer", "--run-dir", "."]'
+            'command = ["python", "-m", "trainwarden.trainer", "--run-dir", "."]'
         )
     if cfg.checkpoints.keep_last < 1:
         raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
@@ -313,7 +313,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     if cfg.mirror.keep_last < 1:
         raise bad("mirror.keep_last", cfg.mirror.keep_last, "an integer >= 1")
     if cfg.metrics.listen is not None:
-        from supervisor.metrics import parse_listen
+        from trainwarden.supervisor.serve.metrics import parse_listen
 
         parse_listen(cfg.metrics.listen, allow_remote=cfg.metrics.allow_remote, source=str(path))
     for rel, key in ((cfg.run.log, "run.log"), (cfg.checkpoints.dir, "checkpoints.dir")):
@@ -348,7 +348,7 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     cfg = Config(run_dir=run_dir, path=path, **tables)
     _check_ranges(path, cfg)
     if check_plugins:
-        from supervisor import plugins
+        from trainwarden.supervisor import registry as plugins
 
         plugins.check_configured(cfg)
     return cfg

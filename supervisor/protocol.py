@@ -59,7 +59,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
 
 MAX_LINE = 1 << 20
 TOPICS = ("telemetry", "gpu", "host", "checkpoints", "events", "bandit", "samples", "state")

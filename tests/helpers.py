@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from supervisor.journal import read_records
-from supervisor.protocol import Client
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.protocol import Client
+from trainwarden.supervisor.store.journal import read_records
 
 PYTHON = sys.executable
 
@@ -49,7 +49,7 @@ def trainer_argv(steps: int, save_every: int, *extra: str, seed: int = 1337) -> 
     return [
         PYTHON,
         "-m",
-        "trainer",
+        "trainwarden.trainer",
         "--run-dir",
         ".",
         "--preset",
@@ -127,7 +127,9 @@ def journal_kinds(run_dir: Path) -> list[str]:
 
 def trainer_pid(run_dir: Path) -> int | None:
     try:
-        return int(orjson.loads((run_dir / ".trainwarden" / "trainer.pid").read_bytes())["pid"])
+        return int(
+            orjson.loads((run_dir / ".trainwarden" / "trainer.pid").read_bytes())["pid"]
+        )
     except (OSError, ValueError, KeyError):
         return None
 
@@ -173,7 +175,7 @@ class DaemonProcess:
     def start(self, wait: bool = True) -> DaemonProcess:
         with open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
-                [PYTHON, "-m", "supervisor", "daemon", str(self.run_dir)],
+                [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(self.run_dir)],
                 stdout=err,
                 stderr=err,
                 env=self.env,

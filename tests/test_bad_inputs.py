@@ -8,9 +8,9 @@ daemon owns, that it keeps supervising (status answers, the trainer is alive). O
 control, pivot, log, checkpoint and sidecar row.
 
 Surfaces:
-    config       RUN/trainwarden.toml given to `python -m supervisor daemon RUN`: exit 2, one
+    config       RUN/trainwarden.toml given to `python -m trainwarden.supervisor daemon RUN`: exit 2, one
                  stderr line naming the file; nothing started, nothing touched
-    cli          `python -m supervisor ARGS`: the exit status of the row, one stderr line
+    cli          `python -m trainwarden.supervisor ARGS`: the exit status of the row, one stderr line
     control      raw bytes over the live daemon's socket: the error reply ("code: message")
     pivot        the pivot command over the socket with bad caps/floors: refused, nothing
                  changes (no archive, no policy.json, same trainer)
@@ -41,8 +41,8 @@ from typing import Any
 import orjson
 import pytest
 
-from supervisor.protocol import Client
 from tests.helpers import PYTHON, DaemonProcess, journal, pid_alive, running_daemon, write_config
+from trainwarden.supervisor.protocol import Client
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -91,8 +91,18 @@ CATALOGUE: list[Bad] = [
         "did you mean 'stop_timeout_s'",
     ),
     Bad("config", "table is a value", "trainer = 5\n", "[trainer] must be a table"),
-    Bad("config", "command is a string", "[trainer]\ncommand = 'python x'\n", "'trainer.command'"),
-    Bad("config", "command of numbers", "[trainer]\ncommand = [1, 2]\n", "'trainer.command'"),
+    Bad(
+        "config",
+        "command is a string",
+        "[trainer]\ncommand = 'python x'\n",
+        "'trainer.command'",
+    ),
+    Bad(
+        "config",
+        "command of numbers",
+        "[trainer]\ncommand = [1, 2]\n",
+        "'trainer.command'",
+    ),
     Bad("config", "env of numbers", TRAINER_OK + "env = { A = 1 }\n", "'trainer.env'"),
     Bad("config", "bool for seconds", TRAINER_OK + "stop_timeout_s = true\n", "expected a number"),
     Bad(
@@ -484,7 +494,10 @@ def test_the_catalogue_is_big_and_covers_every_surface():
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "supervisor", *args], capture_output=True, text=True, timeout=timeout
+        [PYTHON, "-m", "trainwarden.supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -903,7 +916,17 @@ def test_policy_file(row: Bad, tmp_path: Path):
     else:
         (run_dir / "policy.json").write_bytes(row.input)
     result = subprocess.run(
-        [PYTHON, "-m", "trainer", "--run-dir", str(run_dir), "--steps", "1", "--device", "cpu"],
+        [
+            PYTHON,
+            "-m",
+            "trainwarden.trainer",
+            "--run-dir",
+            str(run_dir),
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.formats.andrea_bin import AndreaBin, checkpoint_name
-from supervisor.checkpoints import CheckpointStore
-from supervisor.daemon import archive_dir
 from tests.helpers import (
     PYTHON,
     DaemonProcess,
@@ -24,6 +21,9 @@ from tests.helpers import (
     wait_for,
     write_config,
 )
+from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
+from trainwarden.supervisor.shell.daemon import archive_dir
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from supervisor.cli import build_parser
-from supervisor.config import TABLES
+from trainwarden.supervisor.cli.main import build_parser
+from trainwarden.supervisor.config import TABLES
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from plugins.formats.andrea_bin import HEADER, checkpoint_name, read_header
+from trainwarden.plugins.formats.andrea_bin import HEADER, checkpoint_name, read_header
 
 N_PARAMS = 64
 

@@ -1,5 +1,5 @@
 import sys
 
-from trainer.cli import main
+from trainwarden.trainer.cli import main
 
 sys.exit(main())

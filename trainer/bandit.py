@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainer.policy import normalized_policy
+from trainwarden.supervisor.contract import normalized_policy
 
 GAMMA = 0.1
 """Share of probability mass spread uniformly, so every arm keeps being explored."""

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from plugins.formats.andrea_bin import HEADER, TMP_SUFFIX, checkpoint_name
-from trainer.adamw import AdamW
-from trainer.atomic import fsync_dir, write_json_atomically
-from trainer.resume import sidecar_path
+from trainwarden.plugins.formats.andrea_bin import HEADER, TMP_SUFFIX, checkpoint_name
+from trainwarden.trainer.adamw import AdamW
+from trainwarden.trainer.atomic import fsync_dir, write_json_atomically
+from trainwarden.trainer.resume import sidecar_path
 
 SLOW_SAVE_ENV = "TRAINER_TEST_SLOW_SAVE_S"
 """Test-only: seconds to sleep between the fsync of the .tmp file and its rename."""

@@ -1,4 +1,4 @@
-"""`python -m trainer`: parse the command line, start a session, run the loop.
+"""`python -m trainwarden.trainer`: parse the command line, start a session, run the loop.
 
 Exit status: 0 when done or stopped on request, 2 for bad usage or a refused resume
 (one line on stderr), anything else is a crash (3 for an injected one).
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from trainer.corpus import ARM_NAMES
-from trainer.errors import TrainerError
-from trainer.options import Options
-from trainer.presets import PRESETS
+from trainwarden.trainer.corpus import ARM_NAMES
+from trainwarden.trainer.errors import TrainerError
+from trainwarden.trainer.options import Options
+from trainwarden.trainer.presets import PRESETS
 
 if TYPE_CHECKING:  # the real import would pull in torch before arguments are checked
-    from trainer.startup import Session
+    from trainwarden.trainer.startup import Session
 
 EPILOG = """\
 environment:
@@ -43,7 +43,7 @@ test-only environment (for the trainer's and supervisor's own tests):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, no usage dump: the daemon's log shows the last line as the reason.
-        self.exit(2, f"trainer: error: {message} (see python -m trainer --help)\n")
+        self.exit(2, f"trainer: error: {message} (see python -m trainwarden.trainer --help)\n")
 
 
 def _positive(text: str) -> int:
@@ -72,7 +72,7 @@ def _arm_list(text: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m trainer",
+        prog="python -m trainwarden.trainer",
         description="Train a small GPT on the Python stdlib, speaking the trainwarden contract.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -156,19 +156,19 @@ def banner(session: Session) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv)
     # Flags first: a SIGTERM during the slow imports below must still mean "stop".
-    from trainer.signals import SignalFlags
+    from trainwarden.trainer.signals import SignalFlags
 
     flags = SignalFlags()
     flags.install()
     # torch works without NumPy here; its import-time complaint would only clutter the log.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
-        from trainer.plan import make_plan
+        from trainwarden.trainer.plan import make_plan
 
         plan = make_plan(options)
         # torch only now: a refusal above costs a fraction of a second, not three.
-        from trainer.loop import TrainingLoop
-        from trainer.startup import start_session
+        from trainwarden.trainer.loop import TrainingLoop
+        from trainwarden.trainer.startup import start_session
 
         session = start_session(plan)
     except TrainerError as exc:

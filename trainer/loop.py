@@ -16,15 +16,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plugins.formats.andrea_bin import checkpoint_name
-from trainer.atomic import write_json_atomically
-from trainer.batches import batch_for
-from trainer.checkpoint import param_step_counts, save_checkpoint
-from trainer.faults import Faults
-from trainer.samples import record_samples
-from trainer.schedule import lr_at, warmup_steps
-from trainer.signals import SignalFlags
-from trainer.startup import BETAS, EPS, Session
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.trainer.atomic import write_json_atomically
+from trainwarden.trainer.batches import batch_for
+from trainwarden.trainer.checkpoint import param_step_counts, save_checkpoint
+from trainwarden.trainer.faults import Faults
+from trainwarden.trainer.samples import record_samples
+from trainwarden.trainer.schedule import lr_at, warmup_steps
+from trainwarden.trainer.signals import SignalFlags
+from trainwarden.trainer.startup import BETAS, EPS, Session
 
 STATE_FILE = ".state.json"
 STATE_EVERY = 10

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.presets import Preset
+from trainwarden.trainer.presets import Preset
 
 
 class CausalSelfAttention(nn.Module):

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.corpus import ARM_NAMES, Arm, build_arms
-from trainer.errors import UsageError
-from trainer.options import Options
-from trainer.policy import PolicyError, load_policy, validate_policy
-from trainer.presets import PRESETS, Preset
-from trainer.resume import (
+from trainwarden.supervisor.contract import PolicyError, load_policy, validate_policy
+from trainwarden.trainer.corpus import ARM_NAMES, Arm, build_arms
+from trainwarden.trainer.errors import UsageError
+from trainwarden.trainer.options import Options
+from trainwarden.trainer.presets import PRESETS, Preset
+from trainwarden.trainer.resume import (
     ResumePoint,
     data_fingerprint,
     open_resume_point,

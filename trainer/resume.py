@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugins.formats.andrea_bin import AndreaBin
-from supervisor.errors import CheckpointInvalid
-from trainer.corpus import Arm
-from trainer.errors import ResumeRefused
-from trainer.presets import Preset
+from trainwarden.plugins.formats.andrea_bin import AndreaBin
+from trainwarden.supervisor.errors import CheckpointInvalid
+from trainwarden.trainer.corpus import Arm
+from trainwarden.trainer.errors import ResumeRefused
+from trainwarden.trainer.presets import Preset
 
 RESUME_ENV = "TRAINWARDEN_RESUME"
 PIVOT_ENV = "TRAINWARDEN_PIVOT"

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from trainer.atomic import write_json_atomically
-from trainer.corpus import Arm
-from trainer.model import GPT
+from trainwarden.trainer.atomic import write_json_atomically
+from trainwarden.trainer.corpus import Arm
+from trainwarden.trainer.model import GPT
 
 SAMPLES_FILE = ".samples.json"
 SAMPLES_KEPT = 20

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from trainer.presets import Preset
+from trainwarden.trainer.presets import Preset
 
 
 def warmup_steps(preset: Preset, total_steps: int) -> int:

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from trainer.adamw import AdamW
-from trainer.bandit import Bandit
-from trainer.batches import as_tokens
-from trainer.checkpoint import load_into, read_regions
-from trainer.corpus import Arm
-from trainer.errors import ResumeRefused, UsageError
-from trainer.model import GPT
-from trainer.plan import POLICY_FILE, Plan, warn
-from trainer.presets import Preset
-from trainer.resume import ResumePoint
+from trainwarden.trainer.adamw import AdamW
+from trainwarden.trainer.bandit import Bandit
+from trainwarden.trainer.batches import as_tokens
+from trainwarden.trainer.checkpoint import load_into, read_regions
+from trainwarden.trainer.corpus import Arm
+from trainwarden.trainer.errors import ResumeRefused, UsageError
+from trainwarden.trainer.model import GPT
+from trainwarden.trainer.plan import POLICY_FILE, Plan, warn
+from trainwarden.trainer.presets import Preset
+from trainwarden.trainer.resume import ResumePoint
 
 TEST_RESET_DATA_ENV = "TRAINER_TEST_RESET_DATA"
 """Test-only: on resume, replay the data from step 1 again (proves data position matters)."""

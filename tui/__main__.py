@@ -1,10 +1,10 @@
-"""`python -m tui [RUN_DIR | --socket PATH] [--read-only]`: the same as `trainwarden tui`."""
+"""`python -m trainwarden.tui [RUN_DIR | --socket PATH] [--read-only]`: the same as `trainwarden tui`."""
 
 from __future__ import annotations
 
 import sys
 
-from supervisor.cli import main
+from trainwarden.supervisor.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["tui", *sys.argv[1:]]))

@@ -19,24 +19,30 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.timer import Timer
 
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from supervisor.protocol import Client, encode
-from tui.messages import Connected, Disconnected, HistoryReceived, StatusReceived, TopicPushed
-from tui.model import HALTED, PANELS, Clock, RunModel
-from tui.sanitize import clean
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.help import HelpScreen
-from tui.screens.log import LogScreen
-from tui.screens.main import MainScreen, ReadOnlyMainScreen
-from tui.screens.pivot import PivotRequest, PivotScreen
-from tui.source import DaemonSource, DataSource, describe_failure
-from tui.widgets.bandit import BanditPanel
-from tui.widgets.checkpoints import CheckpointsPanel
-from tui.widgets.events import EventsPanel
-from tui.widgets.gpu import GpuPanel
-from tui.widgets.header import RunHeader
-from tui.widgets.loss_chart import LossChart
-from tui.widgets.telemetry import TelemetryPanel
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.protocol import Client, encode
+from trainwarden.tui.messages import (
+    Connected,
+    Disconnected,
+    HistoryReceived,
+    StatusReceived,
+    TopicPushed,
+)
+from trainwarden.tui.model import HALTED, PANELS, Clock, RunModel
+from trainwarden.tui.sanitize import clean
+from trainwarden.tui.screens.confirm import ConfirmScreen
+from trainwarden.tui.screens.help import HelpScreen
+from trainwarden.tui.screens.log import LogScreen
+from trainwarden.tui.screens.main import MainScreen, ReadOnlyMainScreen
+from trainwarden.tui.screens.pivot import PivotRequest, PivotScreen
+from trainwarden.tui.source import DaemonSource, DataSource, describe_failure
+from trainwarden.tui.widgets.bandit import BanditPanel
+from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
+from trainwarden.tui.widgets.events import EventsPanel
+from trainwarden.tui.widgets.gpu import GpuPanel
+from trainwarden.tui.widgets.header import RunHeader
+from trainwarden.tui.widgets.loss_chart import LossChart
+from trainwarden.tui.widgets.telemetry import TelemetryPanel
 
 RENDER_INTERVAL_S = 0.25
 """At most four frames a second, however fast the daemon pushes."""

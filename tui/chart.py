@@ -15,7 +15,7 @@ from typing import Any
 from rich.style import Style
 from rich.text import Text
 
-from tui import fmt
+from trainwarden.tui import fmt
 
 BRAILLE_BASE = 0x2800
 # Dot bit for (column 0..1, row 0..3) inside one cell.

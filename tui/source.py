@@ -18,9 +18,15 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from supervisor.protocol import TOPICS, AsyncClient
-from tui.messages import Connected, Disconnected, HistoryReceived, StatusReceived, TopicPushed
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.protocol import TOPICS, AsyncClient
+from trainwarden.tui.messages import (
+    Connected,
+    Disconnected,
+    HistoryReceived,
+    StatusReceived,
+    TopicPushed,
+)
 
 log = logging.getLogger("trainwarden.tui")
 

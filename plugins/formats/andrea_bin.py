@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plugins.api import CheckpointInfo
-from supervisor.errors import CheckpointInvalid
+from trainwarden.plugins.api import CheckpointInfo
+from trainwarden.supervisor.errors import CheckpointInvalid
 
 HEADER = struct.Struct("<ii")
 NAME = re.compile(r"^step_(\d{6,})\.bin$")

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plugins.api import CheckpointInfo
-from supervisor.errors import CheckpointInvalid, ConfigError
+from trainwarden.plugins.api import CheckpointInfo
+from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 
 DEFAULT_PATTERN = r"^(?:ckpt|step)[_-](\d+)\.pt$"
 DEFAULT_REQUIRED_KEYS = ("model", "optimizer")

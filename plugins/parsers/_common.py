@@ -7,7 +7,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from plugins.api import StepRecord
+from trainwarden.plugins.api import StepRecord
 
 EMPTY_EXTRAS: Mapping[str, Any] = types.MappingProxyType({})
 """Shared by every record without extras: one immutable mapping instead of a dict per line."""

@@ -20,8 +20,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from plugins.api import StepRecord
-from plugins.parsers._common import options_int, to_float
+from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.parsers._common import options_int, to_float
 
 # Real Trainer dicts are a few hundred characters; parsing a huge line with ast is slow.
 MAX_LINE_CHARS = 16_384

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from plugins.api import StepRecord
-from plugins.parsers._common import to_float
+from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.parsers._common import to_float
 
 # Bare non-finite words after `:`, `[` or `,` in otherwise JSON text, rewritten to the
 # spellings the stdlib json module accepts. Only tried on lines orjson rejected.

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from plugins.api import StepRecord
+from trainwarden.plugins.api import StepRecord
 
 _HEAD = re.compile(
     r"\s*step\s+([0-9]{1,18})\s*(?:/\s*([0-9]{1,18}))?\s*[:|]\s*(?:train\s+)?loss\s+([^\s|(,]+)",

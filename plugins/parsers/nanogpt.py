@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from plugins.api import StepRecord
-from plugins.parsers._common import EMPTY_EXTRAS
+from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.parsers._common import EMPTY_EXTRAS
 
 _ITER = re.compile(
     r"\s*iter\s+([0-9]{1,18})\s*:\s*loss\s+([^,\s]+)\s*"

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from plugins.api import StepRecord
-from plugins.parsers._common import EMPTY_EXTRAS, SLOT_SETTERS, fast_record, to_value
+from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.parsers._common import EMPTY_EXTRAS, SLOT_SETTERS, fast_record, to_value
 
 # The exact shape trainers print on every step: one anchored regex, no extras to split.
 # This path runs hundreds of thousands of times a second when a log is replayed.

@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from supervisor.protocol import Client
 from tests.helpers import PYTHON, reference_run, trainer_argv, wait_for
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.protocol import Client
 
 WATCHER = Path(__file__).with_name("watcher.py")
 STEP_LINE = re.compile(r"^step: (\d+), loss: ([^,]+),")
@@ -203,14 +203,14 @@ def is_our_trainer(pid: int, run_dir: Path) -> bool:
         state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b") ", 1)[1][:1]
     except OSError:
         return False
-    return state != b"Z" and b"trainer" in argv and b"-m" in argv
+    return state != b"Z" and b"trainwarden.trainer" in argv and b"-m" in argv
 
 
 # ----------------------------------------------------------------------------- reference runs
 
 
 class StraightRun:
-    """`python -m trainer` alone, never interrupted: the bit-exact reference (runs in the
+    """`python -m trainwarden.trainer` alone, never interrupted: the bit-exact reference (runs in the
     background from the moment it is asked for, on the other core)."""
 
     def __init__(self, run_dir: Path, steps: int, save_every: int, seed: int) -> None:
@@ -386,7 +386,7 @@ class Soak:
         )
 
     def launch_daemon(self) -> subprocess.Popen[bytes]:
-        argv = [PYTHON, "-m", "supervisor", "daemon", str(self.run_dir)]
+        argv = [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(self.run_dir)]
         if self.holder is not None:
             argv = ["nsenter", "-t", str(self.holder.pid), "-m", "--", *argv]
         with open(self.stderr_path, "ab") as err:

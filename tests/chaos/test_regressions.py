@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.formats.andrea_bin import AndreaBin, checkpoint_name
-from supervisor.checkpoints import CheckpointStore, CheckpointWatcher
+from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
+from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,7 +110,7 @@ async def test_trainer_identity_is_recorded_with_the_trainers_cmdline(tmp_path: 
     in the chaos soak). It now waits for the cmdline to appear."""
     import signal
 
-    from supervisor.process import TrainerIdentity, spawn
+    from trainwarden.supervisor.shell.process import TrainerIdentity, spawn
 
     empty = 0
     for _ in range(300):

@@ -230,7 +230,10 @@ class Watcher:
                 continue
             if state == b"Z":
                 continue
-            if any(a == b"-m" and b == b"trainer" for a, b in zip(argv, argv[1:], strict=False)):
+            if any(
+                a == b"-m" and b == b"trainwarden.trainer"
+                for a, b in zip(argv, argv[1:], strict=False)
+            ):
                 trainers.append(int(entry))
         self.proc_scans += 1
         self.max_trainers = max(self.max_trainers, len(trainers))

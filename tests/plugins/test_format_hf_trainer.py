@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from plugins.formats.hf_trainer import HfTrainer, read_safetensors_header
-from supervisor.checkpoints import CheckpointStore
-from supervisor.errors import CheckpointInvalid, ConfigError
 from tests.format_trainer import daemon_scenario, save_hf_trainer
+from trainwarden.plugins.formats.hf_trainer import HfTrainer, read_safetensors_header
+from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,15 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.formats.llmc import (
-    Llmc,
-    done_name,
-    gpt2_param_count,
-    model_name,
-    state_name,
-)
-from supervisor.checkpoints import CheckpointStore
-from supervisor.errors import CheckpointInvalid
 from tests.format_trainer import (
     LLMC_N_PARAMS,
     daemon_scenario,
@@ -23,6 +14,15 @@ from tests.format_trainer import (
     llmc_state_bytes,
     save_llmc,
 )
+from trainwarden.plugins.formats.llmc import (
+    Llmc,
+    done_name,
+    gpt2_param_count,
+    model_name,
+    state_name,
+)
+from trainwarden.supervisor.errors import CheckpointInvalid
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugins.formats.torch_pt import TorchPt
-from supervisor.errors import CheckpointInvalid, ConfigError
 from tests.format_trainer import daemon_scenario
 from tests.helpers import pid_alive
+from trainwarden.plugins.formats.torch_pt import TorchPt
+from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 
 pytestmark = pytest.mark.timeout(240)
 

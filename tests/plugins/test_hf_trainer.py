@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from plugins.parsers.hf_trainer import HfTrainerParser
+from trainwarden.plugins.parsers.hf_trainer import HfTrainerParser
 
 LOSS_LINE = "{'loss': 3.41, 'grad_norm': 1.2, 'learning_rate': 0.0006, 'epoch': 0.12}"
 

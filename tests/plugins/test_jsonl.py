@@ -3,7 +3,7 @@ import math
 import orjson
 import pytest
 
-from plugins.parsers.jsonl import JsonlParser
+from trainwarden.plugins.parsers.jsonl import JsonlParser
 
 
 @pytest.fixture

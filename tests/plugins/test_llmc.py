@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from plugins.parsers.llmc import LlmcParser
+from trainwarden.plugins.parsers.llmc import LlmcParser
 
 
 @pytest.fixture

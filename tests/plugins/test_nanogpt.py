@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from plugins.parsers.nanogpt import NanoGptParser
+from trainwarden.plugins.parsers.nanogpt import NanoGptParser
 
 
 @pytest.fixture

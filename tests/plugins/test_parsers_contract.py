@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugins.api import StepRecord
-from supervisor import plugins
+from trainwarden.plugins.api import StepRecord
+from trainwarden.supervisor import registry as plugins
 
 NAMES = ["step-line", "llmc", "nanogpt", "hf-trainer", "jsonl"]
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugins.api import StepRecord
-from plugins.parsers.step_line import StepLineParser
+from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.parsers.step_line import StepLineParser
 
 
 @pytest.fixture

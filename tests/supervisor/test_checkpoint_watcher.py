@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plugins.formats.andrea_bin import AndreaBin, checkpoint_name
-from supervisor.checkpoints import CheckpointStore, CheckpointWatcher
+from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
+from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(60)
 

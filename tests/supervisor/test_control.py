@@ -15,8 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.errors import CommandRefused
-from supervisor.protocol import Client
 from tests.helpers import (
     PYTHON,
     DaemonProcess,
@@ -27,6 +25,8 @@ from tests.helpers import (
     running_daemon,
     wait_for,
 )
+from trainwarden.supervisor.errors import CommandRefused
+from trainwarden.supervisor.protocol import Client
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,7 +61,10 @@ def raw(daemon: DaemonProcess, payload: bytes, timeout: float = 10.0) -> list[di
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "supervisor", *args], capture_output=True, text=True, timeout=timeout
+        [PYTHON, "-m", "trainwarden.supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -383,7 +386,7 @@ def test_events_follow_streams_new_events(daemon: DaemonProcess):
         [
             PYTHON,
             "-m",
-            "supervisor",
+            "trainwarden.supervisor",
             "events",
             str(daemon.run_dir),
             "-n",

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.formats.andrea_bin import checkpoint_name
 from tests.helpers import (
     PYTHON,
     DaemonProcess,
@@ -28,6 +27,7 @@ from tests.helpers import (
     wait_for,
     write_config,
 )
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -167,7 +167,7 @@ def test_second_daemon_is_refused_naming_the_holder(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 100000, 1000)
     with running_daemon(run_dir) as daemon:
         second = subprocess.run(
-            [PYTHON, "-m", "supervisor", "daemon", str(run_dir)],
+            [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -255,7 +255,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, text: str, expected: 
     run_dir.mkdir()
     (run_dir / "trainwarden.toml").write_text(text)
     result = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(run_dir)],
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -269,7 +269,7 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, text: str, expected: 
 
 def test_missing_and_unreadable_config(tmp_path: Path):
     missing = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(tmp_path)],
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -277,7 +277,7 @@ def test_missing_and_unreadable_config(tmp_path: Path):
     assert missing.returncode == 2 and "trainwarden init" in missing.stderr
     (tmp_path / "trainwarden.toml").write_bytes(b"\xff\xfe not utf8")
     bad = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(tmp_path)],
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -288,14 +288,24 @@ def test_missing_and_unreadable_config(tmp_path: Path):
 def test_init_writes_a_working_config_and_refuses_to_overwrite(tmp_path: Path):
     run_dir = tmp_path / "fresh"
     ok = subprocess.run(
-        [PYTHON, "-m", "supervisor", "init", str(run_dir), "--steps", "20", "--save-every", "10"],
+        [
+            PYTHON,
+            "-m",
+            "trainwarden.supervisor",
+            "init",
+            str(run_dir),
+            "--steps",
+            "20",
+            "--save-every",
+            "10",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert ok.returncode == 0, ok.stderr
     again = subprocess.run(
-        [PYTHON, "-m", "supervisor", "init", str(run_dir)],
+        [PYTHON, "-m", "trainwarden.supervisor", "init", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,

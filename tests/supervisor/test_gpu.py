@@ -8,9 +8,15 @@ import sys
 import orjson
 import pytest
 
-from supervisor import gpu
-from supervisor.gpu import NA, GpuSampler, Nvml, decode_clock_event_reasons, is_alarming
 from tests.supervisor.fake_pynvml import FakeNvml
+from trainwarden.supervisor.inputs import gpu
+from trainwarden.supervisor.inputs.gpu import (
+    NA,
+    GpuSampler,
+    Nvml,
+    decode_clock_event_reasons,
+    is_alarming,
+)
 
 
 @pytest.fixture
@@ -22,7 +28,11 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
 
 
 def records_about(caplog: pytest.LogCaptureFixture, function: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "supervisor.gpu" and function in r.getMessage()]
+    return [
+        r
+        for r in caplog.records
+        if r.name == "trainwarden.supervisor.inputs.gpu" and function in r.getMessage()
+    ]
 
 
 def test_sample_reports_figures_in_the_units_its_fields_name(fake: FakeNvml) -> None:
@@ -156,7 +166,7 @@ def test_unsupported_query_is_na_and_logged_once(
     fake.fail["nvmlDeviceGetPowerUsage"] = fake.error("NotSupported")
     sampler = GpuSampler()
 
-    with caplog.at_level(logging.DEBUG, logger="supervisor.gpu"):
+    with caplog.at_level(logging.DEBUG, logger="trainwarden.supervisor.inputs.gpu"):
         samples = [sampler.sample() for _ in range(10)]
 
     assert all(s is not None and s.power_w is NA for s in samples)
@@ -171,7 +181,7 @@ def test_driver_error_mid_run_is_na_logged_once_as_warning(
     assert sampler.sample() is not None
     fake.fail["nvmlDeviceGetMemoryInfo"] = fake.error("GpuIsLost")
 
-    with caplog.at_level(logging.DEBUG, logger="supervisor.gpu"):
+    with caplog.at_level(logging.DEBUG, logger="trainwarden.supervisor.inputs.gpu"):
         samples = [sampler.sample() for _ in range(3)]
 
     assert all(
@@ -189,7 +199,7 @@ def test_function_missing_from_the_module_is_na_and_logged_once(
     del fake.module.nvmlDeviceGetTotalEccErrors
     sampler = GpuSampler()
 
-    with caplog.at_level(logging.DEBUG, logger="supervisor.gpu"):
+    with caplog.at_level(logging.DEBUG, logger="trainwarden.supervisor.inputs.gpu"):
         samples = [sampler.sample() for _ in range(4)]
 
     assert all(s is not None and s.ecc_volatile_errors is NA for s in samples)
@@ -213,7 +223,7 @@ def test_unexpected_exception_is_na_logged_once_as_error(
     fake.fail["nvmlDeviceGetEnforcedPowerLimit"] = ValueError("bindings changed")
     sampler = GpuSampler()
 
-    with caplog.at_level(logging.DEBUG, logger="supervisor.gpu"):
+    with caplog.at_level(logging.DEBUG, logger="trainwarden.supervisor.inputs.gpu"):
         samples = [sampler.sample() for _ in range(3)]
 
     assert all(s is not None and s.power_limit_w is NA for s in samples)

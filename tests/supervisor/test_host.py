@@ -15,8 +15,8 @@ import orjson
 import psutil
 import pytest
 
-from supervisor.host import HostSample, HostSampler, disk_low
-from supervisor.process import _kernel_descendants, descendants
+from trainwarden.supervisor.inputs.host import HostSample, HostSampler, disk_low
+from trainwarden.supervisor.inputs.proctree import _kernel_descendants, descendants
 
 # A stand-in trainer: starts two busy-looping workers, prints their pids, then waits.
 TRAINER = """
@@ -190,7 +190,9 @@ def test_descendants_of_a_gone_process_is_empty() -> None:
 def test_without_kernel_children_lists_psutil_walks_the_tree(
     tree: Tree, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("supervisor.process._kernel_descendants", lambda pid: None)
+    monkeypatch.setattr(
+        "trainwarden.supervisor.inputs.proctree._kernel_descendants", lambda pid: None
+    )
     assert set(descendants(tree.trainer.pid)) == set(tree.workers)
     sample = HostSampler(tmp_path).sample(tree.trainer.pid)
     assert sample.trainer_processes == 3
@@ -204,5 +206,7 @@ def test_descendants_is_none_when_the_kernel_has_no_children_lists(
             raise FileNotFoundError(path)
         return open(path, *args, **kwargs)
 
-    monkeypatch.setattr("supervisor.process.open", no_children_file, raising=False)
+    monkeypatch.setattr(
+        "trainwarden.supervisor.inputs.proctree.open", no_children_file, raising=False
+    )
     assert _kernel_descendants(tree.trainer.pid) is None

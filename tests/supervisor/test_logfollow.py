@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from supervisor.logfollow import LogFollower
+from trainwarden.supervisor.inputs.logfollow import LogFollower
 
 WAIT_S = 2.0  # generous: these tests check behaviour; latency figures live in bench/
 
@@ -250,8 +250,8 @@ async def test_line_latency_is_reported(log, follow, capsys):
 
 
 async def test_a_long_backlog_is_read_in_bounded_slices(log, follow, monkeypatch):
-    monkeypatch.setattr("supervisor.logfollow.LOOP_READ_BYTES", 64 * 1024)
-    monkeypatch.setattr("supervisor.logfollow.READ_CHUNK_BYTES", 16 * 1024)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.logfollow.LOOP_READ_BYTES", 64 * 1024)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.logfollow.READ_CHUNK_BYTES", 16 * 1024)
     lines = [f"step: {i}, loss: 3.0, dt: 0.1" for i in range(20_000)]  # ~600 KB
     append(log, ("\n".join(lines) + "\n").encode())
     calls = []
@@ -309,7 +309,7 @@ async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatc
         ctypes.set_errno(errno.EMFILE)
         return -1
 
-    monkeypatch.setattr("supervisor.logfollow.inotify_init", no_inotify)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.logfollow.inotify_init", no_inotify)
     follower, got = follow()
     assert follower._inotify is None
     assert "Too many open files" in caplog.text and "every 0.25 s" in caplog.text
@@ -318,7 +318,7 @@ async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatc
 
 
 def test_without_inotify_the_thread_mode_follows_too(log, monkeypatch):
-    monkeypatch.setattr("supervisor.logfollow.inotify_init", lambda: -1)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.logfollow.inotify_init", lambda: -1)
     got = []
     follower = LogFollower(log, 0, got.extend)
     follower.start()

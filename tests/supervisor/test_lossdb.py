@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.lossdb import (
+from trainwarden.supervisor.store.lossdb import (
     AuditResult,
     LossHistory,
     LossWriter,
@@ -107,7 +107,7 @@ def test_newest_segment_wins_per_step(path):
 
 
 def test_load_across_chunk_boundaries(path, monkeypatch):
-    import supervisor.lossdb as lossdb
+    import trainwarden.supervisor.store.lossdb as lossdb
 
     monkeypatch.setattr(lossdb, "LOAD_CHUNK_BYTES", 7)  # lines straddle every chunk
     write(path, [(step, 3.0 - step / 100, 1) for step in range(1, 51)])

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.errors import ConfigError
-from supervisor.metrics import MetricsServer, parse_listen, start_metrics_server
+from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.serve.metrics import MetricsServer, parse_listen, start_metrics_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -224,7 +224,7 @@ def test_a_remote_listen_address_stops_the_daemon_with_one_line(tmp_path: Path):
     run_dir = tmp_path / "run"
     _scripted_config(run_dir, {"listen": "0.0.0.0:9108"})
     done = subprocess.run(
-        [PYTHON, "-m", "supervisor", "daemon", str(run_dir)],
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=60,

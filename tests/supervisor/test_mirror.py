@@ -11,8 +11,8 @@ import orjson
 import pytest
 import xxhash
 
-from supervisor import mirror as mirror_module
-from supervisor.mirror import (
+from trainwarden.supervisor.store import mirror as mirror_module
+from trainwarden.supervisor.store.mirror import (
     LATEST,
     MANIFEST,
     Mirror,
@@ -319,7 +319,7 @@ def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_pat
 
     new = tmp_path / "new-machine"
     done = subprocess.run(
-        [PYTHON, "-m", "supervisor", "restore", str(new), "--from", str(backup)],
+        [PYTHON, "-m", "trainwarden.supervisor", "restore", str(new), "--from", str(backup)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -329,7 +329,7 @@ def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_pat
     assert (new / "checkpoints" / "step_000030.bin").read_bytes() == local.read_bytes()
     assert (new / "trainwarden.toml").read_text() == (run_dir / "trainwarden.toml").read_text()
     again = subprocess.run(
-        [PYTHON, "-m", "supervisor", "restore", str(new), "--from", str(backup)],
+        [PYTHON, "-m", "trainwarden.supervisor", "restore", str(new), "--from", str(backup)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.notify import NOTIFY_ENV_KEYS, Notifier
+from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS, Notifier
 
 
 class Listener:
@@ -155,7 +155,7 @@ def test_abstract_address_gets_a_leading_nul() -> None:
 
 
 def test_unsupported_address_turns_notifications_off(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="supervisor.notify"):
+    with caplog.at_level(logging.WARNING, logger="trainwarden.supervisor.serve.notify"):
         notifier = Notifier.from_env({"NOTIFY_SOCKET": "vsock:2:1234"})
 
     assert notifier.enabled is False
@@ -167,7 +167,7 @@ def test_send_errors_are_logged_once_never_raised(
 ) -> None:
     notifier = Notifier.from_env({"NOTIFY_SOCKET": str(tmp_path / "nobody-listens.sock")})
 
-    with caplog.at_level(logging.WARNING, logger="supervisor.notify"):
+    with caplog.at_level(logging.WARNING, logger="trainwarden.supervisor.serve.notify"):
         results = [notifier.status(f"step {i}") for i in range(5)]
 
     assert results == [False] * 5

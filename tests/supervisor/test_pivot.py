@@ -9,9 +9,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plugins.formats.andrea_bin import checkpoint_name
-from supervisor.errors import CommandRefused
-from supervisor.lossdb import LossHistory
 from tests.helpers import (
     PYTHON,
     DaemonProcess,
@@ -23,6 +20,9 @@ from tests.helpers import (
     trainer_argv,
     wait_for,
 )
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.supervisor.errors import CommandRefused
+from trainwarden.supervisor.store.lossdb import LossHistory
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -247,14 +247,14 @@ def test_cli_pivot(tmp_path: Path):
     with running_daemon(run_dir) as daemon:
         ready_for_pivot(daemon)
         bad = subprocess.run(
-            [PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs"],
+            [PYTHON, "-m", "trainwarden.supervisor", "pivot", str(run_dir), "--cap", "docs"],
             capture_output=True,
             text=True,
             timeout=60,
         )
         assert bad.returncode == 2 and "expected ARM=NUMBER" in bad.stderr
         refused = subprocess.run(
-            [PYTHON, "-m", "supervisor", "pivot", str(run_dir), "--cap", "docs=2"],
+            [PYTHON, "-m", "trainwarden.supervisor", "pivot", str(run_dir), "--cap", "docs=2"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -264,7 +264,7 @@ def test_cli_pivot(tmp_path: Path):
             [
                 PYTHON,
                 "-m",
-                "supervisor",
+                "trainwarden.supervisor",
                 "pivot",
                 str(run_dir),
                 "--cap",

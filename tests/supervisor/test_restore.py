@@ -9,18 +9,18 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plugins.formats.andrea_bin import checkpoint_name
-from supervisor.checkpoints import CheckpointStore
-from supervisor.errors import LockHeld, TrainwardenError, UsageError
-from supervisor.mirror import LATEST, Mirror, step_dir_name
-from supervisor.plugins import checkpoint_format
-from supervisor.restore import restore
-from supervisor.rundir import RunFiles, acquire_lock
 from tests.format_trainer import save_hf_trainer
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.supervisor.errors import LockHeld, TrainwardenError, UsageError
+from trainwarden.supervisor.registry import checkpoint_format
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.mirror import LATEST, Mirror, step_dir_name
+from trainwarden.supervisor.store.restore import restore
+from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock
 
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = '[run]\nname = "mirrored"\n[trainer]\ncommand = ["python", "-m", "trainer"]\n'
+CONFIG = '[run]\nname = "mirrored"\n[trainer]\ncommand = ["python", "-m", "trainwarden.trainer"]\n'
 
 
 def write_checkpoint(directory: Path, step: int, n_params: int = 50) -> list[Path]:

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins.formats.andrea_bin import checkpoint_name
-from supervisor import units
 from tests.helpers import (
     PYTHON,
     DaemonProcess,
@@ -24,6 +22,8 @@ from tests.helpers import (
     trainer_pid,
     wait_for,
 )
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.supervisor.cli import units
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -162,7 +162,15 @@ def test_power_cut_recovery(tmp_path: Path):
 def test_install_unit_dry_run_and_refusal(tmp_path: Path):
     run_dir = reference_run(tmp_path / "run", 100, 10)
     dry = subprocess.run(
-        [PYTHON, "-m", "supervisor", "install-unit", str(run_dir), "--system", "--dry-run"],
+        [
+            PYTHON,
+            "-m",
+            "trainwarden.supervisor",
+            "install-unit",
+            str(run_dir),
+            "--system",
+            "--dry-run",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -174,7 +182,7 @@ def test_install_unit_dry_run_and_refusal(tmp_path: Path):
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = subprocess.run(
-        [PYTHON, "-m", "supervisor", "install-unit", str(empty), "--dry-run"],
+        [PYTHON, "-m", "trainwarden.supervisor", "install-unit", str(empty), "--dry-run"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from plugins.api import StepRecord
-from supervisor.config import TelemetryConfig
-from supervisor.telemetry import (
+from trainwarden.plugins.api import StepRecord
+from trainwarden.supervisor.config import TelemetryConfig
+from trainwarden.supervisor.shell.telemetry import (
     PEAK_TFLOPS,
     Monitor,
     MonitorSettings,

@@ -11,8 +11,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from plugins.formats.andrea_bin import checkpoint_name
-from supervisor.lossdb import LossHistory
 from tests.helpers import (
     PYTHON,
     checkpoints,
@@ -25,6 +23,8 @@ from tests.helpers import (
     wait_for,
     write_config,
 )
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.supervisor.store.lossdb import LossHistory
 
 pytestmark = pytest.mark.timeout(240)
 SCRIPTED = str(Path(__file__).resolve().parent.parent / "scripted_trainer.py")

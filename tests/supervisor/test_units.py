@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.errors import UsageError
-from supervisor.units import (
+from trainwarden.supervisor.cli.units import (
     REQUIRED_KEYS,
     TEMPLATE_EXE,
     TEMPLATE_PATHS,
@@ -24,6 +23,7 @@ from supervisor.units import (
     unit_install_path,
     unit_name,
 )
+from trainwarden.supervisor.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")

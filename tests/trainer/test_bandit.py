@@ -6,8 +6,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.bandit import Bandit, project_into_bounds
-from trainer.policy import validate_policy
+from trainwarden.supervisor.contract import validate_policy
+from trainwarden.trainer.bandit import Bandit, project_into_bounds
 
 NAMES = ("a", "b", "c", "d", "e")
 

@@ -13,7 +13,6 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import torch
 
-from plugins.formats.andrea_bin import AndreaBin
 from tests.trainer.trainer_process import (
     COMMON_ARGS,
     SAVE_EVERY,
@@ -22,10 +21,16 @@ from tests.trainer.trainer_process import (
     live_trainer,
     run_trainer,
 )
-from trainer.adamw import AdamW
-from trainer.checkpoint import load_into, param_step_counts, read_regions, save_checkpoint
-from trainer.model import GPT
-from trainer.presets import PRESETS
+from trainwarden.plugins.formats.andrea_bin import AndreaBin
+from trainwarden.trainer.adamw import AdamW
+from trainwarden.trainer.checkpoint import (
+    load_into,
+    param_step_counts,
+    read_regions,
+    save_checkpoint,
+)
+from trainwarden.trainer.model import GPT
+from trainwarden.trainer.presets import PRESETS
 
 
 def flat(tensors) -> torch.Tensor:

@@ -46,7 +46,10 @@ def test_invalid_policy_is_refused_before_training(tmp_path):
 
 def test_help_documents_the_test_hooks():
     result = subprocess.run(
-        [sys.executable, "-m", "trainer", "--help"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "trainwarden.trainer", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0
     for needle in ("--crash-at-step", "TRAINER_TEST_SLOW_SAVE_S", "TRAINWARDEN_RESUME"):

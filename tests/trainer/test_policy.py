@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from trainer.policy import PolicyError, default_policy, load_policy, validate_policy
+from trainwarden.supervisor.contract import (
+    PolicyError,
+    default_policy,
+    load_policy,
+    validate_policy,
+)
 
 ARMS = ("docs", "code", "tests")
 

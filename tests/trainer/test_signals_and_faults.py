@@ -7,7 +7,6 @@ import re
 import signal
 import time
 
-from plugins.formats.andrea_bin import AndreaBin
 from tests.trainer.trainer_process import (
     PACED,
     checkpoint,
@@ -17,6 +16,7 @@ from tests.trainer.trainer_process import (
     run_trainer,
     step_losses,
 )
+from trainwarden.plugins.formats.andrea_bin import AndreaBin
 
 SHORT = ("--steps", "30", "--save-every", "100", "--sample-every", "0", "--device", "cpu")
 

@@ -37,7 +37,7 @@ def trainer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def trainer_argv(run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "trainer", "--run-dir", str(run_dir), *args]
+    return [sys.executable, "-m", "trainwarden.trainer", "--run-dir", str(run_dir), *args]
 
 
 def run_trainer(

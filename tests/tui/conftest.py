@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import DaemonProcess, reference_run
-from tui.app import TrainwardenApp
-from tui.source import DaemonSource
+from trainwarden.tui.app import TrainwardenApp
+from trainwarden.tui.source import DaemonSource
 
 
 @dataclass

@@ -8,10 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import CommandRefused
-from tui.messages import Connected, Disconnected, HistoryReceived, StatusReceived, TopicPushed
-from tui.model import Clock
-from tui.source import Post
+from trainwarden.supervisor.errors import CommandRefused
+from trainwarden.tui.messages import (
+    Connected,
+    Disconnected,
+    HistoryReceived,
+    StatusReceived,
+    TopicPushed,
+)
+from trainwarden.tui.model import Clock
+from trainwarden.tui.source import Post
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 

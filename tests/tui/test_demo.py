@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.demo import ask_to_stop
 from tests.helpers import belongs_to_run, checkpoints, kill_quietly, pid_alive, trainer_pid
 from tests.tui.terminal import Tmux
+from trainwarden.supervisor.cli.demo import ask_to_stop
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.formats.andrea_bin import checkpoint_name
 from tests.helpers import pid_alive, trainer_pid
 from tests.tui.conftest import LiveRun
 from tests.tui.live import in_thread, until
 from tests.tui.screen_text import screen_text
-from tui.app import TrainwardenApp
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.main import MainScreen
-from tui.screens.pivot import PivotScreen
+from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.tui.app import TrainwardenApp
+from trainwarden.tui.screens.confirm import ConfirmScreen
+from trainwarden.tui.screens.main import MainScreen
+from trainwarden.tui.screens.pivot import PivotScreen
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,10 +10,10 @@ import pytest
 from tests.tui.fakes import FrozenClock, StaticSource, bandit, status
 from tests.tui.live import until
 from tests.tui.screen_text import screen_text
-from tui.app import TrainwardenApp
-from tui.messages import TopicPushed
-from tui.screens.log import NOT_LOCAL, LogScreen
-from tui.screens.main import MainScreen
+from trainwarden.tui.app import TrainwardenApp
+from trainwarden.tui.messages import TopicPushed
+from trainwarden.tui.screens.log import NOT_LOCAL, LogScreen
+from trainwarden.tui.screens.main import MainScreen
 
 
 class SlowSave(StaticSource):
@@ -133,7 +133,7 @@ async def test_log_screen_follows_a_local_log(tmp_path):
 async def test_pivot_without_bandit_state_explains_instead_of_opening():
     class NoBandit(StaticSource):
         async def run(self, post, history_points):  # type: ignore[no-untyped-def]
-            from tui.messages import Connected, StatusReceived
+            from trainwarden.tui.messages import Connected, StatusReceived
 
             post(Connected({"run": "r"}))
             post(StatusReceived(self.status))
@@ -150,7 +150,7 @@ async def test_pivot_without_bandit_state_explains_instead_of_opening():
 async def test_request_failure_when_daemon_is_gone_is_reported():
     class Gone(StaticSource):
         async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
-            from supervisor.errors import DaemonNotRunning
+            from trainwarden.supervisor.errors import DaemonNotRunning
 
             raise DaemonNotRunning("no trainwarden daemon answers on /x/control.sock")
 

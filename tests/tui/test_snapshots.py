@@ -9,7 +9,7 @@ from textual.widgets import Input
 
 from tests.tui.fakes import FrozenClock, StaticSource
 from tests.tui.live import until
-from tui.app import TrainwardenApp
+from trainwarden.tui.app import TrainwardenApp
 
 
 def frozen_app(**source: Any) -> TrainwardenApp:

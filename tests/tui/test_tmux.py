@@ -22,7 +22,7 @@ pytestmark = [
 
 
 def tui_command(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "supervisor", "tui", str(run_dir)]
+    return [sys.executable, "-m", "trainwarden.supervisor", "tui", str(run_dir)]
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_tui_command_in_an_80x24_terminal(tmux: Tmux, live: LiveRun):
 
 def test_unreachable_daemon_is_one_line_naming_the_socket(tmp_path: Path):
     result = subprocess.run(
-        [sys.executable, "-m", "tui", "--socket", str(tmp_path / "nobody.sock")],
+        [sys.executable, "-m", "trainwarden.tui", "--socket", str(tmp_path / "nobody.sock")],
         capture_output=True,
         text=True,
         timeout=60,

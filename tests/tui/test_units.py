@@ -8,18 +8,18 @@ import sys
 from rich.text import Text
 
 from tests.tui.fakes import FrozenClock, loss_history, status
-from tui.chart import BRAILLE_BASE, render_chart
-from tui.messages import HistoryReceived, StatusReceived, TopicPushed
-from tui.model import RunModel
-from tui.sanitize import clean, safe_text
+from trainwarden.tui.chart import BRAILLE_BASE, render_chart
+from trainwarden.tui.messages import HistoryReceived, StatusReceived, TopicPushed
+from trainwarden.tui.model import RunModel
+from trainwarden.tui.sanitize import clean, safe_text
 
 
 def test_importing_the_tui_does_not_import_torch_or_daemon_internals():
     code = (
         "import sys, tui.app, tui.__main__; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', "
-        "'supervisor.daemon', 'supervisor.control', 'supervisor.policy', "
-        "'supervisor.telemetry_hub'))]; "
+        "'trainwarden.supervisor.shell.daemon', 'trainwarden.supervisor.serve.control', 'trainwarden.supervisor.core.policy', "
+        "'trainwarden.supervisor.shell.hub'))]; "
         "assert not bad, bad"
     )
     result = subprocess.run(
@@ -148,7 +148,7 @@ def test_newest_frame_replaces_a_backlog_of_the_same_topic_only():
 
 
 def test_log_path_is_the_one_the_daemon_names_when_the_socket_is_local(tmp_path):
-    from tui.source import local_log_path
+    from trainwarden.tui.source import local_log_path
 
     run = tmp_path / "run"
     (run / ".trainwarden").mkdir(parents=True)

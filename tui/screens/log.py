@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
-from tui.sanitize import clean_line
+from trainwarden.tui.sanitize import clean_line
 
 TAIL_BYTES = 256 * 1024
 MAX_LINES = 5000

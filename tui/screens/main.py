@@ -10,13 +10,13 @@ from textual.containers import Container, Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from tui.widgets.bandit import BanditPanel
-from tui.widgets.checkpoints import CheckpointsPanel
-from tui.widgets.events import EventsPanel
-from tui.widgets.gpu import GpuPanel
-from tui.widgets.header import RunHeader
-from tui.widgets.loss_chart import LossChart
-from tui.widgets.telemetry import TelemetryPanel
+from trainwarden.tui.widgets.bandit import BanditPanel
+from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
+from trainwarden.tui.widgets.events import EventsPanel
+from trainwarden.tui.widgets.gpu import GpuPanel
+from trainwarden.tui.widgets.header import RunHeader
+from trainwarden.tui.widgets.loss_chart import LossChart
+from trainwarden.tui.widgets.telemetry import TelemetryPanel
 
 ACTING = (
     ("s", "save", "save"),

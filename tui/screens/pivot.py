@@ -17,9 +17,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
-from trainer.policy import validate_policy
-from tui.sanitize import clean
-from tui.screens.confirm import ConfirmScreen
+from trainwarden.supervisor.contract import validate_policy
+from trainwarden.tui.sanitize import clean
+from trainwarden.tui.screens.confirm import ConfirmScreen
 
 
 @dataclass(frozen=True)

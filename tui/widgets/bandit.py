@@ -9,10 +9,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable
 
-from tui import fmt
-from tui.model import RunModel
-from tui.sanitize import clean
-from tui.widgets.table import Cell, sync_rows
+from trainwarden.tui import fmt
+from trainwarden.tui.model import RunModel
+from trainwarden.tui.sanitize import clean
+from trainwarden.tui.widgets.table import Cell, sync_rows
 
 COLUMNS = ("arm", "p", "cap", "floor", "pulls", "ema", "sample")
 WIDTHS = {"p": 4, "cap": 4, "floor": 5, "ema": 4}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui import fmt
-from tui.model import RunModel
-from tui.sanitize import clean
+from trainwarden.tui import fmt
+from trainwarden.tui.model import RunModel
+from trainwarden.tui.sanitize import clean
 
 
 class GpuPanel(Static):

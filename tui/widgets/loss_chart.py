@@ -9,7 +9,7 @@ from rich.style import Style
 from textual.events import Resize
 from textual.widget import Widget
 
-from tui.chart import ChartStyles, dot_columns, render_chart
+from trainwarden.tui.chart import ChartStyles, dot_columns, render_chart
 
 MARKER_KINDS = ("restart", "divergence", "pivot", "crash")
 

@@ -7,9 +7,9 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tui import fmt
-from tui.model import RunModel
-from tui.sanitize import clean
+from trainwarden.tui import fmt
+from trainwarden.tui.model import RunModel
+from trainwarden.tui.sanitize import clean
 
 LABEL_WIDTH = 7
 

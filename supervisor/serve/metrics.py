@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.errors import ConfigError
+from trainwarden.supervisor.errors import ConfigError
 
 PREFIX = "trainwarden"
 SNAPSHOT_TIMEOUT_S = 2.0
@@ -34,7 +34,7 @@ LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 def _phases() -> tuple[str, ...]:
-    from supervisor.policy import Phase
+    from trainwarden.supervisor.core.policy import Phase
 
     return typing.get_args(Phase)
 

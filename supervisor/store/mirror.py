@@ -39,8 +39,8 @@ from typing import Any
 import orjson
 import xxhash
 
-from supervisor.errors import TrainwardenError
-from supervisor.rundir import fsync_dir, write_atomic
+from trainwarden.supervisor.errors import TrainwardenError
+from trainwarden.supervisor.store.rundir import fsync_dir, write_atomic
 
 LATEST = "latest.json"
 MANIFEST = "manifest.json"

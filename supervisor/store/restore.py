@@ -18,10 +18,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoints import CheckpointStore
-from supervisor.config import CONFIG_NAME
-from supervisor.errors import CheckpointInvalid, TrainwardenError, UsageError
-from supervisor.mirror import (
+from trainwarden.supervisor.config import CONFIG_NAME
+from trainwarden.supervisor.errors import CheckpointInvalid, TrainwardenError, UsageError
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.mirror import (
     CHECKPOINT_PART,
     RUN_PART,
     MirrorError,
@@ -30,7 +30,7 @@ from supervisor.mirror import (
     hash_file,
     read_pointer,
 )
-from supervisor.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
+from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
 
 
 def _size(n: float) -> str:
@@ -104,7 +104,7 @@ def _install_run_file(name: str, staged: Path, run_dir: Path, notes: list[str]) 
 
 def restore(run_dir: Path, mirror: Path, *, config_from: Path | None = None) -> str:
     """Recreate run_dir's newest checkpoint (and config) from a mirror; a one-line summary."""
-    from supervisor import plugins
+    from trainwarden.supervisor import registry as plugins
 
     run_dir = run_dir.expanduser().resolve()
     mirror = mirror.expanduser().resolve()

@@ -16,14 +16,14 @@ from typing import Any
 
 import orjson
 
-from plugins.api import CheckpointInfo
-from supervisor import plugins as plugin_registry
-from supervisor.config import Config
-from supervisor.journal import Journal, tail_records
-from supervisor.logfollow import LogFollower
-from supervisor.lossdb import LossHistory, LossWriter, ResumeAudit
-from supervisor.rundir import RunFiles
-from supervisor.telemetry import Monitor, no_gpu_reason, settings_from_config
+from trainwarden.plugins.api import CheckpointInfo
+from trainwarden.supervisor import registry as plugin_registry
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.inputs.logfollow import LogFollower
+from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
+from trainwarden.supervisor.store.journal import Journal, tail_records
+from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter, ResumeAudit
+from trainwarden.supervisor.store.rundir import RunFiles
 
 log = logging.getLogger("trainwarden.telemetry")
 
@@ -279,8 +279,8 @@ class TelemetryHub:
         self._sampler_task = self.loop.create_task(self._sample_forever())
 
     async def _sample_forever(self) -> None:
-        from supervisor.gpu import GpuSampler
-        from supervisor.host import HostSampler
+        from trainwarden.supervisor.inputs.gpu import GpuSampler
+        from trainwarden.supervisor.inputs.host import HostSampler
 
         self.gpu_sampler = await asyncio.to_thread(GpuSampler)
         self.host_sampler = HostSampler(self.cfg.checkpoint_dir)
@@ -299,7 +299,7 @@ class TelemetryHub:
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     async def _sample_once(self) -> None:
-        from supervisor.host import disk_low
+        from trainwarden.supervisor.inputs.host import disk_low
 
         gpu = await asyncio.to_thread(self.gpu_sampler.sample)
         gpu_data = gpu.to_dict() if gpu is not None else None

@@ -1033,7 +1033,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
 
 
 # The pivot's stages live in their own module; it builds on the helpers above.
-from supervisor import pivot as _pivot  # noqa: E402
+from trainwarden.supervisor.core import pivot as _pivot  # noqa: E402
 
 _COMMANDS["pivot"] = _pivot.cmd_pivot
 _HANDLERS[PivotProgress] = _pivot.on_progress

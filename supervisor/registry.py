@@ -9,11 +9,11 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from supervisor.errors import ConfigError, PluginError
+from trainwarden.supervisor.errors import ConfigError, PluginError
 
 if TYPE_CHECKING:
-    from plugins.api import CheckpointFormat, LogParser
-    from supervisor.config import Config
+    from trainwarden.plugins.api import CheckpointFormat, LogParser
+    from trainwarden.supervisor.config import Config
 
 FORMATS_GROUP = "trainwarden.formats"
 PARSERS_GROUP = "trainwarden.parsers"

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.config import CONFIG_NAME, Config, load_config
-from supervisor.detach import start_detached
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from supervisor.init import write_config
-from supervisor.protocol import Client
-from supervisor.rundir import RunFiles
+from trainwarden.supervisor.cli.detach import start_detached
+from trainwarden.supervisor.cli.init import write_config
+from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.protocol import Client
+from trainwarden.supervisor.store.rundir import RunFiles
 
 DEFAULT_DIR_NAME = "trainwarden-demo"
 DEMO_PRESET = "tiny"
@@ -121,7 +121,7 @@ def run_demo(
     cfg = load_config(run_dir)
     ensure_daemon(cfg)
 
-    from tui.app import main as tui_main
+    from trainwarden.tui.app import main as tui_main
 
     status = tui_main(cfg.socket_path, log_path=cfg.log_path)
     if status != 0:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.errors import LockHeld
+from trainwarden.supervisor.errors import LockHeld
 
 STATE_DIR = ".trainwarden"
 

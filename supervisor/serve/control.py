@@ -17,13 +17,13 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from supervisor import PROTOCOL_VERSION, __version__
-from supervisor.errors import LockHeld, ProtocolError
-from supervisor.journal import tail_records
-from supervisor.protocol import MAX_LINE, TOPICS, connect_path, decode, encode
+from trainwarden.supervisor import PROTOCOL_VERSION, __version__
+from trainwarden.supervisor.errors import LockHeld, ProtocolError
+from trainwarden.supervisor.protocol import MAX_LINE, TOPICS, connect_path, decode, encode
+from trainwarden.supervisor.store.journal import tail_records
 
 if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
+    from trainwarden.supervisor.shell.daemon import Daemon
 
 log = logging.getLogger("trainwarden.control")
 

@@ -7,10 +7,15 @@ import subprocess
 import sys
 import time
 
-from supervisor.config import Config
-from supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError, TrainwardenError
-from supervisor.protocol import Client
-from supervisor.rundir import RunFiles
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.errors import (
+    CommandRefused,
+    DaemonNotRunning,
+    ProtocolError,
+    TrainwardenError,
+)
+from trainwarden.supervisor.protocol import Client
+from trainwarden.supervisor.store.rundir import RunFiles
 
 
 def _tail(path: os.PathLike[str], lines: int = 1) -> str:
@@ -30,7 +35,7 @@ def start_detached(cfg: Config, timeout_s: float = 60.0) -> int:
     log_fd = os.open(files.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "daemon", str(cfg.run_dir)],
+            [sys.executable, "-m", "trainwarden.supervisor", "daemon", str(cfg.run_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from supervisor.errors import UsageError
+from trainwarden.supervisor.errors import UsageError
 
 Kind = Literal["system", "user"]
 

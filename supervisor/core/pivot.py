@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from supervisor.policy import (
+from trainwarden.supervisor.contract import normalized_policy, validate_policy
+from trainwarden.supervisor.core.policy import (
     Action,
     Archive,
     Ckpt,
@@ -42,7 +43,6 @@ from supervisor.policy import (
     _stop_trainer,
     without_checkpoints,
 )
-from trainer.policy import normalized_policy, validate_policy
 
 
 def new_policy_from(

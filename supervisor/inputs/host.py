@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import psutil
 
-from supervisor.process import descendants
+from trainwarden.supervisor.inputs.proctree import descendants
 
 DISK_HEADROOM = 1.5
 """Free space on the checkpoint volume below this many newest checkpoints counts as low."""

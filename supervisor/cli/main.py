@@ -15,7 +15,12 @@ from typing import Any
 
 import orjson
 
-from supervisor.errors import CommandRefused, DaemonNotRunning, TrainwardenError, UsageError
+from trainwarden.supervisor.errors import (
+    CommandRefused,
+    DaemonNotRunning,
+    TrainwardenError,
+    UsageError,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,7 +33,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 
 def _socket_path(run_dir: Path) -> Path:
-    from supervisor.config import CONFIG_NAME, load_config
+    from trainwarden.supervisor.config import CONFIG_NAME, load_config
 
     if (run_dir / CONFIG_NAME).exists():
         return load_config(run_dir, check_plugins=False).socket_path
@@ -36,7 +41,7 @@ def _socket_path(run_dir: Path) -> Path:
 
 
 def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
-    from supervisor.protocol import Client
+    from trainwarden.supervisor.protocol import Client
 
     return Client(_socket_path(_run_dir(args)), timeout=timeout)
 
@@ -49,7 +54,7 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from supervisor.init import write_config
+    from trainwarden.supervisor.cli.init import write_config
 
     path = write_config(
         _run_dir(args),
@@ -65,12 +70,12 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from supervisor.config import load_config
+    from trainwarden.supervisor.config import load_config
 
     run_dir = _run_dir(args)
     cfg = load_config(run_dir)
     if args.detach:
-        from supervisor.detach import start_detached
+        from trainwarden.supervisor.cli.detach import start_detached
 
         pid = start_detached(cfg)
         print(f"trainwarden daemon started (pid {pid}) for {run_dir}")
@@ -78,8 +83,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from supervisor.daemon import Daemon
-    from supervisor.notify import Notifier
+    from trainwarden.supervisor.serve.notify import Notifier
+    from trainwarden.supervisor.shell.daemon import Daemon
 
     logging.basicConfig(
         level=logging.INFO,
@@ -275,8 +280,8 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
     import shutil
     import subprocess
 
-    from supervisor import units
-    from supervisor.config import load_config
+    from trainwarden.supervisor.cli import units
+    from trainwarden.supervisor.config import load_config
 
     run_dir = _run_dir(args)
     cfg = load_config(run_dir)
@@ -318,8 +323,8 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from supervisor.config import CONFIG_NAME, load_config
-    from tui.app import main as tui_main
+    from trainwarden.supervisor.config import CONFIG_NAME, load_config
+    from trainwarden.tui.app import main as tui_main
 
     if args.socket:
         return tui_main(Path(args.socket).expanduser(), read_only=args.read_only)
@@ -331,13 +336,13 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from supervisor.demo import run_demo
+    from trainwarden.supervisor.cli.demo import run_demo
 
     return run_demo(Path(args.run_dir).expanduser().resolve() if args.run_dir else None)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from supervisor.restore import restore
+    from trainwarden.supervisor.store.restore import restore
 
     config = Path(args.config).expanduser() if args.config else None
     print(restore(_run_dir(args), Path(args.mirror).expanduser(), config_from=config))

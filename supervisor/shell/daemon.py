@@ -16,19 +16,21 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from supervisor import PROTOCOL_VERSION, __version__, policy
-from supervisor import plugins as plugin_registry
-from supervisor.checkpoints import CheckpointStore, CheckpointWatcher, Verdict
-from supervisor.config import Config
-from supervisor.journal import Journal, read_records
-from supervisor.notify import NOTIFY_ENV_KEYS
-from supervisor.process import TrainerIdentity, send_signal, spawn, stop_leftover
-from supervisor.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
-from supervisor.telemetry_hub import TelemetryHub
+from trainwarden.supervisor import PROTOCOL_VERSION, __version__
+from trainwarden.supervisor import registry as plugin_registry
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import policy
+from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS
+from trainwarden.supervisor.shell.hub import TelemetryHub
+from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn, stop_leftover
+from trainwarden.supervisor.store.checkpoints import CheckpointStore, Verdict
+from trainwarden.supervisor.store.journal import Journal, read_records
+from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, fsync_dir, write_atomic
 
 if TYPE_CHECKING:
-    from supervisor.metrics import MetricsServer
-    from supervisor.mirror import Mirror
+    from trainwarden.supervisor.serve.metrics import MetricsServer
+    from trainwarden.supervisor.store.mirror import Mirror
 
 log = logging.getLogger("trainwarden.daemon")
 
@@ -169,7 +171,7 @@ class Daemon:
         watcher.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        from supervisor.control import ControlServer
+        from trainwarden.supervisor.serve.control import ControlServer
 
         self.server = ControlServer(self)
         await self.server.start()
@@ -581,7 +583,7 @@ class Daemon:
     def _start_mirror(self) -> None:
         if self.cfg.mirror.path is None:
             return
-        from supervisor.mirror import Mirror
+        from trainwarden.supervisor.store.mirror import Mirror
 
         self.mirror = Mirror(
             Path(self.cfg.mirror.path).expanduser(),
@@ -630,7 +632,7 @@ class Daemon:
         assert self.journal is not None
         if self.cfg.metrics.listen is None:
             return
-        from supervisor.metrics import start_metrics_server
+        from trainwarden.supervisor.serve.metrics import start_metrics_server
 
         try:
             self.metrics = start_metrics_server(

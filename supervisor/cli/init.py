@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from supervisor.config import CONFIG_NAME, load_config
-from supervisor.errors import UsageError
+from trainwarden.supervisor.config import CONFIG_NAME, load_config
+from trainwarden.supervisor.errors import UsageError
 
 TEMPLATE = """\
 # trainwarden run configuration (reference: README.md, "Configuration").
@@ -16,7 +16,7 @@ log = "training.log"
 
 [trainer]
 # The trainer's argv; it runs with the run directory as its working directory.
-command = [{python}, "-m", "trainer", "--run-dir", ".", "--preset", "{preset}", "--steps", "{steps}", "--save-every", "{save_every}", "--device", "{device}"]
+command = [{python}, "-m", "trainwarden.trainer", "--run-dir", ".", "--preset", "{preset}", "--steps", "{steps}", "--save-every", "{save_every}", "--device", "{device}"]
 stop_timeout_s = {stop_timeout}
 total_steps = {steps}
 
