@@ -1,0 +1,42 @@
+"""The run's phases: the states of the daemon's state machine, as the wire names them.
+
+    starting --first step line--> running --save--> saving --checkpoint--> running
+    running --stop/shutdown--> stopping --trainer exited--> stopped
+    running --trainer exited 0 on its own--> finished
+    running --crash or hang--> backoff --backoff elapsed--> starting
+    backoff --N restarts without progress--> crash_loop
+    running --non-finite or too-high loss--> stopping --exit--> starting (rollback)
+                                                            \\-> diverged (same divergence again)
+    running --pivot--> pivoting --checkpoint, stop, archive, policy--> starting
+    stopped | finished | crash_loop | diverged --start--> starting
+
+Each transition is made by the pure policy (trainwarden.supervisor.core) for the cause
+named on its arrow; nothing else assigns a phase.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SAVING = "saving"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    BACKOFF = "backoff"
+    CRASH_LOOP = "crash_loop"
+    DIVERGED = "diverged"
+    PIVOTING = "pivoting"
+
+
+HALTED: frozenset[Phase] = frozenset(
+    {Phase.STOPPED, Phase.FINISHED, Phase.CRASH_LOOP, Phase.DIVERGED}
+)
+"""Phases in which no trainer runs and none will start until the operator says so."""
+TRAINER_UP: frozenset[Phase] = frozenset(
+    {Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.STOPPING, Phase.PIVOTING}
+)
+"""Phases in which a trainer process is (or is about to be) running."""
