@@ -1,5 +1,12 @@
-"""`policy.json`: per-arm caps and floors on the data-mixing bandit's probabilities.
+"""The trainer contract: what the daemon and a supervised trainer agree on, without torch.
 
+Environment: the daemon starts each trainer with these variables (names below).
+    TRAINWARDEN_RUN_DIR   the run directory
+    TRAINWARDEN_SEG       which trainer start this is (1, 2, ...; the `seg` of .loss.json)
+    TRAINWARDEN_RESUME    the checkpoint to resume from (absent: a fresh start)
+    TRAINWARDEN_PIVOT     "1": start the bandit fresh under the new policy.json
+
+`policy.json`: per-arm caps and floors on the data-mixing bandit's probabilities.
 Shape: `{"arms": {"docs": {"cap": 0.6, "floor": 0.1}, ...}}`. An arm the file does not
 name gets floor 0 and cap 1. The daemon and TUI validate a policy before writing it, so
 this module must not import torch.
@@ -12,6 +19,11 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+ENV_RUN_DIR = "TRAINWARDEN_RUN_DIR"
+ENV_SEG = "TRAINWARDEN_SEG"
+ENV_RESUME = "TRAINWARDEN_RESUME"
+ENV_PIVOT = "TRAINWARDEN_PIVOT"
 
 DEFAULT_FLOOR = 0.0
 DEFAULT_CAP = 1.0
