@@ -67,8 +67,8 @@ def test_packaged_templates_are_what_units_py_generates() -> None:
     for kind in KINDS:
         packaged = (REPO / TEMPLATE_PATHS[kind]).read_text(encoding="utf-8")
         assert packaged == template_unit(kind), (
-            f"{TEMPLATE_PATHS[kind]} differs from supervisor/units.py: edit units.py and "
-            "run `python -m supervisor.units`"
+            f"{TEMPLATE_PATHS[kind]} differs from supervisor/cli/units.py: edit units.py and "
+            "run `python -m trainwarden.supervisor.cli.units`"
         )
 
 

@@ -16,7 +16,7 @@ from trainwarden.tui.sanitize import clean, safe_text
 
 def test_importing_the_tui_does_not_import_torch_or_daemon_internals():
     code = (
-        "import sys, tui.app, tui.__main__; "
+        "import sys, trainwarden.tui.app, trainwarden.tui.__main__; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', "
         "'trainwarden.supervisor.shell.daemon', 'trainwarden.supervisor.serve.control', 'trainwarden.supervisor.core.policy', "
         "'trainwarden.supervisor.shell.hub'))]; "
