@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.registry import check_installed
 
 CONFIG_NAME = "trainwarden.toml"
 
@@ -348,7 +349,5 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     cfg = Config(run_dir=run_dir, path=path, **tables)
     _check_ranges(path, cfg)
     if check_plugins:
-        from trainwarden.supervisor import registry as plugins
-
-        plugins.check_configured(cfg)
+        check_installed(path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)
     return cfg
