@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import tomllib
 import types
 import typing
@@ -242,6 +243,44 @@ def _build_table(path: Path, table: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
+RENAMED_MODULES = {"trainer": "trainwarden.trainer"}
+"""Old module names of the reference trainer that a config may still run with `-m`."""
+
+
+def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] | None:
+    """(index, old, new) of the first `-m OLD` argument that names a renamed module, unless
+    the run directory holds a module of that name of its own (`-m` would find it there)."""
+    for i, arg in enumerate(command):
+        if arg == "-m" and i + 1 < len(command):
+            index, module = i + 1, command[i + 1]
+        elif arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
+            index, module = i, arg[2:]
+        else:
+            continue
+        top, _, rest = module.partition(".")
+        if top not in RENAMED_MODULES:
+            continue
+        if (run_dir / f"{top}.py").exists() or (run_dir / top).is_dir():
+            return None
+        new = RENAMED_MODULES[top] + (f".{rest}" if rest else "")
+        return index, module, new
+    return None
+
+
+def _check_trainer_command(path: Path, cfg: Config) -> None:
+    command = cfg.trainer.command
+    renamed = _renamed_module(cfg.run_dir, command)
+    if renamed is None:
+        return
+    index, old, new = renamed
+    fixed = [*command]
+    fixed[index] = new if command[index] == old else f"-m{new}"
+    raise ConfigError(
+        f"{path}: 'trainer.command' runs `-m {old}`, a module that is now called {new}: "
+        f"write command = {json.dumps(fixed)} (or run the `trainwarden-trainer` script)"
+    )
+
+
 def _check_ranges(path: Path, cfg: Config) -> None:
     def bad(key: str, value: Any, expected: str) -> ConfigError:
         return ConfigError(f"{path}: '{key}' = {value!r} is invalid: expected {expected}")
@@ -251,6 +290,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             f"{path}: '[trainer] command' is missing: give the trainer's argv, for example "
             'command = ["python", "-m", "trainwarden.trainer", "--run-dir", "."]'
         )
+    _check_trainer_command(path, cfg)
     if cfg.checkpoints.keep_last < 1:
         raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
     # Comparisons written so that nan fails them too: a nan deadline never comes due and
