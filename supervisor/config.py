@@ -290,7 +290,6 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             f"{path}: '[trainer] command' is missing: give the trainer's argv, for example "
             'command = ["python", "-m", "trainwarden.trainer", "--run-dir", "."]'
         )
-    _check_trainer_command(path, cfg)
     if cfg.checkpoints.keep_last < 1:
         raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
     # Comparisons written so that nan fails them too: a nan deadline never comes due and
@@ -363,7 +362,13 @@ def _check_ranges(path: Path, cfg: Config) -> None:
 
 
 def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
-    """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message."""
+    """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message.
+
+    check_plugins also checks what only starting a daemon needs: the configured plugins
+    are installed and the trainer command does not run a renamed module. Commands that
+    only talk to a daemon (status, stop, tui) skip it, so an operator can still reach a
+    running daemon whose config needs fixing before its next start.
+    """
     run_dir = Path(run_dir).resolve()
     path = run_dir / CONFIG_NAME
     try:
@@ -389,5 +394,6 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     cfg = Config(run_dir=run_dir, path=path, **tables)
     _check_ranges(path, cfg)
     if check_plugins:
+        _check_trainer_command(path, cfg)
         check_installed(path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)
     return cfg

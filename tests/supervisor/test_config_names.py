@@ -98,3 +98,16 @@ def test_a_run_directory_with_its_own_trainer_module_may_run_it(tmp_path: Path, 
     (run_dir / own).parent.mkdir(parents=True, exist_ok=True)
     (run_dir / own).write_text("print('step: 1, loss: 1.0, dt: 0.1')\n")
     assert load_config(run_dir).trainer.command == OLD
+
+
+def test_commands_that_only_talk_to_a_daemon_still_read_the_old_config(tmp_path: Path):
+    """An operator can still reach (and stop) a running daemon before fixing its config."""
+    run_dir = run_dir_with(tmp_path, OLD)
+    assert load_config(run_dir, check_plugins=False).trainer.command == OLD
+    done = subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", "status", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "trainer.command" not in done.stderr, done.stderr
