@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("supervisor", "tui", "plugins", "trainer")
 SCRIPTED = ROOT / "tests" / "scripted_trainer.py"
-NOT_COPIED = {".git", ".venv", "build", "dist", "__pycache__", ".hypothesis", "runs"}
+NOT_COPIED = {".git", ".venv", "build", "dist", "__pycache__", ".hypothesis", "runs", "out"}
 INSTALL_TORCH = "pip install 'trainwarden[trainer]'"
 
 
