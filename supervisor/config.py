@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import tomllib
 import types
 import typing
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.registry import check_installed
 
 CONFIG_NAME = "trainwarden.toml"
 
@@ -241,6 +243,44 @@ def _build_table(path: Path, table: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
+RENAMED_MODULES = {"trainer": "trainwarden.trainer"}
+"""Old module names of the reference trainer that a config may still run with `-m`."""
+
+
+def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] | None:
+    """(index, old, new) of the first `-m OLD` argument that names a renamed module, unless
+    the run directory holds a module of that name of its own (`-m` would find it there)."""
+    for i, arg in enumerate(command):
+        if arg == "-m" and i + 1 < len(command):
+            index, module = i + 1, command[i + 1]
+        elif arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
+            index, module = i, arg[2:]
+        else:
+            continue
+        top, _, rest = module.partition(".")
+        if top not in RENAMED_MODULES:
+            continue
+        if (run_dir / f"{top}.py").exists() or (run_dir / top).is_dir():
+            return None
+        new = RENAMED_MODULES[top] + (f".{rest}" if rest else "")
+        return index, module, new
+    return None
+
+
+def _check_trainer_command(path: Path, cfg: Config) -> None:
+    command = cfg.trainer.command
+    renamed = _renamed_module(cfg.run_dir, command)
+    if renamed is None:
+        return
+    index, old, new = renamed
+    fixed = [*command]
+    fixed[index] = new if command[index] == old else f"-m{new}"
+    raise ConfigError(
+        f"{path}: 'trainer.command' runs `-m {old}`, a module that is now called {new}: "
+        f"write command = {json.dumps(fixed)} (or run the `trainwarden-trainer` script)"
+    )
+
+
 def _check_ranges(path: Path, cfg: Config) -> None:
     def bad(key: str, value: Any, expected: str) -> ConfigError:
         return ConfigError(f"{path}: '{key}' = {value!r} is invalid: expected {expected}")
@@ -322,7 +362,13 @@ def _check_ranges(path: Path, cfg: Config) -> None:
 
 
 def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
-    """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message."""
+    """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message.
+
+    check_plugins also checks what only starting a daemon needs: the configured plugins
+    are installed and the trainer command does not run a renamed module. Commands that
+    only talk to a daemon (status, stop, tui) skip it, so an operator can still reach a
+    running daemon whose config needs fixing before its next start.
+    """
     run_dir = Path(run_dir).resolve()
     path = run_dir / CONFIG_NAME
     try:
@@ -348,7 +394,6 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     cfg = Config(run_dir=run_dir, path=path, **tables)
     _check_ranges(path, cfg)
     if check_plugins:
-        from trainwarden.supervisor import registry as plugins
-
-        plugins.check_configured(cfg)
+        _check_trainer_command(path, cfg)
+        check_installed(path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)
     return cfg

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.errors import ConfigError, PluginError
 
 if TYPE_CHECKING:
     from trainwarden.plugins.api import CheckpointFormat, LogParser
-    from trainwarden.supervisor.config import Config
 
 FORMATS_GROUP = "trainwarden.formats"
 PARSERS_GROUP = "trainwarden.parsers"
@@ -45,15 +45,18 @@ def log_parser(name: str, options: dict[str, Any] | None = None) -> LogParser:
     return _load(PARSERS_GROUP, name)(options or {})  # type: ignore[no-any-return]
 
 
-def check_configured(cfg: Config) -> None:
-    """Raise ConfigError when the config names a plugin that is not installed."""
+def check_installed(config_path: Path, *, format_name: str, parser_name: str) -> None:
+    """Raise ConfigError, naming the config file, when a configured plugin is not installed.
+
+    Takes the names rather than the Config: the config module calls this while loading.
+    """
     for group, key, name in (
-        (FORMATS_GROUP, "checkpoints.format", cfg.checkpoints.format),
-        (PARSERS_GROUP, "telemetry.parser", cfg.telemetry.parser),
+        (FORMATS_GROUP, "checkpoints.format", format_name),
+        (PARSERS_GROUP, "telemetry.parser", parser_name),
     ):
         names = sorted(installed(group))
         if name not in names:
             raise ConfigError(
-                f"{cfg.path}: '{key}' = {name!r} is not an installed plugin; "
+                f"{config_path}: '{key}' = {name!r} is not an installed plugin; "
                 f"installed: {', '.join(names) or 'none'}"
             )

@@ -15,6 +15,11 @@ weights_only.
 
 Options (`[checkpoints] options = {...}`): pattern, tmp_suffix, required_keys, step_keys,
 verify_timeout_s, python (the interpreter that runs the probe; default: the daemon's own).
+
+torch is an optional dependency (the `trainer` extra): when the format is set up, the
+probe interpreter is asked whether it can find torch, so a run configured for torch-pt
+without it fails at start with a ConfigError naming the extra, instead of quarantining
+every checkpoint it cannot check.
 """
 
 from __future__ import annotations
@@ -37,6 +42,16 @@ DEFAULT_REQUIRED_KEYS = ("model", "optimizer")
 DEFAULT_STEP_KEYS = ("step", "iter_num", "global_step")
 PROBE_MARK = "TRAINWARDEN_PROBE "
 REMEMBERED = 64
+INSTALL_TORCH = "pip install 'trainwarden[trainer]'"
+TORCH_CHECK_TIMEOUT_S = 20.0
+TORCH_MISSING = 3
+"""Exit status of TORCH_CHECK when the interpreter cannot find torch."""
+
+# Finds torch without importing it (an import costs seconds): `python -I -c`, as the probe.
+TORCH_CHECK = (
+    "import importlib.util, sys; "
+    f"sys.exit(0 if importlib.util.find_spec('torch') else {TORCH_MISSING})"
+)
 
 # Runs in `python -I -c`: no site-packages of the user, no current directory on the path.
 PROBE = r"""
@@ -59,7 +74,8 @@ def reason(exc):
 try:
     import torch
 except Exception as exc:
-    say(error="cannot import torch in the probe interpreter: " + reason(exc))
+    say(error="cannot import torch in the probe interpreter " + sys.executable + " ("
+        + reason(exc) + "): install it with pip install 'trainwarden[trainer]'")
     sys.exit(0)
 try:
     try:
@@ -162,6 +178,30 @@ class TorchPt:
             lambda v: isinstance(v, str) and v,
             "an interpreter path",
         )
+        self._require_torch()
+
+    def _require_torch(self) -> None:
+        """Raise ConfigError when the probe interpreter has no torch to check files with.
+
+        Only a definite "not found" counts: an interpreter that cannot be started or does
+        not answer in time is reported by verify, file by file, as before.
+        """
+        try:
+            done = subprocess.run(
+                [self.python, "-I", "-c", TORCH_CHECK],
+                capture_output=True,
+                timeout=min(self.verify_timeout_s, TORCH_CHECK_TIMEOUT_S),
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if done.returncode == TORCH_MISSING:
+            raise ConfigError(
+                f"'checkpoints.format' = 'torch-pt' needs torch, which the probe interpreter "
+                f"{self.python} cannot import: install it with `{INSTALL_TORCH}` "
+                "(or set checkpoints.options.python to an interpreter that has torch)"
+            )
 
     def step_of(self, path: Path) -> int | None:
         match = self.pattern.match(path.name)

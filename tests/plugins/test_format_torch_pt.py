@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from tests.format_trainer import daemon_scenario
-from tests.helpers import pid_alive
+from tests.helpers import pid_alive, write_config
 from trainwarden.plugins.formats.torch_pt import TorchPt
 from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 
@@ -185,3 +186,64 @@ def test_an_unchanged_file_that_passed_is_not_probed_again(
     save(path, good_state(90))  # rewritten in place: probed afresh, and now wrong
     assert "step value 90" in invalid(fmt, path)
     assert len(probes) == 2
+
+
+@pytest.fixture(scope="module")
+def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh venv (no system site-packages): it cannot import torch."""
+    venv = tmp_path_factory.mktemp("no-torch") / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    python = venv / "bin" / "python"
+    probe = subprocess.run([python, "-I", "-c", "import torch"], capture_output=True, timeout=60)
+    assert probe.returncode != 0, "the fresh venv can import torch: the tests below prove nothing"
+    return python
+
+
+def test_a_probe_interpreter_without_torch_is_a_config_error_naming_the_extra(
+    python_without_torch: Path,
+):
+    with pytest.raises(ConfigError) as caught:
+        TorchPt({"python": str(python_without_torch)})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "pip install 'trainwarden[trainer]'" in message
+    assert str(python_without_torch) in message and "'checkpoints.format'" in message
+
+
+def test_torch_gone_after_start_makes_verify_name_the_extra(
+    tmp_path: Path, python_without_torch: Path
+):
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    fmt = TorchPt({})
+    fmt.python = str(python_without_torch)  # torch uninstalled while the daemon runs
+    message = invalid(fmt, path)
+    assert "cannot import torch in the probe interpreter" in message
+    assert "pip install 'trainwarden[trainer]'" in message
+
+
+def test_the_daemon_refuses_to_start_torch_pt_without_torch(
+    tmp_path: Path, python_without_torch: Path
+):
+    run_dir = tmp_path / "run"
+    write_config(
+        run_dir,
+        {
+            "trainer": {"command": [sys.executable, "-c", "pass"]},
+            "checkpoints": {"format": "torch-pt", "options": {"python": str(python_without_torch)}},
+        },
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, f"expected exit 2 (config), got {done.returncode}: {done.stderr}"
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "pip install 'trainwarden[trainer]'" in done.stderr
+    assert not (run_dir / ".trainwarden" / "journal.jsonl").exists(), "the daemon started"
