@@ -24,42 +24,20 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, NotRequired, TypedDict, get_args
 
-from trainwarden.supervisor import PROTOCOL_VERSION
-from trainwarden.supervisor.client import (
-    AsyncClient,
-    Client,
-    not_running_message,
-    result_of,
-    unreachable,
-)
-from trainwarden.supervisor.core.phases import HALTED, TRAINER_UP, Phase
-from trainwarden.supervisor.wire import MAX_LINE, connect_path, decode, encode
-
-__all__ = [
-    "ACTING_COMMANDS",
-    "COMMANDS",
-    "ERROR_CODES",
-    "HALTED",
-    "MAX_LINE",
-    "PROTOCOL_VERSION",
-    "READ_COMMANDS",
-    "REPLACEABLE_TOPICS",
-    "RESULTS",
-    "STATE_KEYS",
-    "TELEMETRY_KEYS",
-    "TOPICS",
-    "TOPIC_DATA",
-    "TRAINER_UP",
-    "AsyncClient",
-    "Client",
-    "Phase",
-    "connect_path",
-    "decode",
-    "encode",
-    "not_running_message",
-    "result_of",
-    "unreachable",
-]
+# Re-exported (the `as` says so): every party imports the protocol from this one module.
+from trainwarden.supervisor import PROTOCOL_VERSION as PROTOCOL_VERSION
+from trainwarden.supervisor.client import AsyncClient as AsyncClient
+from trainwarden.supervisor.client import Client as Client
+from trainwarden.supervisor.client import not_running_message as not_running_message
+from trainwarden.supervisor.client import result_of as result_of
+from trainwarden.supervisor.client import unreachable as unreachable
+from trainwarden.supervisor.core.phases import HALTED as HALTED
+from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
+from trainwarden.supervisor.core.phases import Phase as Phase
+from trainwarden.supervisor.wire import MAX_LINE as MAX_LINE
+from trainwarden.supervisor.wire import connect_path as connect_path
+from trainwarden.supervisor.wire import decode as decode
+from trainwarden.supervisor.wire import encode as encode
 
 # ----------------------------------------------------------------------------- names
 

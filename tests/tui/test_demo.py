@@ -39,7 +39,7 @@ def demo_dir(tmp_path: Path) -> Iterator[Path]:
 def test_demo_from_nothing_then_quit_and_stop(demo_dir: Path):
     tmux = Tmux()
     try:
-        code = "import sys; from pathlib import Path; from supervisor.demo import run_demo; "
+        code = "import sys; from pathlib import Path; from trainwarden.supervisor.cli.demo import run_demo; "
         code += "sys.exit(run_demo(Path(sys.argv[1])))"
         tmux.start([sys.executable, "-c", code, str(demo_dir)])
         tmux.wait_for("RUNNING", "telemetry", "checkpoints", timeout=90)
