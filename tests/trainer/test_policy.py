@@ -107,5 +107,5 @@ def test_policy_module_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, trainer.policy, trainer; assert 'torch' not in sys.modules"
+    code = "import sys, trainwarden.supervisor.contract, trainwarden.trainer; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
