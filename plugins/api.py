@@ -1,9 +1,19 @@
-"""The interfaces a plugin implements. Third-party plugins import only this module.
+"""Everything a plugin needs. Third-party plugins import only this module.
 
 A log parser turns one line of trainer output into a StepRecord (or None when the
 line is not a step line). A checkpoint format recognises committed and in-flight
-checkpoint names in the checkpoint directory and verifies a committed one.
-Neither may import torch at module level: the daemon and TUI must start fast.
+checkpoint names in the checkpoint directory and verifies a committed one, raising
+CheckpointInvalid with the reason when it fails; a plugin whose options make no sense
+raises ConfigError. Neither may import torch at module level: the daemon and TUI must
+start fast.
+
+A plugin is registered through an entry point of the distribution that ships it, in the
+group `trainwarden.formats` or `trainwarden.parsers`, under the name a config uses:
+
+    [project.entry-points."trainwarden.formats"]
+    my-format = "my_package.formats:MyFormat"
+
+This module imports only the standard library and trainwarden's errors.
 """
 
 from __future__ import annotations
@@ -12,6 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError, TrainwardenError
+
+__all__ = [
+    "CheckpointFormat",
+    "CheckpointInfo",
+    "CheckpointInvalid",
+    "ConfigError",
+    "LogParser",
+    "StepRecord",
+    "TrainwardenError",
+]
 
 
 @dataclass(frozen=True, slots=True)

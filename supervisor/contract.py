@@ -1,29 +1,106 @@
 """The trainer contract: what the daemon and a supervised trainer agree on, without torch.
 
-Environment: the daemon starts each trainer with these variables (names below).
-    TRAINWARDEN_RUN_DIR   the run directory
-    TRAINWARDEN_SEG       which trainer start this is (1, 2, ...; the `seg` of .loss.json)
-    TRAINWARDEN_RESUME    the checkpoint to resume from (absent: a fresh start)
-    TRAINWARDEN_PIVOT     "1": start the bandit fresh under the new policy.json
+Environment: the daemon starts each trainer with these variables.
+    TRAINWARDEN_RUN_DIR   the run directory                               ENV_RUN_DIR
+    TRAINWARDEN_SEG       which trainer start this is (1, 2, ...; the
+                          `seg` of .loss.json)                            ENV_SEG
+    TRAINWARDEN_RESUME    the checkpoint to resume from (absent: fresh)   ENV_RESUME
+    TRAINWARDEN_PIVOT     "1": start the bandit fresh under policy.json   ENV_PIVOT
+
+Files in the run directory the two sides share: policy.json (the daemon writes it at a
+pivot, the trainer reads it at start), .state.json and .samples.json (the trainer
+writes them, the daemon publishes and archives them).
 
 `policy.json`: per-arm caps and floors on the data-mixing bandit's probabilities.
 Shape: `{"arms": {"docs": {"cap": 0.6, "floor": 0.1}, ...}}`. An arm the file does not
-name gets floor 0 and cap 1. The daemon and TUI validate a policy before writing it, so
-this module must not import torch.
+name gets floor 0 and cap 1.
+
+The `andrea-bin` checkpoint: `step_NNNNNN.bin` = [int32 step][int32 n_params]
+[n_params float32 weights][n_params float32 Adam m][n_params float32 Adam v],
+little-endian, so a complete file is exactly 8 + 12 x n_params bytes. It is written as
+`step_NNNNNN.bin.tmp` and renamed into place (the commit); `step_NNNNNN.json` beside it
+is its optional sidecar, written (through its own .tmp) before the .bin.
+
+Who imports this: the daemon, the TUI's pivot form, the andrea-bin format plugin and the
+reference trainer; it imports only the standard library (never torch, never the daemon),
+so any of them can validate a policy or name a checkpoint at no cost.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+# ----------------------------------------------------------------------------- environment
 
 ENV_RUN_DIR = "TRAINWARDEN_RUN_DIR"
 ENV_SEG = "TRAINWARDEN_SEG"
 ENV_RESUME = "TRAINWARDEN_RESUME"
 ENV_PIVOT = "TRAINWARDEN_PIVOT"
+PIVOT_ON = "1"
+"""The value of TRAINWARDEN_PIVOT that asks for a fresh bandit."""
+
+# ----------------------------------------------------------------------------- shared files
+
+POLICY_FILE = "policy.json"
+BANDIT_STATE_FILE = ".state.json"
+SAMPLES_FILE = ".samples.json"
+
+# ----------------------------------------------------------------------------- andrea-bin
+
+ANDREA_BIN_HEADER = struct.Struct("<ii")
+"""(step, n_params), little-endian int32 each: the first 8 bytes of the file."""
+ANDREA_BIN_REGIONS = ("weights", "exp_avg", "exp_avg_sq")
+"""The float32 regions after the header, in file order, n_params values each."""
+BYTES_PER_PARAM = 4 * len(ANDREA_BIN_REGIONS)
+CHECKPOINT_SUFFIX = ".bin"
+SIDECAR_SUFFIX = ".json"
+TMP_SUFFIX = ".tmp"
+"""Appended to a final name while its write is in flight: never counted, never resumed."""
+CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})\.bin$")
+SIDECAR_NAME = re.compile(r"^step_(\d{6,})\.json$")
+
+
+def checkpoint_name(step: int) -> str:
+    """step -> `step_NNNNNN.bin` (six digits at least)."""
+    return f"step_{step:06d}{CHECKPOINT_SUFFIX}"
+
+
+def step_of_name(name: str) -> int | None:
+    """`step_NNNNNN.bin` -> its step; None for any other name (a .tmp, a sidecar)."""
+    match = CHECKPOINT_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def sidecar_path(checkpoint: Path) -> Path:
+    """`step_NNNNNN.json` beside `step_NNNNNN.bin`."""
+    return checkpoint.with_suffix(SIDECAR_SUFFIX)
+
+
+def in_flight_path(final: Path) -> Path:
+    """The temporary name a file is written under before its rename to `final`."""
+    return final.with_name(final.name + TMP_SUFFIX)
+
+
+def is_in_flight_name(name: str) -> bool:
+    """A checkpoint or sidecar write in progress (`step_NNNNNN.bin.tmp`, `.json.tmp`)."""
+    if not name.endswith(TMP_SUFFIX):
+        return False
+    stem = name[: -len(TMP_SUFFIX)]
+    return CHECKPOINT_NAME.match(stem) is not None or SIDECAR_NAME.match(stem) is not None
+
+
+def expected_size(n_params: int) -> int:
+    """The size in bytes of a complete andrea-bin checkpoint of `n_params` parameters."""
+    return ANDREA_BIN_HEADER.size + BYTES_PER_PARAM * n_params
+
+
+# ----------------------------------------------------------------------------- policy.json
 
 DEFAULT_FLOOR = 0.0
 DEFAULT_CAP = 1.0

@@ -1,277 +1,457 @@
-"""The control protocol: message framing and the clients (shared by the CLI and the TUI).
+"""The control protocol as code: every message, command, topic, error code and phase.
 
-Unix stream socket, newline-delimited JSON, one object per line, at most 1 MiB a line.
+Unix stream socket, newline-delimited JSON, one object per line, at most MAX_LINE bytes.
 
-    request   {"id": 7, "cmd": "save", ...args}
-    reply     {"id": 7, "ok": true, "result": {...}}
-              {"id": 7, "ok": false, "error": {"code": "...", "message": "..."}}
-    push      {"topic": "telemetry", "data": {...}}      (after a subscribe)
+    request   {"id": 7, "cmd": "save", ...args}                        Request
+    reply     {"id": 7, "ok": true, "result": {...}}                   OkReply
+              {"id": 7, "ok": false, "error": {"code", "message"}}     ErrorReply
+    push      {"topic": "telemetry", "data": {...}}  (after subscribe) Push
 
-Commands and their results:
+Each command's result is a TypedDict below (RESULTS maps the command to it); each
+topic's push data likewise (TOPIC_DATA). These types describe what the daemon sends
+today (a test holds them to a live daemon's replies); a client still checks what it
+reads, since a socket may be forwarded from a daemon of another version.
 
-    hello                  {"protocol": 1, "version": "0.1.0", "run": name, "run_dir": path,
-                            "log": path of the run log}
-    status                 STATUS (below)
-    subscribe topics=[..]  {"snapshot": {topic: data, ...}}, then pushes on those topics
-    history start= end= points=
-                           {"step": [...], "min": [...], "mean": [...], "max": [...],
-                            "first_step", "last_step", "count", "markers": [{"step", "kind"}]}
-    checkpoints            {"checkpoints": [CKPT...], "quarantined": [{"name", "reason"}]}
-    events n=50            {"events": [journal records, newest last]}
-    save wait=false        {"requested": true} or, with wait, {"step": N, "path": ...}
-    stop                   {"state": "stopped", "checkpoint": CKPT|null}
-    start                  {"state": "starting"}
-    pin step= / unpin step={"step": N, "pinned": bool}
-    pivot caps={arm: x} floors={arm: y}
-                           {"step": N, "archive": path}
-    shutdown               {"state": "stopped"}; the daemon then exits
-
-Topics: telemetry (TELEMETRY per step, newest wins), gpu (GPU sample every 2 s or null),
-host, checkpoints ({"checkpoints", "quarantined"}), events (one journal record per push),
-bandit (the trainer's .state.json), samples (the trainer's .samples.json),
-state ({"state", "detail", "trainer_pid", "restarts"}).
-
-STATUS = {"state", "detail", "run", "run_dir", "daemon_pid", "trainer_pid",
-          "trainer_started_at", "step", "total_steps", "restarts",
-          "restarts_without_progress", "seg", "checkpoints": [CKPT], "quarantined",
-          "resume_audit": {"status": "verified"|"drift"|null, ...},
-          ...TELEMETRY fields, "gpu": GPU|null, "host": {...}}
-CKPT = {"step", "path", "bytes", "verified", "pinned", "mtime", "next_to_delete"}
-TELEMETRY = {"step", "loss", "loss_ema", "loss_avg", "dt", "tokens_per_s", "mfu",
-             "mfu_avg", "mfu_unknown_reason", "steps_per_min", "eta_s", "collapse_loss",
-             "last_checkpoint_step", "last_checkpoint_age_s", "next_checkpoint_step"}
-
-Error codes: bad_request, unknown_command, bad_argument, wrong_state, busy, timeout,
-not_implemented, forbidden, too_large, internal.
+Who imports what: the daemon (serve/, shell/), the CLI (cli/) and the TUI (trainwarden.tui)
+all take the protocol from this one module and never spell a topic, an error code or a
+phase themselves. It re-exports the framing (wire.py: MAX_LINE, encode, decode,
+connect_path), the clients (client.py: Client, AsyncClient, unreachable,
+not_running_message) and the phases (core/phases.py: Phase, HALTED, TRAINER_UP), and
+imports nothing else of the daemon: no store, no shell, no config, no torch.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import itertools
-import os
-import socket
-import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, NotRequired, TypedDict, get_args
 
-import orjson
+# Re-exported (the `as` says so): every party imports the protocol from this one module.
+from trainwarden.supervisor import PROTOCOL_VERSION as PROTOCOL_VERSION
+from trainwarden.supervisor.client import AsyncClient as AsyncClient
+from trainwarden.supervisor.client import Client as Client
+from trainwarden.supervisor.client import not_running_message as not_running_message
+from trainwarden.supervisor.client import result_of as result_of
+from trainwarden.supervisor.client import unreachable as unreachable
+from trainwarden.supervisor.core.phases import HALTED as HALTED
+from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
+from trainwarden.supervisor.core.phases import Phase as Phase
+from trainwarden.supervisor.wire import MAX_LINE as MAX_LINE
+from trainwarden.supervisor.wire import connect_path as connect_path
+from trainwarden.supervisor.wire import decode as decode
+from trainwarden.supervisor.wire import encode as encode
 
-from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+# ----------------------------------------------------------------------------- names
 
-MAX_LINE = 1 << 20
-TOPICS = ("telemetry", "gpu", "host", "checkpoints", "events", "bandit", "samples", "state")
+Topic = Literal["telemetry", "gpu", "host", "checkpoints", "events", "bandit", "samples", "state"]
+TOPICS: Final[tuple[Topic, ...]] = get_args(Topic)
+"""Every topic, in the order a full subscribe lists them."""
+REPLACEABLE_TOPICS: Final[frozenset[Topic]] = frozenset(
+    {"telemetry", "gpu", "host", "checkpoints", "bandit", "samples", "state"}
+)
+"""Topics whose newer push supersedes an older one: each carries the whole current value
+(a checkpoints push is the full list), so a slow reader may skip to the newest. Only
+`events` is a stream (one journal record per push) and must arrive whole and in order."""
 
+ReadCommand = Literal["hello", "status", "checkpoints", "events", "history", "subscribe"]
+ActingCommand = Literal["save", "stop", "start", "pin", "unpin", "shutdown", "pivot"]
+Command = ReadCommand | ActingCommand
+READ_COMMANDS: Final[tuple[ReadCommand, ...]] = get_args(ReadCommand)
+"""Commands that only read: answered at once, any number at a time."""
+ACTING_COMMANDS: Final[tuple[ActingCommand, ...]] = get_args(ActingCommand)
+"""Operator commands: they go through the policy, one at a time per daemon."""
+COMMANDS: Final[tuple[str, ...]] = (*READ_COMMANDS, *ACTING_COMMANDS)
 
-def encode(message: dict[str, Any]) -> bytes:
-    return orjson.dumps(message, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+ErrorCode = Literal[
+    "bad_request",
+    "unknown_command",
+    "bad_argument",
+    "wrong_state",
+    "busy",
+    "timeout",
+    "forbidden",
+    "too_large",
+    "internal",
+]
+ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)
+"""bad_request: not a request at all (bad JSON, no 'cmd', a bad 'id');
+unknown_command; bad_argument: a known command with an unusable argument;
+wrong_state: not possible in the run's current phase; busy: another operator command is
+in progress, or too many connections; timeout: no checkpoint came in time;
+forbidden: a peer uid not in [control] allow_uids; too_large: a line over MAX_LINE;
+internal: the daemon failed (its log says why)."""
 
-
-def decode(line: bytes) -> dict[str, Any]:
-    """One received line as an object; ProtocolError for anything else."""
-    if len(line) > MAX_LINE:
-        raise ProtocolError(f"line of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
-    try:
-        message = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError(f"invalid JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ProtocolError(f"expected a JSON object, got {type(message).__name__}")
-    return message
-
-
-def not_running_message(socket_path: Path) -> str:
-    run_dir = socket_path.parent.parent
-    return (
-        f"no trainwarden daemon answers on {socket_path}; start one with "
-        f"`trainwarden daemon --detach {run_dir}` (or `systemctl start trainwarden@...`)"
-    )
-
-
-def unreachable(socket_path: Path, exc: OSError) -> DaemonNotRunning:
-    """The one-line error for a socket nobody answers on, or one we may not use."""
-    if isinstance(exc, PermissionError):
-        return DaemonNotRunning(
-            f"permission denied on {socket_path}: run as the daemon's user or add your uid "
-            "to [control] allow_uids"
-        )
-    return DaemonNotRunning(not_running_message(socket_path))
-
-
-def os_open_dir(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def connect_path(path: Path) -> tuple[str, int | None]:
-    """The address to connect/bind to for `path`, and a directory fd to keep open meanwhile.
-
-    Unix socket paths are limited to 107 bytes; a longer one is reached through
-    /proc/self/fd/N/NAME with N an open descriptor of the socket's folder.
-    """
-    text = str(path)
-    if len(text.encode()) <= 100:
-        return text, None
-    fd = os_open_dir(path.parent)
-    return f"/proc/self/fd/{fd}/{path.name}", fd
+# ----------------------------------------------------------------------------- envelopes
 
 
-def _close(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
+class Request(TypedDict):
+    """`{"id", "cmd"}`; the command's arguments (the *Args types) sit beside them."""
+
+    id: NotRequired[int | str | None]
+    cmd: str
 
 
-class Client:
-    """A blocking client for the CLI: one request, one reply."""
-
-    def __init__(self, socket_path: Path, timeout: float | None = 30.0) -> None:
-        self.socket_path = socket_path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        fd = None
-        try:
-            address, fd = connect_path(socket_path)  # a long path opens its folder: may fail too
-            self._connect(address, timeout)
-        except (
-            FileNotFoundError,
-            ConnectionRefusedError,
-            NotADirectoryError,
-            PermissionError,
-        ) as exc:
-            self.sock.close()
-            raise unreachable(socket_path, exc) from None
-        finally:
-            _close(fd)
-        self.buffer = b""
-        self.ids = itertools.count(1)
-
-    def _connect(self, address: str, timeout: float | None) -> None:
-        # A full listen backlog (hundreds of clients at once) answers EAGAIN: retry briefly.
-        deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
-        while True:
-            try:
-                self.sock.connect(address)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ConnectionRefusedError(f"{address}: backlog full") from None
-                time.sleep(0.01)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def read_message(self) -> dict[str, Any]:
-        while b"\n" not in self.buffer:
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                raise ProtocolError("the daemon did not answer in time") from None
-            if not chunk:
-                raise ProtocolError("the daemon closed the connection")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return decode(line)
-
-    def request(self, cmd: str, **args: Any) -> Any:
-        """Send one command; its result, or CommandRefused with the daemon's error."""
-        rid = next(self.ids)
-        self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
-        while True:
-            message = self.read_message()
-            if message.get("id") == rid:
-                return result_of(message)
+class OkReply(TypedDict):
+    id: int | str | None
+    ok: Literal[True]
+    result: Any
+    """The command's result: RESULTS[cmd]."""
 
 
-def result_of(message: dict[str, Any]) -> Any:
-    if message.get("ok"):
-        return message.get("result")
-    error = message.get("error") or {}
-    raise CommandRefused(str(error.get("code", "error")), str(error.get("message", "failed")))
+class ErrorBody(TypedDict):
+    code: ErrorCode
+    message: str
+    """One line for a person: what is wrong and what to do."""
 
 
-class AsyncClient:
-    """An asyncio client for the TUI: requests and pushed topic messages on one connection."""
+class ErrorReply(TypedDict):
+    id: int | str | None
+    """None when the request could not be read far enough to know its id."""
+    ok: Literal[False]
+    error: ErrorBody
 
-    def __init__(self, socket_path: Path) -> None:
-        self.socket_path = socket_path
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.ids = itertools.count(1)
-        self.pending: dict[int, asyncio.Future[Any]] = {}
-        self.pushes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.reader_task: asyncio.Task[None] | None = None
 
-    async def connect(self) -> None:
-        fd = None
-        try:
-            address, fd = connect_path(self.socket_path)
-            self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
-        except (
-            FileNotFoundError,
-            ConnectionRefusedError,
-            NotADirectoryError,
-            PermissionError,
-        ) as exc:
-            raise unreachable(self.socket_path, exc) from None
-        finally:
-            _close(fd)
-        self.reader_task = asyncio.create_task(self._read_loop())
+Reply = OkReply | ErrorReply
 
-    async def _read_loop(self) -> None:
-        assert self.reader is not None
-        try:
-            while True:
-                line = await self.reader.readline()
-                if not line:
-                    break
-                message = decode(line)
-                if "topic" in message:
-                    self.pushes.put_nowait(message)
-                    continue
-                future = self.pending.pop(message.get("id", -1), None)
-                if future is not None and not future.done():
-                    future.set_result(message)
-        except (ProtocolError, ConnectionError, ValueError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            for future in self.pending.values():
-                if not future.done():
-                    future.set_exception(ProtocolError("the daemon closed the connection"))
-            self.pending.clear()
-            self.pushes.put_nowait({"topic": "_closed", "data": None})
 
-    async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
-        if self.writer is None:
-            raise ProtocolError("not connected")
-        rid = next(self.ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending[rid] = future
-        self.writer.write(encode({"id": rid, "cmd": cmd, **args}))
-        await self.writer.drain()
-        message = await asyncio.wait_for(future, timeout)
-        return result_of(message)
+class Push(TypedDict):
+    topic: Topic
+    data: Any
+    """TOPIC_DATA[topic]."""
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        """Pushed messages until the connection closes."""
-        while True:
-            message = await self.pushes.get()
-            if message["topic"] == "_closed":
-                return
-            yield message
 
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            with contextlib.suppress(Exception):
-                await self.writer.wait_closed()
-        if self.reader_task is not None:
-            self.reader_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self.reader_task
+# ----------------------------------------------------------------------------- arguments
+
+
+class SubscribeArgs(TypedDict, total=False):
+    topics: list[Topic]
+    """Default: every topic."""
+
+
+class HistoryArgs(TypedDict, total=False):
+    start: int | None
+    end: int | None
+    """First and last step, inclusive (None: the whole history)."""
+    points: int
+    """Buckets to decimate to (default 200)."""
+
+
+class EventsArgs(TypedDict, total=False):
+    n: int
+    """How many of the newest journal records (default 50)."""
+
+
+class SaveArgs(TypedDict, total=False):
+    wait: bool
+    """Reply once the checkpoint is committed (SaveCommitted) instead of at once."""
+    timeout_s: float
+
+
+class PinArgs(TypedDict):
+    step: int
+
+
+class PivotArgs(TypedDict, total=False):
+    caps: dict[str, float]
+    floors: dict[str, float]
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+class CheckpointRef(TypedDict):
+    """A checkpoint named in a result (stop, shutdown) or a journal record."""
+
+    step: int
+    name: str
+    bytes: int
+
+
+class Checkpoint(TypedDict):
+    """One verified checkpoint as the checkpoints view lists it."""
+
+    step: int
+    name: str
+    path: str
+    bytes: int
+    mtime: float
+    verified: bool
+    pinned: bool
+    next_to_delete: bool
+    """The one retention deletes next once a newer checkpoint is committed."""
+
+
+class Quarantined(TypedDict):
+    name: str
+    """The file's name in checkpoints/quarantine/."""
+
+
+class CheckpointsView(TypedDict):
+    checkpoints: list[Checkpoint]
+    """Oldest first."""
+    quarantined: list[Quarantined]
+
+
+class StateDetail(TypedDict, total=False):
+    restart_in_s: float
+    """backoff: seconds until the restart."""
+    reason: str
+    """Halted phases: why the run halted."""
+    stop_reason: str
+    """Why the trainer is being stopped (operator, shutdown, stall, divergence, pivot)."""
+    pivot_stage: str
+    pivot_step: int | None
+
+
+class StateView(TypedDict):
+    """The run's phase and its trainer: the `state` topic, and part of status."""
+
+    state: Phase
+    detail: StateDetail
+    trainer_pid: int | None
+    trainer_uptime_s: float | None
+    restarts: int
+    restarts_without_progress: int
+    seg: int
+    """Trainer starts so far (the `seg` of .loss.json)."""
+
+
+class AuditResult(TypedDict):
+    """How the losses a resumed trainer replayed compare with the ones they supersede."""
+
+    status: Literal["verified", "drift", "unverified"]
+    checkpoint_step: int
+    checked: int
+    expected: int
+    seg: int | None
+    step: int | None
+    """The first step that differed (drift only)."""
+    old_loss: float | str | None
+    new_loss: float | str | None
+    """Non-finite losses as "nan", "inf", "-inf"."""
+
+
+class Telemetry(TypedDict):
+    """The figures of the newest step: the `telemetry` topic, and part of status."""
+
+    step: int | None
+    loss: float | None
+    loss_ema: float | None
+    loss_avg: float | None
+    dt: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    mfu_avg: float | None
+    mfu_unknown_reason: str | None
+    steps_per_min: float | None
+    eta_s: float | None
+    collapse_loss: float | None
+    """ln(vocab_size): the loss of a uniform guess."""
+    last_checkpoint_step: int | None
+    last_checkpoint_age_s: float | None
+    next_checkpoint_step: int | None
+    resume_audit: AuditResult | None
+
+
+class GpuSample(TypedDict):
+    """One NVML reading of one GPU; a figure NVML could not give is None."""
+
+    name: str | None
+    index: int
+    util_percent: int | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    temperature_c: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: int | None
+    throttle_reasons: list[str] | None
+    ecc_volatile_errors: int | None
+    alarming: bool
+
+
+class HostSample(TypedDict):
+    trainer_cpu_percent: float | None
+    trainer_rss_bytes: int | None
+    trainer_processes: int
+    mem_used_bytes: int
+    mem_total_bytes: int
+    disk_free_bytes: int | None
+    disk_total_bytes: int | None
+    load_avg_1m: float
+    load_avg_5m: float
+    load_avg_15m: float
+
+
+class LogStats(TypedDict):
+    """How the daemon is reading the run log."""
+
+    lines: int
+    skipped_long: int
+    undecodable: int
+    truncations: int
+    rotations: int
+    offset: int
+
+
+class JournalRecord(TypedDict):
+    """One journal line; the kind's own fields sit beside these."""
+
+    ts: str
+    """UTC, ISO 8601."""
+    t: float
+    """Unix time, seconds."""
+    kind: str
+
+
+class Marker(TypedDict):
+    step: int
+    kind: Literal["restart", "divergence", "pivot", "crash"]
+
+
+BanditState = dict[str, Any]
+"""The trainer's .state.json as it wrote it (arms with pulls, prob, cap, floor; zombies)."""
+SamplesFile = dict[str, Any]
+"""The trainer's .samples.json as it wrote it ({"samples": [{"step", "arm", "text"}]})."""
+
+# ----------------------------------------------------------------------------- results
+
+
+class HelloResult(TypedDict):
+    protocol: int
+    version: str
+    run: str
+    run_dir: str
+    log: str
+    """The run log's path on the daemon's machine."""
+
+
+class StatusResult(StateView, Telemetry, CheckpointsView):
+    protocol: int
+    version: str
+    run: str
+    run_dir: str
+    daemon_pid: int
+    daemon_started_at: float
+    total_steps: int | None
+    gpu: GpuSample | None
+    gpu_status: str
+    """"ok", or why there are no GPU figures."""
+    host: HostSample | None
+    disk_low: bool
+    log: LogStats | None
+
+
+class Snapshot(TypedDict, total=False):
+    """The current value of each subscribed topic."""
+
+    telemetry: Telemetry
+    gpu: GpuSample | None
+    host: HostSample | None
+    checkpoints: CheckpointsView
+    events: list[JournalRecord]
+    """The newest records, oldest first (a push is one record)."""
+    bandit: BanditState | None
+    samples: SamplesFile | None
+    state: StateView
+
+
+class SubscribeResult(TypedDict):
+    snapshot: Snapshot
+
+
+class HistoryResult(TypedDict):
+    """A step range decimated to buckets of equal width; lists are per bucket."""
+
+    step: list[int]
+    """Each bucket's first step."""
+    min: list[float | None]
+    mean: list[float | None]
+    max: list[float | None]
+    """Over the bucket's finite losses (None: it has none)."""
+    nonfinite: list[int]
+    """nan/inf losses in the bucket."""
+    first_step: int | None
+    last_step: int | None
+    count: int
+    markers: list[Marker]
+    collapse_loss: float | None
+
+
+class EventsResult(TypedDict):
+    events: list[JournalRecord]
+    """Oldest first."""
+
+
+class SaveRequested(TypedDict):
+    """save without wait: the trainer was asked; the checkpoint comes later."""
+
+    requested: Literal[True]
+    step: int
+    """The trainer's step when asked."""
+
+
+class SaveCommitted(TypedDict):
+    """save with wait: the checkpoint that answered it, committed and verified."""
+
+    step: int
+    name: str
+
+
+class StopResult(TypedDict):
+    """stop and shutdown: the trainer is gone; the newest verified checkpoint."""
+
+    state: Literal[Phase.STOPPED]
+    checkpoint: CheckpointRef | None
+
+
+class StartResult(TypedDict):
+    state: Phase
+    resume_step: NotRequired[int | None]
+    """Absent when start resumes an interrupted pivot (the pivot picks the checkpoint)."""
+
+
+class PinResult(TypedDict):
+    step: int
+    pinned: bool
+
+
+class PivotResult(TypedDict):
+    step: int
+    """The checkpoint the new policy starts from."""
+    archive: str
+    """The archive folder, relative to the run directory."""
+    zombies: list[str]
+    """Arms the trainer has no data for any more."""
+
+
+RESULTS: Final[dict[str, Any]] = {
+    "hello": HelloResult,
+    "status": StatusResult,
+    "subscribe": SubscribeResult,
+    "history": HistoryResult,
+    "checkpoints": CheckpointsView,
+    "events": EventsResult,
+    "save": SaveRequested | SaveCommitted,
+    "stop": StopResult,
+    "shutdown": StopResult,
+    "start": StartResult,
+    "pin": PinResult,
+    "unpin": PinResult,
+    "pivot": PivotResult,
+}
+"""Each command's result type."""
+TOPIC_DATA: Final[dict[Topic, Any]] = {
+    "telemetry": Telemetry,
+    "gpu": GpuSample | None,
+    "host": HostSample,
+    "checkpoints": CheckpointsView,
+    "events": JournalRecord,
+    "bandit": BanditState,
+    "samples": SamplesFile,
+    "state": StateView,
+}
+"""Each topic's push data type."""
+
+STATE_KEYS: Final[tuple[str, ...]] = tuple(StateView.__annotations__)
+"""The fields of status that are the state topic's."""
+TELEMETRY_KEYS: Final[tuple[str, ...]] = tuple(Telemetry.__annotations__)
+"""The fields of status that are the telemetry topic's."""

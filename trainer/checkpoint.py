@@ -21,14 +21,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwarden.plugins.formats.andrea_bin import HEADER, TMP_SUFFIX, checkpoint_name
+from trainwarden.supervisor.contract import (
+    ANDREA_BIN_HEADER,
+    ANDREA_BIN_REGIONS,
+    checkpoint_name,
+    in_flight_path,
+    sidecar_path,
+)
 from trainwarden.trainer.adamw import AdamW
 from trainwarden.trainer.atomic import fsync_dir, write_json_atomically
-from trainwarden.trainer.resume import sidecar_path
 
 SLOW_SAVE_ENV = "TRAINER_TEST_SLOW_SAVE_S"
 """Test-only: seconds to sleep between the fsync of the .tmp file and its rename."""
-REGIONS = ("weights", "exp_avg", "exp_avg_sq")
+REGIONS = ANDREA_BIN_REGIONS
 
 if sys.byteorder != "little":
     # The format is little-endian and tensors are written as the machine holds them.
@@ -79,10 +84,10 @@ def save_checkpoint(
     final = directory / checkpoint_name(step)
     write_json_atomically(sidecar_path(final), sidecar)
     n_params = sum(p.numel() for p in model.parameters())
-    tmp = final.with_name(final.name + TMP_SUFFIX)
+    tmp = in_flight_path(final)
     try:
         with open(tmp, "wb") as f:
-            f.write(HEADER.pack(step, n_params))
+            f.write(ANDREA_BIN_HEADER.pack(step, n_params))
             for region in REGIONS:
                 for tensor in _region_tensors(model, optimizer, region):
                     _write_float32(f, tensor)
@@ -103,7 +108,7 @@ def save_checkpoint(
 def read_regions(path: Path) -> Regions:
     """The three regions of a checkpoint that AndreaBin().verify has already accepted."""
     with open(path, "rb") as f:
-        step, n_params = HEADER.unpack(f.read(HEADER.size))
+        step, n_params = ANDREA_BIN_HEADER.unpack(f.read(ANDREA_BIN_HEADER.size))
         tensors = []
         for _ in REGIONS:
             buffer = bytearray(4 * n_params)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from trainwarden.supervisor.contract import ENV_PIVOT, ENV_RESUME, PIVOT_ON
 from trainwarden.trainer.corpus import ARM_NAMES
 from trainwarden.trainer.errors import TrainerError
 from trainwarden.trainer.options import Options
@@ -21,10 +22,10 @@ from trainwarden.trainer.presets import PRESETS
 if TYPE_CHECKING:  # the real import would pull in torch before arguments are checked
     from trainwarden.trainer.startup import Session
 
-EPILOG = """\
+EPILOG = f"""\
 environment:
-  TRAINWARDEN_RESUME=PATH   resume from this checkpoint (--resume wins)
-  TRAINWARDEN_PIVOT=1       like --fresh-bandit
+  {ENV_RESUME + "=PATH":<25} resume from this checkpoint (--resume wins)
+  {ENV_PIVOT + "=" + PIVOT_ON:<25} like --fresh-bandit
 
 signals:
   SIGTERM, SIGINT           finish the step, save a checkpoint, exit 0

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainwarden.plugins.formats.andrea_bin import checkpoint_name
+from trainwarden.supervisor.contract import BANDIT_STATE_FILE, checkpoint_name
 from trainwarden.trainer.atomic import write_json_atomically
 from trainwarden.trainer.batches import batch_for
 from trainwarden.trainer.checkpoint import param_step_counts, save_checkpoint
@@ -26,7 +26,7 @@ from trainwarden.trainer.schedule import lr_at, warmup_steps
 from trainwarden.trainer.signals import SignalFlags
 from trainwarden.trainer.startup import BETAS, EPS, Session
 
-STATE_FILE = ".state.json"
+STATE_FILE = BANDIT_STATE_FILE
 STATE_EVERY = 10
 """Steps between .state.json updates (also written at every checkpoint)."""
 STEP_SLEEP_ENV = "TRAINER_TEST_STEP_SLEEP_S"

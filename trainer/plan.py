@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwarden.supervisor.contract import PolicyError, load_policy, validate_policy
+from trainwarden.supervisor.contract import POLICY_FILE, PolicyError, load_policy, validate_policy
 from trainwarden.trainer.corpus import ARM_NAMES, Arm, build_arms
 from trainwarden.trainer.errors import UsageError
 from trainwarden.trainer.options import Options
@@ -24,8 +24,6 @@ from trainwarden.trainer.resume import (
     pivot_requested,
     resume_path,
 )
-
-POLICY_FILE = "policy.json"
 
 
 def warn(message: str) -> None:

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
+from trainwarden.supervisor.contract import ENV_PIVOT, ENV_RESUME, PIVOT_ON, sidecar_path
 from trainwarden.supervisor.errors import CheckpointInvalid
 from trainwarden.trainer.corpus import Arm
 from trainwarden.trainer.errors import ResumeRefused
 from trainwarden.trainer.presets import Preset
 
-RESUME_ENV = "TRAINWARDEN_RESUME"
-PIVOT_ENV = "TRAINWARDEN_PIVOT"
 FINGERPRINT_SETTINGS = ("seq_len", "batch_size", "grad_accum", "seed")
 REQUIRED_SIDECAR_KEYS = ("optimizer", "bandit", "data_fingerprint")
 
@@ -35,18 +34,14 @@ class ResumePoint:
     sidecar: dict[str, Any]
 
 
-def sidecar_path(bin_path: Path) -> Path:
-    return bin_path.with_suffix(".json")
-
-
 def resume_path(flag: str | None) -> Path | None:
     """The checkpoint to resume from: --resume wins over TRAINWARDEN_RESUME; None = fresh."""
-    chosen = flag or os.environ.get(RESUME_ENV, "")
+    chosen = flag or os.environ.get(ENV_RESUME, "")
     return Path(chosen) if chosen else None
 
 
 def pivot_requested(flag: bool) -> bool:
-    return flag or os.environ.get(PIVOT_ENV, "") == "1"
+    return flag or os.environ.get(ENV_PIVOT, "") == PIVOT_ON
 
 
 def data_fingerprint(arms: dict[str, Arm], preset: Preset, seed: int) -> dict[str, Any]:

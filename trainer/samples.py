@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
+from trainwarden.supervisor.contract import SAMPLES_FILE
 from trainwarden.trainer.atomic import write_json_atomically
 from trainwarden.trainer.corpus import Arm
 from trainwarden.trainer.model import GPT
 
-SAMPLES_FILE = ".samples.json"
 SAMPLES_KEPT = 20
 PROMPT_BYTES = 24
 SAMPLE_BYTES = 64

@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from trainwarden.supervisor.protocol import Client, encode
+from trainwarden.supervisor.protocol import HALTED, Client, encode
 from trainwarden.tui.messages import (
     Connected,
     Disconnected,
@@ -28,7 +28,7 @@ from trainwarden.tui.messages import (
     StatusReceived,
     TopicPushed,
 )
-from trainwarden.tui.model import HALTED, PANELS, Clock, RunModel
+from trainwarden.tui.model import PANELS, Clock, RunModel
 from trainwarden.tui.sanitize import clean
 from trainwarden.tui.screens.confirm import ConfirmScreen
 from trainwarden.tui.screens.help import HelpScreen

@@ -1,7 +1,8 @@
 """Messages the socket side posts to the app.
 
-Frames of the replaceable topics supersede each other: when the app falls behind, a
-backlog of telemetry collapses to the newest frame instead of being drawn one by one.
+Frames of the replaceable topics (the protocol's REPLACEABLE_TOPICS) supersede each
+other: when the app falls behind, a backlog of telemetry collapses to the newest frame
+instead of being drawn one by one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from textual.message import Message
 
-REPLACEABLE = frozenset({"telemetry", "gpu", "host", "bandit", "samples", "state", "checkpoints"})
+from trainwarden.supervisor.protocol import REPLACEABLE_TOPICS
 
 
 class Connected(Message):
@@ -49,7 +50,7 @@ class TopicPushed(Message):
         return (
             isinstance(message, TopicPushed)
             and message.topic == self.topic
-            and self.topic in REPLACEABLE
+            and self.topic in REPLACEABLE_TOPICS
         )
 
 

@@ -14,34 +14,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-STATE_KEYS = (
-    "state",
-    "detail",
-    "trainer_pid",
-    "trainer_uptime_s",
-    "restarts",
-    "restarts_without_progress",
-    "seg",
-)
-TELEMETRY_KEYS = (
-    "step",
-    "loss",
-    "loss_ema",
-    "loss_avg",
-    "dt",
-    "tokens_per_s",
-    "mfu",
-    "mfu_avg",
-    "mfu_unknown_reason",
-    "steps_per_min",
-    "eta_s",
-    "collapse_loss",
-    "last_checkpoint_step",
-    "last_checkpoint_age_s",
-    "next_checkpoint_step",
-    "resume_audit",
-)
-HALTED = frozenset({"stopped", "finished", "crash_loop", "diverged"})
+from trainwarden.supervisor.protocol import STATE_KEYS, TELEMETRY_KEYS
+
 EVENTS_KEPT = 200
 
 PANELS = ("header", "telemetry", "chart", "gpu", "checkpoints", "bandit", "events")

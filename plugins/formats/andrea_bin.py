@@ -1,33 +1,33 @@
-"""The `andrea-bin` checkpoint format (see README, "Checkpoint format").
+"""The `andrea-bin` checkpoint format: verifying the files the trainer contract names.
 
 `step_NNNNNN.bin` = [int32 step][int32 n_params][n_params float32 weights]
 [n_params float32 Adam m][n_params float32 Adam v], little-endian: a complete file is
 exactly 8 + 12 * n_params bytes. `step_NNNNNN.json` beside it is an optional sidecar.
+The naming and layout are the trainer contract's (trainwarden.supervisor.contract),
+shared with the reference trainer; this plugin adds only the verification.
 """
 
 from __future__ import annotations
 
-import re
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainwarden.plugins.api import CheckpointInfo
-from trainwarden.supervisor.errors import CheckpointInvalid
+from trainwarden.plugins.api import CheckpointInfo, CheckpointInvalid
+from trainwarden.supervisor.contract import (
+    ANDREA_BIN_HEADER,
+    BYTES_PER_PARAM,
+    TMP_SUFFIX,
+    checkpoint_name,
+    expected_size,
+    is_in_flight_name,
+    sidecar_path,
+    step_of_name,
+)
 
-HEADER = struct.Struct("<ii")
-NAME = re.compile(r"^step_(\d{6,})\.bin$")
-SIDECAR = re.compile(r"^step_(\d{6,})\.json$")
-TMP_SUFFIX = ".tmp"
+__all__ = ["HEADER", "TMP_SUFFIX", "AndreaBin", "checkpoint_name", "expected_size", "read_header"]
 
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:06d}.bin"
-
-
-def expected_size(n_params: int) -> int:
-    return HEADER.size + 12 * n_params
+HEADER = ANDREA_BIN_HEADER
 
 
 def read_header(path: Path) -> tuple[int, int]:
@@ -52,15 +52,11 @@ class AndreaBin:
         self.options = dict(options or {})
 
     def step_of(self, path: Path) -> int | None:
-        match = NAME.match(path.name)
-        return int(match.group(1)) if match else None
+        return step_of_name(path.name)
 
     def is_in_flight(self, path: Path) -> bool:
-        if not path.name.endswith(TMP_SUFFIX):
-            return False
         # The sidecar is written (to its own .tmp) before the .bin: both are writes in flight.
-        stem = path.name[: -len(TMP_SUFFIX)]
-        return NAME.match(stem) is not None or SIDECAR.match(stem) is not None
+        return is_in_flight_name(path.name)
 
     def verify(self, path: Path) -> CheckpointInfo:
         name_step = self.step_of(path)
@@ -78,10 +74,11 @@ class AndreaBin:
         size = path.stat().st_size
         if size != expected_size(n_params):
             raise CheckpointInvalid(
-                f"{path.name}: {size} bytes, expected 8 + 12 x {n_params} = {expected_size(n_params)}"
+                f"{path.name}: {size} bytes, expected {HEADER.size} + {BYTES_PER_PARAM} x"
+                f" {n_params} = {expected_size(n_params)}"
                 " (truncated or padded)"
             )
         return CheckpointInfo(step=step, path=path, bytes=size, n_params=n_params)
 
     def companions(self, path: Path) -> list[Path]:
-        return [path.with_suffix(".json")]
+        return [sidecar_path(path)]

@@ -36,8 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainwarden.plugins.api import CheckpointInfo
-from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
+from trainwarden.plugins.api import CheckpointInfo, CheckpointInvalid, ConfigError
 
 NAME = re.compile(r"^checkpoint-(\d+)$")
 STAGING = re.compile(r"^tmp-checkpoint-[^/]+$")

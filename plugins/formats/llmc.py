@@ -31,8 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainwarden.plugins.api import CheckpointInfo
-from trainwarden.supervisor.errors import CheckpointInvalid
+from trainwarden.plugins.api import CheckpointInfo, CheckpointInvalid
 
 MODEL_MAGIC = 20240326
 STATE_MAGIC = 20240527

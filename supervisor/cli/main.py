@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -21,6 +21,15 @@ from trainwarden.supervisor.errors import (
     TrainwardenError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from trainwarden.supervisor.protocol import (
+        CheckpointsView,
+        EventsResult,
+        JournalRecord,
+        PivotResult,
+        StatusResult,
+    )
 
 
 class Parser(argparse.ArgumentParser):
@@ -98,7 +107,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        status = client.request("status")
+        status: StatusResult = client.request("status")
     if args.json:
         _print_json(status)
         return 0
@@ -112,7 +121,7 @@ def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
     return f"{value:{spec}}{unit}"
 
 
-def format_status(s: dict[str, Any]) -> str:
+def format_status(s: StatusResult) -> str:
     detail = s.get("detail") or {}
     extra = ""
     if "restart_in_s" in detail:
@@ -152,7 +161,7 @@ def format_status(s: dict[str, Any]) -> str:
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        result = client.request("checkpoints")
+        result: CheckpointsView = client.request("checkpoints")
     if args.json:
         _print_json(result)
         return 0
@@ -221,7 +230,8 @@ def describe_result(cmd: str, result: dict[str, Any]) -> str:
 
 def cmd_events(args: argparse.Namespace) -> int:
     with _client(args, timeout=None if args.follow else 30.0) as client:
-        for record in client.request("events", n=args.n)["events"]:
+        recent: EventsResult = client.request("events", n=args.n)
+        for record in recent["events"]:
             _print_event(record, args.json)
         if not args.follow:
             return 0
@@ -235,7 +245,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             return 0
 
 
-def _print_event(record: dict[str, Any], as_json: bool) -> None:
+def _print_event(record: JournalRecord, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
     else:
@@ -251,7 +261,7 @@ def cmd_pivot(args: argparse.Namespace) -> int:
     if not caps and not floors:
         raise UsageError("pivot needs at least one --cap ARM=X or --floor ARM=X")
     with _client(args, timeout=None) as client:
-        result = client.request("pivot", caps=caps, floors=floors)
+        result: PivotResult = client.request("pivot", caps=caps, floors=floors)
     if args.json:
         _print_json(result)
     else:

@@ -1,8 +1,9 @@
 """The pivot form: a cap and a floor per data arm, checked as you type, confirmed before sending.
 
-Validation is trainer.policy.validate_policy, the very function the trainer and daemon
-apply, run against the arms the trainer reported; so a form the TUI accepts is one the
-daemon will too (and its messages read the same everywhere).
+Validation is the trainer contract's validate_policy (trainwarden.supervisor.contract),
+the very function the trainer and daemon apply, run against the arms the trainer
+reported; so a form the TUI accepts is one the daemon will too (and its messages read
+the same everywhere).
 """
 
 from __future__ import annotations

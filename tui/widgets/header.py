@@ -5,22 +5,26 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from trainwarden.supervisor.protocol import HALTED, Phase
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
 
-STATE_CLASS = {
-    "running": "running",
-    "starting": "running",
-    "saving": "running",
-    "stopping": "stopped",
-    "stopped": "stopped",
-    "finished": "finished",
-    "backoff": "backoff",
-    "crash_loop": "halted",
-    "diverged": "halted",
-    "pivoting": "pivoting",
+STATE_CLASS: dict[str, str] = {
+    Phase.RUNNING: "running",
+    Phase.STARTING: "running",
+    Phase.SAVING: "running",
+    Phase.STOPPING: "stopped",
+    Phase.STOPPED: "stopped",
+    Phase.FINISHED: "finished",
+    Phase.BACKOFF: "backoff",
+    Phase.CRASH_LOOP: "halted",
+    Phase.DIVERGED: "halted",
+    Phase.PIVOTING: "pivoting",
 }
+"""The badge's style (a component class below) for each phase."""
+SHOWS_REASON = HALTED - {Phase.FINISHED}
+"""Halted phases whose reason is worth a place on the line (a finished run needs none)."""
 
 
 class RunHeader(Static):
@@ -97,7 +101,7 @@ class RunHeader(Static):
             line.append("  ")
             line.append(" DISK LOW ", self.get_component_rich_style("run-header--drift"))
         reason = model.detail.get("reason")
-        if reason and model.phase in ("crash_loop", "diverged", "stopped"):
+        if reason and model.phase in SHOWS_REASON:
             line.append(f"  {clean(reason, 160)}", muted)
         return line
 
@@ -106,11 +110,11 @@ class RunHeader(Static):
         if phase is None:
             return Text(" WAITING ", self.get_component_rich_style("run-header--unknown"))
         label = phase.replace("_", " ").upper()
-        if phase == "backoff":
+        if phase == Phase.BACKOFF:
             restart_in = model.restart_in_s()
             if restart_in is not None:
                 label += f" restart in {restart_in:.0f}s"
-        elif phase == "pivoting":
+        elif phase == Phase.PIVOTING:
             stage = model.detail.get("pivot_stage") or model.detail.get("stage")
             if stage:
                 label += f": {clean(stage, 30)}"

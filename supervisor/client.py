@@ -1,0 +1,204 @@
+"""The clients of the control socket: a blocking one for the CLI, an asyncio one for the TUI.
+
+Both speak the framing of wire.py and raise the errors of errors.py: DaemonNotRunning
+when nobody answers (or we may not use the socket), CommandRefused with the daemon's
+error code, ProtocolError for a broken or closed connection. What a reply holds is
+described by the types in trainwarden.supervisor.protocol, which re-exports these
+clients; this module imports only wire.py and the errors, so it sits below protocol.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.wire import MAX_LINE, connect_path, decode, encode
+
+CLOSED = "_closed"
+"""The topic of the sentinel AsyncClient queues when the connection ends (never on the wire)."""
+
+
+def not_running_message(socket_path: Path) -> str:
+    run_dir = socket_path.parent.parent
+    return (
+        f"no trainwarden daemon answers on {socket_path}; start one with "
+        f"`trainwarden daemon --detach {run_dir}` (or `systemctl start trainwarden@...`)"
+    )
+
+
+def unreachable(socket_path: Path, exc: OSError) -> DaemonNotRunning:
+    """The one-line error for a socket nobody answers on, or one we may not use."""
+    if isinstance(exc, PermissionError):
+        return DaemonNotRunning(
+            f"permission denied on {socket_path}: run as the daemon's user or add your uid "
+            "to [control] allow_uids"
+        )
+    return DaemonNotRunning(not_running_message(socket_path))
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+class Client:
+    """A blocking client for the CLI: one request, one reply."""
+
+    def __init__(self, socket_path: Path, timeout: float | None = 30.0) -> None:
+        self.socket_path = socket_path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        fd = None
+        try:
+            address, fd = connect_path(socket_path)  # a long path opens its folder: may fail too
+            self._connect(address, timeout)
+        except (
+            FileNotFoundError,
+            ConnectionRefusedError,
+            NotADirectoryError,
+            PermissionError,
+        ) as exc:
+            self.sock.close()
+            raise unreachable(socket_path, exc) from None
+        finally:
+            _close(fd)
+        self.buffer = b""
+        self.ids = itertools.count(1)
+
+    def _connect(self, address: str, timeout: float | None) -> None:
+        # A full listen backlog (hundreds of clients at once) answers EAGAIN: retry briefly.
+        deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
+        while True:
+            try:
+                self.sock.connect(address)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConnectionRefusedError(f"{address}: backlog full") from None
+                time.sleep(0.01)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read_message(self) -> dict[str, Any]:
+        while b"\n" not in self.buffer:
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                raise ProtocolError("the daemon did not answer in time") from None
+            if not chunk:
+                raise ProtocolError("the daemon closed the connection")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return decode(line)
+
+    def request(self, cmd: str, **args: Any) -> Any:
+        """Send one command; its result, or CommandRefused with the daemon's error."""
+        rid = next(self.ids)
+        self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
+        while True:
+            message = self.read_message()
+            if message.get("id") == rid:
+                return result_of(message)
+
+
+def result_of(message: dict[str, Any]) -> Any:
+    if message.get("ok"):
+        return message.get("result")
+    error = message.get("error") or {}
+    raise CommandRefused(str(error.get("code", "error")), str(error.get("message", "failed")))
+
+
+class AsyncClient:
+    """An asyncio client for the TUI: requests and pushed topic messages on one connection."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.ids = itertools.count(1)
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.pushes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.reader_task: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        fd = None
+        try:
+            address, fd = connect_path(self.socket_path)
+            self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
+        except (
+            FileNotFoundError,
+            ConnectionRefusedError,
+            NotADirectoryError,
+            PermissionError,
+        ) as exc:
+            raise unreachable(self.socket_path, exc) from None
+        finally:
+            _close(fd)
+        self.reader_task = asyncio.create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        assert self.reader is not None
+        try:
+            while True:
+                line = await self.reader.readline()
+                if not line:
+                    break
+                message = decode(line)
+                if "topic" in message:
+                    self.pushes.put_nowait(message)
+                    continue
+                future = self.pending.pop(message.get("id", -1), None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except (ProtocolError, ConnectionError, ValueError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for future in self.pending.values():
+                if not future.done():
+                    future.set_exception(ProtocolError("the daemon closed the connection"))
+            self.pending.clear()
+            self.pushes.put_nowait({"topic": CLOSED, "data": None})
+
+    async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
+        if self.writer is None:
+            raise ProtocolError("not connected")
+        rid = next(self.ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = future
+        self.writer.write(encode({"id": rid, "cmd": cmd, **args}))
+        await self.writer.drain()
+        message = await asyncio.wait_for(future, timeout)
+        return result_of(message)
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        """Pushed messages until the connection closes."""
+        while True:
+            message = await self.pushes.get()
+            if message["topic"] == CLOSED:
+                return
+            yield message
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.reader_task
