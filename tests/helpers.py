@@ -127,9 +127,7 @@ def journal_kinds(run_dir: Path) -> list[str]:
 
 def trainer_pid(run_dir: Path) -> int | None:
     try:
-        return int(
-            orjson.loads((run_dir / ".trainwarden" / "trainer.pid").read_bytes())["pid"]
-        )
+        return int(orjson.loads((run_dir / ".trainwarden" / "trainer.pid").read_bytes())["pid"])
     except (OSError, ValueError, KeyError):
         return None
 
