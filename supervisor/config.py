@@ -99,6 +99,8 @@ class TelemetryConfig:
     """For the hf-trainer parser: steps between logged lines without a step."""
     ema_beta: float = 0.98
     """Smoothing of the loss EMA."""
+    sample_interval_s: float = 2.0
+    """Seconds between GPU and host samples (and reads of .state.json and .samples.json)."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,10 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         raise bad("telemetry.window", cfg.telemetry.window, "an integer >= 1")
     if not 0 < cfg.telemetry.ema_beta < 1:
         raise bad("telemetry.ema_beta", cfg.telemetry.ema_beta, "a number between 0 and 1")
+    if not 0 < cfg.telemetry.sample_interval_s < float("inf"):
+        raise bad(
+            "telemetry.sample_interval_s", cfg.telemetry.sample_interval_s, "a finite number > 0"
+        )
     if cfg.telemetry.logging_steps < 1:
         raise bad("telemetry.logging_steps", cfg.telemetry.logging_steps, "an integer >= 1")
     attention_keys = {"n_layer", "seq_len", "d_model"}

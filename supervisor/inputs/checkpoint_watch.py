@@ -1,9 +1,28 @@
-"""Watching the checkpoint directory: commits and writes in flight, reported to the loop."""
+"""Watching the checkpoint directory: commits and writes in flight, reported to the loop.
+
+A checkpoint counts when it appears under its final name by a rename (IN_MOVED_TO, the
+commit point of the contract, also from another folder), when a file written in place
+under its final name is closed after writing (IN_CLOSE_WRITE), or when a final name is
+created whole: anything but a regular file (a link, a FIFO, never written in place), or a
+regular file that already verifies (a hard link). The create of a file still being
+written is not judged until it is closed, so a half-copied file never is.
+
+A checkpoint folder (hf-trainer's checkpoint-N/) is watched too: any write inside it is
+activity of that folder, but only the file its format names (`commits_folder`) commits
+it, when that file is closed or renamed into place; a whole folder renamed in commits
+at once. Opens and read-only closes (the daemon's own verification, a mirror copying,
+`ls`) are not asked for, so they never wake the watcher; quarantine/ is not watched.
+
+The inotify descriptor is read on the loop; the one blocking check (verifying a regular
+file created under a final name) runs in a worker thread. Without inotify the directory
+is scanned every POLL_S in a thread instead (`Rescan`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import stat
@@ -11,30 +30,41 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from watchdog.events import (
-    DirCreatedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-    FileSystemMovedEvent,
+from trainwarden.supervisor.inputs.inotify import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    Inotify,
+    InotifyEvent,
+    WatchThread,
 )
-from watchdog.observers import Observer
-
 from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore
 
+log = logging.getLogger("trainwarden.checkpoints")
 
-class CheckpointWatcher(FileSystemEventHandler):
-    """inotify on the checkpoint directory, reporting into the asyncio loop.
+WRITING_EVERY_S = 1.0
+"""on_writing is called at most this often."""
+POLL_S = 1.0
+"""How often the directory is scanned when inotify cannot be had."""
 
-    A checkpoint counts when it appears under its final name by a rename (the commit
-    point of the contract; a rename from another folder arrives as a create of a whole
-    file) or when a file written in place under its final name is closed; the create of
-    a file still being written is ignored until then, so a half-copied file is never judged.
-    """
+# Only what a commit or a write makes. IN_MOVED_FROM: a folder leaving takes its watch along.
+# IN_MOVE_SELF: the directory itself moved away, its watch now names the wrong path.
+DIR_MASK = (
+    IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_MOVE_SELF | IN_ONLYDIR
+)
+FOLDER_MASK = IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_ONLYDIR
+
+
+class CheckpointWatcher:
+    """Reports committed checkpoint names (on_committed) and writes in flight (on_writing),
+    both called on `loop`; start() and stop() on the loop's thread."""
 
     def __init__(
         self,
@@ -47,99 +77,301 @@ class CheckpointWatcher(FileSystemEventHandler):
         self.loop = loop
         self.on_committed = on_committed
         self.on_writing = on_writing
-        self.observer = Observer()
+        self._inotify: Inotify | None = None
+        self._dir_wd = -1
+        self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
+        self._poller: WatchThread | None = None
         self._last_writing = 0.0
+        self._attached = False
+        self._stopped = False
 
     def start(self) -> None:
-        # Recursive: a checkpoint folder (hf-trainer) is committed by a file closed inside it.
-        # Only the events a commit or a write makes: opens and read-only closes (the
-        # daemon's own verification, a mirror copying, `ls`) never wake the watcher.
-        self.observer.schedule(
-            self,
-            str(self.store.dir),
-            recursive=True,
-            event_filter=[
-                FileCreatedEvent,
-                FileModifiedEvent,
-                FileMovedEvent,
-                FileClosedEvent,
-                DirCreatedEvent,
-                DirMovedEvent,
-            ],
-        )
-        self.observer.daemon = True
-        self.observer.start()
+        self._stopped = self._attached = False
+        try:
+            self._inotify = Inotify()
+            self._dir_wd = self._inotify.add_watch(self.store.dir, DIR_MASK)
+            for entry in os.scandir(self.store.dir):  # the folders there now: watched, not judged
+                if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
+                    self._watch_folder(Path(entry.path))
+        except OSError as exc:
+            self._fall_back(exc, Rescan(self.store, baseline=True))
+            return
+        self._inotify.attach(self.loop, self.on_events)
+        self._attached = True
 
     def stop(self) -> None:
-        self.observer.stop()
-        with contextlib.suppress(RuntimeError):
-            self.observer.join(timeout=2)
+        self._stopped = True
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        self._folders.clear()
 
-    def _unit(self, path: str, *, committing: bool) -> Path | None:
+    # -- inotify, on the loop ----------------------------------------------------
+
+    def on_events(self, events: list[InotifyEvent]) -> None:
+        overflow = False
+        for event in events:
+            # An exception here must not leave the loop's reader broken for every later event.
+            try:
+                overflow |= self._event(event)
+            except Exception:
+                log.exception("checkpoint event %r", event)
+            if self._inotify is None:
+                return  # fell back to scanning
+        if overflow:
+            self._rescan()
+
+    def _event(self, event: InotifyEvent) -> bool:
+        """Handle one event; True when events were lost and everything must be looked at."""
+        if event.mask & IN_Q_OVERFLOW:
+            return True
+        if event.wd == self._dir_wd:
+            if event.mask & (IN_IGNORED | IN_MOVE_SELF):
+                self._fall_back(OSError(errno.ENOENT, f"{self.store.dir} moved or deleted"), None)
+                return False
+            self._in_directory(event, self.store.dir / os.fsdecode(event.name))
+        elif event.mask & IN_IGNORED:
+            self._folders.pop(event.wd, None)
+        elif event.wd in self._folders and event.name:
+            self._in_file(event.mask, self._folders[event.wd] / os.fsdecode(event.name))
+        return False
+
+    def _in_directory(self, event: InotifyEvent, path: Path) -> None:
+        if path.name == QUARANTINE:
+            return
+        if not event.mask & IN_ISDIR:
+            self._in_file(event.mask, path)
+        elif event.mask & IN_MOVED_FROM:
+            self._unwatch_folder(path)
+        elif event.mask & (IN_CREATE | IN_MOVED_TO):
+            self._watch_folder(path)
+            name = self._final(path) if event.mask & IN_MOVED_TO else None
+            if name is not None:
+                self.on_committed(name)  # a whole folder renamed into place
+            else:
+                # Made here, or renamed in unfinished: what was written before the watch.
+                self._look_inside(path)
+
+    def _in_file(self, mask: int, path: Path) -> None:
+        if mask & IN_ISDIR and not mask & IN_MOVED_TO:
+            return  # a folder inside a checkpoint folder: only its arrival by rename counts
+        if mask & (IN_MOVED_TO | IN_CLOSE_WRITE):
+            name = self._final(path)
+            if name is not None:
+                self.on_committed(name)
+        elif mask & IN_CREATE:
+            if self._final(path) is None:
+                self._writing(path)
+                return
+            whole = self.loop.run_in_executor(None, self._arrived_whole, path)
+            whole.add_done_callback(lambda done: self._created(path, done))
+        elif mask & IN_MODIFY:
+            self._writing(path)
+
+    def _created(self, path: Path, whole: asyncio.Future[str | None]) -> None:
+        if self._stopped or whole.cancelled():
+            return
+        if whole.exception() is not None:
+            log.error("checking %s", path, exc_info=whole.exception())
+            return
+        name = whole.result()
+        if name is not None:
+            self.on_committed(name)
+        else:
+            self._writing(path)
+
+    def _look_inside(self, folder: Path) -> None:
+        """A folder's entries as if each had just been created in it."""
+        try:
+            entries = [entry.name for entry in os.scandir(folder)]
+        except OSError:
+            return
+        for name in entries:
+            self._in_file(IN_CREATE, folder / name)
+
+    def _watch_folder(self, folder: Path) -> None:
+        if self._inotify is None:
+            return  # scanning instead
+        try:
+            wd = self._inotify.add_watch(folder, FOLDER_MASK)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return  # gone again, or a link to a folder: nothing to watch inside
+            if not self._attached:
+                raise  # start() falls back
+            self._fall_back(exc, None)  # out of watches (ENOSPC): a folder would go unseen
+            return
+        self._folders[wd] = folder
+
+    def _unwatch_folder(self, folder: Path) -> None:
+        if self._inotify is None:
+            return
+        for wd, path in list(self._folders.items()):
+            if path == folder:
+                del self._folders[wd]
+                self._inotify.rm_watch(wd)
+
+    def _rescan(self) -> None:
+        """After lost events: watch every folder again and report everything committed
+        (the daemon tells a known checkpoint by its mtime)."""
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.store.dir):
+                if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
+                    self._watch_folder(Path(entry.path))
+        scan = self.loop.run_in_executor(None, self.store.scan)
+
+        def report(done: asyncio.Future[tuple[list[str], list[str]]]) -> None:
+            if self._stopped or done.cancelled() or done.exception() is not None:
+                return
+            committed, in_flight = done.result()
+            for name in committed:
+                self.on_committed(name)
+            if in_flight:
+                self._writing(None)
+
+        scan.add_done_callback(report)
+
+    # -- what a path stands for --------------------------------------------------
+
+    def _unit(self, path: Path, *, committing: bool) -> Path | None:
         """The direct child of the checkpoint directory an event's path stands for.
 
         Inside a checkpoint folder any write is activity of that folder, but only the file
         the format names (its optional `commits_folder`) can commit it: a late close of
         another file must not get a half-written folder judged.
         """
-        p = Path(path)
-        if p.parent == self.store.dir:
-            return p
-        if p.parent.parent != self.store.dir or p.parent.name == QUARANTINE:
+        if path.parent == self.store.dir:
+            return path
+        if path.parent.parent != self.store.dir or path.parent.name == QUARANTINE:
             return None
         if not committing:
-            return p.parent
+            return path.parent
         commits_folder = getattr(self.store.fmt, "commits_folder", None)
-        return p.parent if commits_folder is not None and commits_folder(p) else None
+        return path.parent if commits_folder is not None and commits_folder(path) else None
 
-    def _final(self, path: str) -> str | None:
+    def _final(self, path: Path) -> str | None:
         unit = self._unit(path, committing=True)
         if unit is None:
             return None
         return unit.name if self.store.fmt.step_of(unit) is not None else None
 
-    def _in_flight(self, path: str) -> bool:
-        unit = self._unit(path, committing=False)
-        return unit is not None and self.store.fmt.is_in_flight(unit)
-
-    def _arrived_whole(self, path: str) -> bool:
-        """A final name that appeared complete: renamed in from another folder (watchdog
-        reports that as a create), or anything but a regular file (a link, a FIFO), which
-        is never written in place. A file still being written in place is not whole yet
-        and is reported when it is closed."""
+    def _arrived_whole(self, path: Path) -> str | None:
+        """In a worker thread: the name a final path commits when it appeared complete:
+        anything but a regular file (a link, a FIFO), which is never written in place, or a
+        file that verifies already. A file still being written is not whole yet and is
+        reported when it is closed."""
         name = self._final(path)
         if name is None:
-            return False
+            return None
         try:
             if not stat.S_ISREG(os.lstat(path).st_mode):
-                return True
+                return name
         except OSError:
-            return False
-        return self.store.verify(name).info is not None
+            return None
+        return name if self.store.verify(name).info is not None else None
 
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        # An exception here would end watchdog's thread and blind the daemon for good.
-        try:
-            self._dispatch(event)
-        except Exception:
-            logging.getLogger("trainwarden.checkpoints").exception("checkpoint event %r", event)
-
-    def _dispatch(self, event: FileSystemEvent) -> None:
-        if isinstance(event, FileSystemMovedEvent):  # a file or a whole checkpoint directory
-            name = self._final(os.fsdecode(event.dest_path))
-        elif isinstance(event, FileClosedEvent) or (
-            isinstance(event, FileCreatedEvent) and self._arrived_whole(os.fsdecode(event.src_path))
-        ):
-            name = self._final(os.fsdecode(event.src_path))
-        else:
-            name = None
-            if isinstance(event, FileModifiedEvent | FileCreatedEvent) and self._in_flight(
-                os.fsdecode(event.src_path)
-            ):
-                now = time.monotonic()
-                if now - self._last_writing >= 1.0:
-                    self._last_writing = now
-                    self.loop.call_soon_threadsafe(self.on_writing)
+    def _writing(self, path: Path | None) -> None:
+        """A write of `path` (None: of something in flight), reported at most once a second."""
+        now = time.monotonic()
+        if now - self._last_writing < WRITING_EVERY_S:
             return
-        if name is not None:
-            self.loop.call_soon_threadsafe(self.on_committed, name)
+        if path is not None:
+            unit = self._unit(path, committing=False)
+            if unit is None or not self.store.fmt.is_in_flight(unit):
+                return
+        self._last_writing = now
+        self.on_writing()
+
+    # -- without inotify -----------------------------------------------------------
+
+    def _fall_back(self, exc: OSError, rescan: Rescan | None) -> None:
+        """Scan the directory every POLL_S from now on. Without a baseline the first scan
+        reports every checkpoint there, so nothing committed in between is missed."""
+        log.warning("%s; scanning %s every %g s instead", exc, self.store.dir, POLL_S)
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        self._folders.clear()
+        scanner = rescan or Rescan(self.store, baseline=False)
+
+        def poll() -> None:
+            committed, writing = scanner.changes()
+            for name in committed:
+                self._post(self.on_committed, name)
+            if writing:
+                self._post(self._writing, None)
+
+        self._poller = WatchThread(
+            f"checkpoints:{self.store.dir.name}", None, lambda events: None, poll, POLL_S
+        )
+        self._poller.start()
+
+    def _post(self, callback: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed while we scanned
+            self.loop.call_soon_threadsafe(self._unless_stopped, callback, *args)
+
+    def _unless_stopped(self, callback: Callable[..., None], *args: object) -> None:
+        if not self._stopped:
+            callback(*args)
+
+
+Signature = tuple[int, ...]
+
+
+class Rescan:
+    """The directory's changes since the last scan, for watching without inotify.
+
+    A committed name is reported once it has looked the same at two scans in a row (a
+    folder written in place may carry its final name before its last file is complete),
+    and again whenever it changes. Anything in flight that changed between two scans
+    counts as a write.
+    """
+
+    def __init__(self, store: CheckpointStore, *, baseline: bool) -> None:
+        self.store = store
+        self.reported: dict[str, Signature] = {}
+        self.seen: dict[str, Signature] = {}
+        self.in_flight: dict[str, Signature] = {}
+        if baseline:  # what is there at start is the daemon's own scan's business
+            committed, in_flight = self._look()
+            self.reported = dict(committed)
+            self.seen = dict(committed)
+            self.in_flight = in_flight
+
+    def changes(self) -> tuple[list[str], bool]:
+        """(names committed or changed since the last scan, whether anything was written)."""
+        committed, in_flight = self._look()
+        new = [
+            name
+            for name, signature in committed.items()
+            if self.seen.get(name) == signature and self.reported.get(name) != signature
+        ]
+        for name in new:
+            self.reported[name] = committed[name]
+        writing = any(self.in_flight.get(name) != sig for name, sig in in_flight.items())
+        self.seen, self.in_flight = committed, in_flight
+        return new, writing
+
+    def _look(self) -> tuple[dict[str, Signature], dict[str, Signature]]:
+        committed_names, in_flight_names = self.store.scan()
+        committed = {name: _signature(self.store.dir / name) for name in committed_names}
+        in_flight = {name: _signature(self.store.dir / name) for name in in_flight_names}
+        return committed, in_flight
+
+
+def _signature(path: Path) -> Signature:
+    """What changes when a file, or a folder's files, are written or replaced."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ()
+    signature: list[int] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode]
+    if stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                inner = entry.stat(follow_symlinks=False)
+                signature += [inner.st_ino, inner.st_size, inner.st_mtime_ns]
+    return tuple(signature)

@@ -1,6 +1,6 @@
 """Follows the run log as the trainer writes it, the way `tail -F` does, without polling.
 
-An inotify instance (watchdog's binding of it) watches the log file for writes, and its
+An inotify instance (inputs/inotify.py) watches the log file for writes, and its
 directory for a new file taking the log's name. With an asyncio loop, the inotify
 descriptor is one more reader in the loop's epoll set: a write wakes the loop once, the
 new bytes are read and the complete lines handed to `on_lines` in the same callback. One
@@ -28,18 +28,26 @@ start, cannot be told apart from appends; no byte-offset follower can.)
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import logging
 import os
-import select
-import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch, inotify_init
+from trainwarden.supervisor.inputs.inotify import (
+    IN_CREATE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+    Inotify,
+    InotifyEvent,
+    WatchThread,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +60,12 @@ LOOP_READ_BYTES = 4 << 20
 SAFETY_RECHECK_S = 5.0
 FALLBACK_POLL_S = 0.25
 """How often the log is read when inotify cannot be had at all."""
-_EVENTS_BUFFER = 64 * 1024
 
 # The log itself: appends and truncations (both IN_MODIFY), and its being moved or deleted.
-FILE_MASK = (
-    InotifyConstants.IN_MODIFY | InotifyConstants.IN_MOVE_SELF | InotifyConstants.IN_DELETE_SELF
-)
+FILE_MASK = IN_MODIFY | IN_MOVE_SELF | IN_DELETE_SELF
 # Its directory: only a file appearing under the log's name (logrotate's create, a rename).
-DIR_MASK = InotifyConstants.IN_CREATE | InotifyConstants.IN_MOVED_TO
-_SELF_GONE = InotifyConstants.IN_MOVE_SELF | InotifyConstants.IN_DELETE_SELF
-_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
+DIR_MASK = IN_CREATE | IN_MOVED_TO
+_SELF_GONE = IN_MOVE_SELF | IN_DELETE_SELF
 
 
 class FollowStats(NamedTuple):
@@ -110,16 +114,14 @@ class LogFollower:
         self._skipping_long = False
         self._counts = [0, 0, 0, 0, 0]  # FollowStats fields, in order
         self._name = os.fsencode(self.path.name)
-        self._inotify: int | None = None
+        self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._watch_error_logged = False
         # Whether the log's name may point at another file now (a directory event, the
         # file moved or deleted): only then is the name looked up again on a read.
         self._name_may_have_moved = True
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._wake_r: int | None = None
-        self._wake_w: int | None = None
+        self._thread: WatchThread | None = None
         self._recheck_handle: asyncio.Handle | None = None
         self._more_handle: asyncio.Handle | None = None
         self._error_logged = False
@@ -145,27 +147,21 @@ class LogFollower:
             self._recheck_s = min(self._recheck_s, FALLBACK_POLL_S)
         if self._loop is not None:
             if self._inotify is not None:
-                self._loop.add_reader(self._inotify, self._on_inotify)
+                self._inotify.attach(self._loop, self._on_events)
             self._recheck_handle = self._loop.call_soon(self._recheck)  # the backlog first
         else:
-            self._wake_r, self._wake_w = os.pipe()
-            self._thread = threading.Thread(
-                target=self._wait_forever, name=f"logfollow:{self.path.name}", daemon=True
+            self._thread = WatchThread(
+                f"logfollow:{self.path.name}",
+                self._inotify,
+                self._on_events,
+                self._on_quiet,
+                self._recheck_s,
             )
-            self._thread.start()
+            self._thread.start(first=self._pump)  # the backlog
 
     def _start_inotify(self) -> None:
-        fd = inotify_init()
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"cannot watch {self.path}: inotify: {os.strerror(err)}")
-        os.set_inheritable(fd, False)  # not for the trainer
-        os.set_blocking(fd, False)
-        self._inotify = fd
-        self._dir_wd = self._add_watch(os.fsencode(self.path.parent), DIR_MASK)
-        if self._dir_wd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"cannot watch {self.path.parent}: {os.strerror(err)}")
+        self._inotify = Inotify()
+        self._dir_wd = self._inotify.add_watch(self.path.parent, DIR_MASK)
         self._watch_file()
 
     def stop(self) -> None:
@@ -173,17 +169,9 @@ class LogFollower:
         for handle in (self._recheck_handle, self._more_handle):
             if handle is not None:
                 handle.cancel()
-        if self._loop is not None and self._inotify is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._inotify)
         if self._thread is not None:
-            assert self._wake_w is not None
-            os.write(self._wake_w, b"x")
-            self._thread.join()
+            self._thread.stop()
             self._thread = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd is not None:
-                os.close(fd)
-        self._wake_r = self._wake_w = None
         self._close_inotify()
         with self._lock:
             self._close()
@@ -214,64 +202,44 @@ class LogFollower:
 
     # -- inotify --------------------------------------------------------------
 
-    def _add_watch(self, path: bytes, mask: int) -> int:
-        assert self._inotify is not None
-        return int(inotify_add_watch(self._inotify, path, mask))
-
     def _watch_file(self) -> None:
         """Watch whatever file the log's name points at now (none yet: the directory
         watch will tell us when one appears). A watch on a file that was replaced stays
         until that file is gone; its events still mean "read again"."""
-        if self._add_watch(os.fsencode(self.path), FILE_MASK) >= 0:
-            return
-        err = ctypes.get_errno()
-        if err != errno.ENOENT and not self._watch_error_logged:
-            self._watch_error_logged = True
-            log.warning(
-                "cannot watch %s: %s; it is read every %g s until it can be",
-                self.path,
-                os.strerror(err),
-                self._recheck_s,
-            )
+        assert self._inotify is not None
+        try:
+            self._inotify.add_watch(self.path, FILE_MASK)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT and not self._watch_error_logged:
+                self._watch_error_logged = True
+                log.warning("%s; it is read every %g s until it can be", exc, self._recheck_s)
 
     def _close_inotify(self) -> None:
         if self._inotify is not None:
-            os.close(self._inotify)  # also drops every watch
+            self._inotify.close()  # also drops every watch
             self._inotify = None
 
-    def _take_events(self) -> bool:
-        """Read the queued inotify events; True when the log may have changed."""
-        assert self._inotify is not None
+    def _may_have_changed(self, events: list[InotifyEvent]) -> bool:
+        """True when these events say the log may have changed."""
         wake = rewatch = False
-        while True:
-            try:
-                data = os.read(self._inotify, _EVENTS_BUFFER)
-            except BlockingIOError:
-                break
-            pos = 0
-            while pos + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-                name = data[pos + _EVENT.size : pos + _EVENT.size + length].rstrip(b"\0")
-                pos += _EVENT.size + length
-                if mask & InotifyConstants.IN_Q_OVERFLOW:
-                    wake = rewatch = True  # events were lost: look at everything again
-                elif wd == self._dir_wd:
-                    if name == self._name:
-                        wake = rewatch = True
-                elif not mask & InotifyConstants.IN_IGNORED:
-                    wake = True  # the log (or a file it replaced) was written or moved
-                    if mask & _SELF_GONE:
-                        self._name_may_have_moved = True
-            if len(data) <= _EVENTS_BUFFER - 4096:
-                break  # room to spare in the buffer: the queue was drained
-        if rewatch:
+        for event in events:
+            if event.mask & IN_Q_OVERFLOW:
+                wake = rewatch = True  # events were lost: look at everything again
+            elif event.wd == self._dir_wd:
+                if event.name == self._name:
+                    wake = rewatch = True
+            elif not event.mask & IN_IGNORED:
+                wake = True  # the log (or a file it replaced) was written or moved
+                if event.mask & _SELF_GONE:
+                    self._name_may_have_moved = True
+        if rewatch and self._inotify is not None:
             self._name_may_have_moved = True
             self._watch_file()
         return wake
 
-    def _on_inotify(self) -> None:
-        """On the loop: the inotify descriptor is readable."""
-        if self._inotify is not None and self._take_events():
+    def _on_events(self, events: list[InotifyEvent]) -> None:
+        """On the loop (or the follower's thread): inotify has news."""
+        if not self._stopping.is_set() and self._may_have_changed(events):
             self._pump()
 
     def _recheck(self) -> None:
@@ -282,23 +250,10 @@ class LogFollower:
         self._pump()
         self._recheck_handle = self._loop.call_later(self._recheck_s, self._recheck)
 
-    def _wait_forever(self) -> None:
-        """Without a loop: wait on inotify (and the stop pipe) in this thread."""
-        assert self._wake_r is not None
-        poller = select.poll()
-        if self._inotify is not None:
-            poller.register(self._inotify, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        self._pump()  # the backlog
-        while not self._stopping.is_set():
-            ready = poller.poll(self._recheck_s * 1000)
-            if self._stopping.is_set():
-                return
-            if not ready:
-                self._name_may_have_moved = True  # the safety net: look at everything
-                self._pump()
-            elif self._take_events():
-                self._pump()
+    def _on_quiet(self) -> None:
+        """In the follower's thread, recheck_s without an event: the safety net."""
+        self._name_may_have_moved = True  # look at everything
+        self._pump()
 
     def _pump(self) -> None:
         if self._stopping.is_set():

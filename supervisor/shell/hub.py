@@ -27,7 +27,6 @@ from trainwarden.supervisor.store.rundir import RunFiles
 
 log = logging.getLogger("trainwarden.telemetry")
 
-SAMPLE_INTERVAL_S = 2.0
 PUBLISH_INTERVAL_S = 0.2
 OFFSET_SAVE_INTERVAL_S = 1.0
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
@@ -296,7 +295,7 @@ class TelemetryHub:
                 await self._sample_once()
             except Exception:  # a sampler failure must never stop supervision
                 log.exception("sampling failed")
-            await asyncio.sleep(SAMPLE_INTERVAL_S)
+            await asyncio.sleep(self.cfg.telemetry.sample_interval_s)
 
     async def _sample_once(self) -> None:
         from trainwarden.supervisor.inputs.host import disk_low

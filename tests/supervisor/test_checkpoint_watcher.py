@@ -1,16 +1,24 @@
-"""The checkpoint watcher wakes for what commits or writes a checkpoint, not for reads."""
+"""The checkpoint watcher wakes for what commits or writes a checkpoint, not for reads;
+without inotify it scans."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import errno
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
 
+from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
+from trainwarden.supervisor.errors import CheckpointInvalid
+from trainwarden.supervisor.inputs import inotify
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.inputs.inotify import IN_Q_OVERFLOW, InotifyEvent
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,8 +37,8 @@ async def test_reading_checkpoints_does_not_wake_the_watcher(tmp_path: Path):
     seen: list[str] = []
     loop = asyncio.get_running_loop()
     watcher = CheckpointWatcher(store, loop, on_committed=seen.append, on_writing=lambda: None)
-    original = watcher.on_any_event
-    watcher.on_any_event = lambda event: (events.append(event), original(event))  # type: ignore[method-assign]
+    original = watcher.on_events
+    watcher.on_events = lambda batch: (events.extend(batch), original(batch))  # type: ignore[method-assign]
     watcher.start()
     try:
         await asyncio.sleep(0.2)
@@ -56,3 +64,253 @@ async def test_reading_checkpoints_does_not_wake_the_watcher(tmp_path: Path):
         assert seen == [checkpoint_name(20)]
     finally:
         watcher.stop()
+
+
+class Folders:
+    """A format whose checkpoint is a folder written in place, committed by state.json
+    (as hf-trainer's is by trainer_state.json)."""
+
+    name = "folders"
+
+    def step_of(self, path: Path) -> int | None:
+        if not path.name.startswith("ckpt-") or not (path / "state.json").is_file():
+            return None
+        return int(path.name[5:])
+
+    def is_in_flight(self, path: Path) -> bool:
+        return path.name.endswith(".tmp") or (
+            path.name.startswith("ckpt-") and not (path / "state.json").exists()
+        )
+
+    def companions(self, path: Path) -> list[Path]:
+        return []
+
+    def commits_folder(self, path: Path) -> bool:
+        return path.name == "state.json"
+
+    def verify(self, path: Path) -> CheckpointInfo:
+        if (path / "state.json").read_bytes() != b"done":
+            raise CheckpointInvalid(f"{path.name}: state.json is not complete")
+        return CheckpointInfo(self.step_of(path) or 0, path, 4)
+
+
+class Watching:
+    def __init__(self, store: CheckpointStore) -> None:
+        self.committed: list[str] = []
+        self.writes: list[float] = []
+        self.loop = asyncio.get_running_loop()
+        self.watcher = CheckpointWatcher(
+            store,
+            self.loop,
+            on_committed=self.committed.append,
+            on_writing=lambda: self.writes.append(time.monotonic()),
+        )
+
+    async def until(self, condition, timeout_s: float = 5.0) -> None:
+        deadline = self.loop.time() + timeout_s
+        while not condition():
+            assert self.loop.time() < deadline, f"committed {self.committed}"
+            await asyncio.sleep(0.02)
+
+    async def settle(self, seconds: float = 0.3) -> None:
+        await asyncio.sleep(seconds)
+
+
+@pytest.fixture
+async def folders(tmp_path: Path):
+    store = CheckpointStore(tmp_path / "run" / "checkpoints", Folders())  # type: ignore[arg-type]
+    store.ensure()
+    watching = Watching(store)
+    watching.watcher.start()
+    await asyncio.sleep(0.1)
+    yield store, watching
+    watching.watcher.stop()
+
+
+async def test_a_folder_written_in_place_commits_when_its_committing_file_is_closed(folders):
+    store, w = folders
+
+    def write_in_place() -> None:
+        folder = store.dir / "ckpt-5"
+        folder.mkdir()
+        (folder / "weights").write_bytes(b"w" * 1000)
+        with open(folder / "state.json", "wb") as f:
+            f.write(b"do")
+            f.flush()
+            time.sleep(0.3)
+            committed_while_open.append(list(w.committed))
+            f.write(b"ne")
+        (folder / "late-extra").write_bytes(b"x")  # another file's close commits nothing
+
+    committed_while_open: list[list[str]] = []
+    await asyncio.to_thread(write_in_place)
+    await w.until(lambda: "ckpt-5" in w.committed)
+    await w.settle()
+    assert committed_while_open == [[]]
+    assert w.committed == ["ckpt-5"]
+    assert w.writes  # the folder's files being written are activity
+
+
+async def test_a_folder_staged_and_renamed_commits(folders):
+    store, w = folders
+
+    def stage_and_rename() -> None:
+        staged = store.dir / "ckpt-7.tmp"
+        staged.mkdir()
+        (staged / "weights").write_bytes(b"w")
+        (staged / "state.json.part").write_bytes(b"done")
+        os.rename(staged / "state.json.part", staged / "state.json")
+        os.rename(staged, store.dir / "ckpt-7")
+
+    await asyncio.to_thread(stage_and_rename)
+    await w.until(lambda: "ckpt-7" in w.committed)
+    await w.settle()
+    assert set(w.committed) == {"ckpt-7"}
+    # The folder's watch moved with it: a file renamed into place later commits it again.
+    (store.dir / "ckpt-7" / "state.json.part").write_bytes(b"done")
+    os.rename(store.dir / "ckpt-7" / "state.json.part", store.dir / "ckpt-7" / "state.json")
+    await w.until(lambda: len(w.committed) >= 2)
+    assert set(w.committed) == {"ckpt-7"}
+
+
+async def test_a_whole_folder_renamed_in_from_another_folder_commits(folders, tmp_path: Path):
+    store, w = folders
+    outside = tmp_path / "run" / "staging"
+    outside.mkdir()
+    (outside / "state.json").write_bytes(b"done")
+    os.rename(outside, store.dir / "ckpt-9")
+    await w.until(lambda: w.committed == ["ckpt-9"])
+
+
+async def test_a_folder_renamed_in_unfinished_commits_when_finished(folders, tmp_path: Path):
+    store, w = folders
+    outside = tmp_path / "run" / "staging"
+    outside.mkdir()
+    (outside / "weights").write_bytes(b"w")
+    os.rename(outside, store.dir / "ckpt-11")
+    await w.settle()
+    assert w.committed == []
+    (store.dir / "ckpt-11" / "state.json").write_bytes(b"done")
+    await w.until(lambda: "ckpt-11" in w.committed)
+    assert set(w.committed) == {"ckpt-11"}  # by its create (whole already) or its close
+
+
+async def test_quarantine_is_not_watched(folders):
+    store, w = folders
+    store.quarantine_dir.mkdir()
+    (store.quarantine_dir / "ckpt-3").mkdir()
+    (store.quarantine_dir / "ckpt-3" / "state.json").write_bytes(b"done")
+    (store.quarantine_dir / "x.tmp").write_bytes(b"x")
+    done = store.dir / "ckpt-4"
+    done.mkdir()
+    (done / "state.json").write_bytes(b"done")
+    await w.until(lambda: w.committed == ["ckpt-4"])
+    writes = len(w.writes)
+    store.quarantine("ckpt-4")  # a folder leaving for quarantine/ is not a commit
+    (store.quarantine_dir / "ckpt-4" / "state.json").write_bytes(b"done")
+    await w.settle()
+    assert w.committed == ["ckpt-4"] and len(w.writes) == writes
+
+
+async def test_writes_in_flight_are_reported_at_most_once_a_second(tmp_path: Path):
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    w = Watching(store)
+    w.watcher.start()
+    try:
+        tmp = store.dir / (checkpoint_name(30) + ".tmp")
+
+        def grow() -> None:
+            with open(tmp, "wb") as f:
+                for _ in range(25):
+                    f.write(b"x" * 100)
+                    f.flush()
+                    time.sleep(0.1)
+
+        await asyncio.to_thread(grow)
+        await w.settle()
+    finally:
+        w.watcher.stop()
+    assert 2 <= len(w.writes) <= 4, w.writes
+    assert all(b - a >= 1.0 for a, b in zip(w.writes, w.writes[1:], strict=False))
+    assert w.committed == []
+
+
+async def test_lost_events_are_made_up_by_a_rescan(tmp_path: Path):
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    w = Watching(store)
+    w.watcher.start()
+    try:
+        # Committed while the queue overflowed: its IN_MOVED_TO is among the lost events.
+        w.watcher.stop()
+        (store.dir / checkpoint_name(40)).write_bytes(andrea_bin(40))
+        w.watcher.start()
+        await w.settle(0.2)
+        assert w.committed == []
+        w.watcher.on_events([InotifyEvent(-1, IN_Q_OVERFLOW, 0, b"")])
+        await w.until(lambda: w.committed == [checkpoint_name(40)])
+    finally:
+        w.watcher.stop()
+
+
+async def test_without_inotify_the_directory_is_scanned(tmp_path: Path, monkeypatch, caplog):
+    monkeypatch.setattr(inotify, "inotify_init1", lambda flags: -1)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.checkpoint_watch.POLL_S", 0.1)
+    store = CheckpointStore(tmp_path / "checkpoints", Folders())  # type: ignore[arg-type]
+    store.ensure()
+    (store.dir / "ckpt-1").mkdir()
+    (store.dir / "ckpt-1" / "state.json").write_bytes(b"done")  # there before: not reported
+    w = Watching(store)
+    w.watcher.start()
+    try:
+        assert "scanning" in caplog.text
+        staged = store.dir / "ckpt-2.tmp"
+        staged.mkdir()
+        for i in range(5):
+            (staged / "weights").write_bytes(b"w" * i)
+            await asyncio.sleep(0.1)
+        await w.until(lambda: bool(w.writes))
+        (staged / "state.json").write_bytes(b"done")
+        os.rename(staged, store.dir / "ckpt-2")
+        await w.until(lambda: w.committed == ["ckpt-2"])
+        await w.settle(0.5)
+        assert w.committed == ["ckpt-2"]  # once, not at every scan
+    finally:
+        w.watcher.stop()
+
+
+async def test_out_of_watches_for_a_folder_falls_back_to_scanning(folders, monkeypatch):
+    store, w = folders
+    real_add_watch = inotify.inotify_add_watch
+
+    def out_of_watches(fd: int, path: bytes, mask: int) -> int:
+        if b"ckpt-" in path:
+            ctypes.set_errno(errno.ENOSPC)
+            return -1
+        return real_add_watch(fd, path, mask)
+
+    monkeypatch.setattr(inotify, "inotify_add_watch", out_of_watches)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.checkpoint_watch.POLL_S", 0.1)
+    folder = store.dir / "ckpt-8"
+    folder.mkdir()
+    await w.settle(0.2)
+    (folder / "state.json").write_bytes(b"done")  # unseen by inotify: no watch inside
+    await w.until(lambda: w.committed == ["ckpt-8"])
+
+
+async def test_the_directory_removed_and_made_again_is_still_watched(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("trainwarden.supervisor.inputs.checkpoint_watch.POLL_S", 0.1)
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    w = Watching(store)
+    w.watcher.start()
+    try:
+        await w.settle(0.1)
+        store.dir.rmdir()
+        await w.settle(0.2)
+        store.ensure()
+        (store.dir / checkpoint_name(50)).write_bytes(andrea_bin(50))
+        await w.until(lambda: w.committed == [checkpoint_name(50)])
+    finally:
+        w.watcher.stop()

@@ -210,3 +210,42 @@ def test_descendants_is_none_when_the_kernel_has_no_children_lists(
         "trainwarden.supervisor.inputs.proctree.open", no_children_file, raising=False
     )
     assert _kernel_descendants(tree.trainer.pid) is None
+
+
+def test_the_daemon_samples_the_host_at_the_configured_interval(tmp_path: Path) -> None:
+    from tests.helpers import PYTHON, running_daemon, write_config
+
+    run_dir = tmp_path / "run"
+    write_config(
+        run_dir,
+        {
+            "trainer": {"command": [PYTHON, "-c", "import time; time.sleep(60)"]},
+            "telemetry": {"sample_interval_s": 0.1},
+        },
+    )
+    with running_daemon(run_dir) as daemon, daemon.client(timeout=10.0) as client:
+        client.request("subscribe", topics=["host"])
+        frames = 0
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if client.read_message().get("topic") == "host":
+                frames += 1
+    # About 20 at 0.1 s; at the default 2 s there would be one or two.
+    assert frames >= 5, f"{frames} host samples in 2 s at a 0.1 s interval"
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "nan", "inf"])
+def test_a_sample_interval_that_is_not_a_finite_positive_number_is_refused(
+    tmp_path: Path, value: object
+) -> None:
+    from trainwarden.supervisor.config import load_config
+    from trainwarden.supervisor.errors import ConfigError
+
+    literal = value if isinstance(value, str) else repr(value)
+    (tmp_path / "trainwarden.toml").write_text(
+        f'[trainer]\ncommand = ["python", "train.py"]\n[telemetry]\nsample_interval_s = {literal}\n'
+    )
+    with pytest.raises(ConfigError, match=r"'telemetry.sample_interval_s' = .* finite number > 0"):
+        load_config(tmp_path, check_plugins=False)
+    (tmp_path / "trainwarden.toml").write_text('[trainer]\ncommand = ["python", "train.py"]\n')
+    assert load_config(tmp_path, check_plugins=False).telemetry.sample_interval_s == 2.0

@@ -300,16 +300,16 @@ def test_thread_mode_stop_closes_every_descriptor(log):
 async def test_inotify_descriptor_is_not_inherited(log, follow):
     follower, _ = follow()
     assert follower._inotify is not None
-    assert not os.get_inheritable(follower._inotify)
+    assert not os.get_inheritable(follower._inotify.fd)
 
 
 async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatch, caplog):
     # Out of inotify instances (fs.inotify.max_user_instances): read often instead.
-    def no_inotify():
+    def no_inotify(flags):
         ctypes.set_errno(errno.EMFILE)
         return -1
 
-    monkeypatch.setattr("trainwarden.supervisor.inputs.logfollow.inotify_init", no_inotify)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.inotify.inotify_init1", no_inotify)
     follower, got = follow()
     assert follower._inotify is None
     assert "Too many open files" in caplog.text and "every 0.25 s" in caplog.text
@@ -318,7 +318,7 @@ async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatc
 
 
 def test_without_inotify_the_thread_mode_follows_too(log, monkeypatch):
-    monkeypatch.setattr("trainwarden.supervisor.inputs.logfollow.inotify_init", lambda: -1)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.inotify.inotify_init1", lambda flags: -1)
     got = []
     follower = LogFollower(log, 0, got.extend)
     follower.start()
