@@ -318,5 +318,5 @@ def test_init_writes_a_working_config_and_refuses_to_overwrite(tmp_path: Path):
 
 
 def test_the_daemon_does_not_import_torch():
-    code = "import sys, supervisor.daemon, supervisor.cli; sys.exit('torch' in sys.modules)"
+    code = "import sys, trainwarden.supervisor.shell.daemon, trainwarden.supervisor.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([PYTHON, "-c", code], timeout=60).returncode == 0
