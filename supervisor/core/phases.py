@@ -3,11 +3,14 @@
     starting --first step line--> running --save--> saving --checkpoint--> running
     running --stop/shutdown--> stopping --trainer exited--> stopped
     running --trainer exited 0 on its own--> finished
-    running --crash or hang--> backoff --backoff elapsed--> starting
+    running --crash--> backoff --backoff elapsed--> starting
+    running --hang (no step line for stall_timeout_s)--> stopping --exit--> backoff
     backoff --N restarts without progress--> crash_loop
+    backoff --stop--> stopped
     running --non-finite or too-high loss--> stopping --exit--> starting (rollback)
                                                             \\-> diverged (same divergence again)
     running --pivot--> pivoting --checkpoint, stop, archive, policy--> starting
+    pivoting --archive or policy write failed--> stopped (start completes the pivot)
     stopped | finished | crash_loop | diverged --start--> starting
 
 Each transition is made by the pure policy (trainwarden.supervisor.core) for the cause

@@ -1,7 +1,8 @@
 """The pivot: new caps and floors for the data-mixing bandit, as one crash-safe transaction.
 
-Pure like the rest of the policy. Stages, each recorded in the persisted state before
-its effects start:
+Pure like the rest of the policy: the new policy arrives built and checked against the
+contract (a PivotContext the shell reads), so nothing here reads a file. Stages, each
+recorded in the persisted state before its effects start:
 
     saving          SIGUSR1 sent; waiting for a checkpoint at or after the current step
     stopping        that checkpoint pinned; SIGTERM sent; later checkpoints are quarantined
@@ -18,94 +19,68 @@ bandit never runs under the new policy, whichever checkpoint a later restart use
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-from trainwarden.supervisor.contract import normalized_policy, validate_policy
-from trainwarden.supervisor.core.policy import (
+from trainwarden.supervisor.core.actions import (
     Action,
     Archive,
-    Ckpt,
     Exit,
-    Operator,
-    PivotPlan,
-    PivotProgress,
     Quarantine,
     Record,
     Reply,
-    Rules,
     SignalTrainer,
-    Startup,
-    State,
     WritePolicy,
-    _apply_retention,
-    _reply_error,
-    _spawn,
-    _stop_trainer,
-    without_checkpoints,
 )
-
-
-def new_policy_from(
-    current: dict[str, Any], arms: list[str], caps: dict[str, Any], floors: dict[str, Any]
-) -> tuple[dict[str, Any] | None, list[str]]:
-    """The current policy with the given caps and floors applied, or the rules it breaks."""
-    policy = normalized_policy(current or {}, arms)
-    problems = []
-    for table, key in ((caps, "cap"), (floors, "floor")):
-        for arm, value in table.items():
-            if arm not in policy["arms"]:
-                problems.append(f"unknown arm {arm!r}: known arms are {', '.join(arms)}")
-                continue
-            policy["arms"][arm][key] = value
-    problems += validate_policy(policy, arms)
-    return (None if problems else policy), problems
+from trainwarden.supervisor.core.events import Operator, PivotProgress
+from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.requests import Pivot
+from trainwarden.supervisor.core.retention import apply_retention
+from trainwarden.supervisor.core.state import Ckpt, PivotPlan, Rules, State, without_checkpoints
+from trainwarden.supervisor.core.transitions import reply_error, spawn, stop_trainer
 
 
 def cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
-    if state.pivot is not None or state.phase == "pivoting":
-        _reply_error(actions, ev.request_id, "busy", "a pivot is already in progress")
+    if state.pivot is not None or state.phase == Phase.PIVOTING:
+        reply_error(actions, ev.request_id, "busy", "a pivot is already in progress")
         return state
-    if state.phase not in ("running",) or not state.trainer_alive:
-        _reply_error(
+    if state.phase != Phase.RUNNING or not state.trainer_alive:
+        reply_error(
             actions,
             ev.request_id,
             "wrong_state",
             f"cannot pivot while the run is {state.phase}: a pivot needs a running trainer",
         )
         return state
-    args = ev.args
-    arms = [str(a) for a in args.get("_arms") or []]
-    zombies = [str(z) for z in args.get("_zombies") or []]
-    if not arms:
-        _reply_error(
+    context = ev.pivot
+    if context is None or not context.arms:
+        reply_error(
             actions,
             ev.request_id,
             "wrong_state",
             "the trainer has not written its bandit state (.state.json) yet; try again shortly",
         )
         return state
-    caps, floors = args.get("caps") or {}, args.get("floors") or {}
-    named_zombies = sorted(z for z in zombies if z in caps or z in floors)
+    command = ev.command
+    named = {*command.caps, *command.floors} if isinstance(command, Pivot) else set()
+    named_zombies = sorted(z for z in context.zombies if z in named)
     if named_zombies:
-        _reply_error(
+        reply_error(
             actions,
             ev.request_id,
             "bad_argument",
             f"arm(s) {', '.join(named_zombies)} have no data source any more (zombie arms); "
-            f"a policy may name only {', '.join(arms)}",
+            f"a policy may name only {', '.join(context.arms)}",
         )
         return state
-    old = normalized_policy(args.get("_current_policy") or {}, arms)
-    new, problems = new_policy_from(old, arms, caps, floors)
-    if new is None:
-        _reply_error(actions, ev.request_id, "bad_argument", "; ".join(problems))
+    if context.new_policy is None:
+        reply_error(actions, ev.request_id, "bad_argument", "; ".join(context.problems))
         return state
     target = state.last_step if state.last_step is not None else (state.resume_step or 0)
+    zombies = list(context.zombies)
     plan = PivotPlan(
         stage="saving",
-        old_policy=old,
-        new_policy=new,
-        utc=str(args.get("_utc") or "unknown"),
+        old_policy=context.current_policy,
+        new_policy=context.new_policy,
+        utc=context.utc or "unknown",
         save_after_step=target,
         zombies=tuple(zombies),
         request_id=ev.request_id,
@@ -114,11 +89,16 @@ def cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -
     actions.append(
         Record(
             "pivot_stage",
-            {"stage": "saving", "after_step": target, "new_policy": new, "zombies": zombies},
+            {
+                "stage": "saving",
+                "after_step": target,
+                "new_policy": context.new_policy,
+                "zombies": zombies,
+            },
         )
     )
     actions.append(SignalTrainer("SIGUSR1", "pivot: checkpoint before the policy change"))
-    return replace(state, phase="pivoting", pivot=plan)
+    return replace(state, phase=Phase.PIVOTING, pivot=plan)
 
 
 def on_commit(
@@ -133,8 +113,8 @@ def on_commit(
         actions.append(Record("pivot_stage", {"stage": "pin", "step": ckpt.step}))
         actions.append(Record("pivot_stage", {"stage": "stopping", "step": ckpt.step}))
         state = replace(state, pivot=plan, pinned=state.pinned | {ckpt.step})
-        state = _stop_trainer(state, t, rules, "pivot", actions)
-        return replace(state, phase="pivoting"), False
+        state = stop_trainer(state, t, rules, "pivot", actions)
+        return replace(state, phase=Phase.PIVOTING), False
     if plan.step is not None and ckpt.step > plan.step:
         actions.append(
             Quarantine(
@@ -156,7 +136,7 @@ def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Actio
         )
     state = without_checkpoints(state, {c.step for c in later})
     return _start_archiving(
-        replace(state, phase="pivoting", stop_reason=None, kill_at=None), actions
+        replace(state, phase=Phase.PIVOTING, stop_reason=None, kill_at=None), actions
     )
 
 
@@ -176,12 +156,12 @@ def on_progress(state: State, ev: PivotProgress, rules: Rules, actions: list[Act
     if ev.error is not None:
         actions.append(Record("pivot_failed", {"stage": plan.stage, "error": ev.error}))
         if plan.request_id is not None:
-            _reply_error(
+            reply_error(
                 actions, plan.request_id, "internal", f"pivot failed at {plan.stage}: {ev.error}"
             )
         return replace(
             state,
-            phase="stopped",
+            phase=Phase.STOPPED,
             pivot=replace(plan, request_id=None),
             halt_reason=f"pivot failed at {plan.stage}: {ev.error}; fix it, then `trainwarden start` "
             "completes the pivot",
@@ -222,8 +202,8 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
     state = replace(state, pivot=None, last_pivot_step=plan.step)
     if state.shutdown:
         actions.append(Exit(0))
-        return replace(state, phase="stopped", halt_reason="stopped by operator")
-    return _spawn(state, t, actions)
+        return replace(state, phase=Phase.STOPPED, halt_reason="stopped by operator")
+    return spawn(state, t, actions)
 
 
 def abort(state: State, actions: list[Action], why: str, code: str = "wrong_state") -> State:
@@ -233,24 +213,24 @@ def abort(state: State, actions: list[Action], why: str, code: str = "wrong_stat
         return state
     actions.append(Record("pivot_rolled_back", {"stage": plan.stage, "reason": why}))
     if plan.request_id is not None:
-        _reply_error(actions, plan.request_id, code, f"pivot abandoned: {why}")
+        reply_error(actions, plan.request_id, code, f"pivot abandoned: {why}")
     pinned = state.pinned
     if plan.step is not None and not plan.was_pinned:
         pinned = pinned - {plan.step}
     state = replace(state, pivot=None, pinned=pinned)
-    if state.phase == "pivoting":
-        state = replace(state, phase="running" if state.trainer_alive else state.phase)
+    if state.phase == Phase.PIVOTING:
+        state = replace(state, phase=Phase.RUNNING if state.trainer_alive else state.phase)
     return state
 
 
-def resume_after_restart(state: State, ev: Startup, rules: Rules, actions: list[Action]) -> State:
+def resume_after_restart(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
     """A daemon started with a pivot in its journal: finish it or roll it back."""
     plan = state.pivot
     assert plan is not None
     if plan.stage in ("saving", "stopping"):
         state = abort(state, actions, "the daemon restarted before the pivot's point of no return")
-        state = _apply_retention(state, rules, actions)
-        return _spawn(state, ev.t, actions)
+        state = apply_retention(state, rules, actions)
+        return spawn(state, t, actions)
     actions.append(Record("pivot_resumed", {"stage": plan.stage, "step": plan.step}))
     later = [c for c in state.checkpoints if plan.step is not None and c.step > plan.step]
     for c in later:
@@ -258,7 +238,7 @@ def resume_after_restart(state: State, ev: Startup, rules: Rules, actions: list[
             Quarantine(c.step, c.name, f"written under the old policy after pivot step {plan.step}")
         )
     state = without_checkpoints(state, {c.step for c in later})
-    state = replace(state, phase="pivoting", pivot=replace(plan, request_id=None))
+    state = replace(state, phase=Phase.PIVOTING, pivot=replace(plan, request_id=None))
     if plan.stage == "archiving":
         assert plan.step is not None
         actions.append(Archive(plan.archive, plan.step, plan.old_policy, plan.new_policy))

@@ -15,22 +15,21 @@ import os
 import socket
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
+from trainwarden.supervisor.core import ACTING, BadRequest, parse_command
 from trainwarden.supervisor.errors import LockHeld, ProtocolError
 from trainwarden.supervisor.protocol import MAX_LINE, TOPICS, connect_path, decode, encode
+from trainwarden.supervisor.serve.supervised import Supervised
 from trainwarden.supervisor.store.journal import tail_records
-
-if TYPE_CHECKING:
-    from trainwarden.supervisor.shell.daemon import Daemon
 
 log = logging.getLogger("trainwarden.control")
 
+# TODO(merge): import REPLACEABLE_TOPICS from trainwarden.supervisor.protocol once it is there.
 REPLACEABLE = frozenset({"telemetry", "gpu", "host", "bandit", "samples", "state"})
 MAX_QUEUED = 2000
 MAX_CONNECTIONS = 256
-ACTING = ("save", "stop", "start", "pin", "unpin", "shutdown", "pivot")
 
 
 class Outbox:
@@ -113,7 +112,7 @@ def peer_uid(writer: asyncio.StreamWriter) -> int | None:
 
 
 class ControlServer:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Supervised) -> None:
         self.daemon = daemon
         self.path = daemon.cfg.socket_path
         self.allowed = {os.getuid(), *daemon.cfg.control.allow_uids}
@@ -141,7 +140,7 @@ class ControlServer:
             if fd is not None:
                 os.close(fd)
         os.chmod(self.path, 0o600)
-        self.daemon.journal.listeners.append(lambda record: self.publish("events", record))  # type: ignore[union-attr]
+        self.daemon.add_journal_listener(lambda record: self.publish("events", record))
 
     async def _answers(self) -> bool:
         address, fd = connect_path(self.path)
@@ -266,7 +265,9 @@ class ControlServer:
         conn.outbox.put({"id": rid, "ok": True, "result": result})
 
     async def _acting(self, conn: Connection, cmd: str, args: dict[str, Any]) -> Any:
-        _check_args(cmd, args)
+        command = parse_command(cmd, args)
+        if isinstance(command, BadRequest):
+            raise CommandError(command.code, command.message)
         if self.acting.locked():
             raise CommandError(
                 "busy",
@@ -275,7 +276,7 @@ class ControlServer:
         async with self.acting:
             self.acting_cmd = cmd
             try:
-                reply = await self.daemon.operator(cmd, args, conn.uid)
+                reply = await self.daemon.operator(command, conn.uid)
             finally:
                 self.acting_cmd = None
         if not reply.ok:
@@ -307,8 +308,7 @@ class ControlServer:
         start = _int_arg(args, "start", None, 0, None)
         end = _int_arg(args, "end", None, 0, None)
         points = _int_arg(args, "points", 200, 1, 100_000)
-        assert self.daemon.hub is not None
-        return self.daemon.hub.history_query(start, end, points)
+        return self.daemon.history_query(start, end, points)
 
     def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
         topics = args.get("topics", list(TOPICS))
@@ -320,12 +320,9 @@ class ControlServer:
                 "bad_argument", f"unknown topic(s) {', '.join(unknown)}; known: {', '.join(TOPICS)}"
             )
         conn.topics.update(topics)
-        assert self.daemon.hub is not None
         views = {"checkpoints": self.daemon.checkpoints_view, "state": self.daemon.state_view}
         return {
-            "snapshot": {
-                t: views[t]() if t in views else self.daemon.hub.snapshot(t) for t in topics
-            }
+            "snapshot": {t: views[t]() if t in views else self.daemon.snapshot(t) for t in topics}
         }
 
 
@@ -357,36 +354,3 @@ def _int_arg(
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
         raise CommandError("bad_argument", f"'{name}' must be an integer {bound}, got {value!r}")
     return value
-
-
-def _check_args(cmd: str, args: dict[str, Any]) -> None:
-    if cmd in ("pin", "unpin"):
-        _int_arg(args, "step", None, 0, None)
-        if "step" not in args:
-            raise CommandError(
-                "bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number"
-            )
-    if cmd == "pivot":
-        for key in ("caps", "floors"):
-            table = args.get(key, {})
-            if not isinstance(table, dict) or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) for v in table.values()
-            ):
-                raise CommandError(
-                    "bad_argument", f"'{key}' must map arm names to numbers, e.g. {{\"docs\": 0.5}}"
-                )
-        if not args.get("caps") and not args.get("floors"):
-            raise CommandError("bad_argument", "a pivot needs 'caps' or 'floors' to change")
-        unexpected = sorted(k for k in args if k not in ("caps", "floors"))
-        if unexpected:
-            raise CommandError("bad_argument", f"unexpected argument(s) {', '.join(unexpected)}")
-    if cmd == "save":
-        if not isinstance(args.get("wait", False), bool):
-            raise CommandError("bad_argument", "'wait' must be true or false")
-        timeout = args.get("timeout_s")
-        if timeout is not None and (
-            not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0
-        ):
-            raise CommandError(
-                "bad_argument", f"'timeout_s' must be a positive number, got {timeout!r}"
-            )

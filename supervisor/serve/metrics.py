@@ -21,7 +21,6 @@ import asyncio
 import concurrent.futures
 import ipaddress
 import math
-import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +33,9 @@ LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 def _phases() -> tuple[str, ...]:
-    from trainwarden.supervisor.core.policy import Phase
+    from trainwarden.supervisor.core.phases import Phase
 
-    return typing.get_args(Phase)
+    return tuple(str(phase) for phase in Phase)
 
 
 def parse_listen(listen: str, *, allow_remote: bool = False, source: str = "") -> tuple[str, int]:

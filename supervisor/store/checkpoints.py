@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwarden.plugins.api import CheckpointFormat, CheckpointInfo
+from trainwarden.supervisor.core.events import Outcome
 from trainwarden.supervisor.errors import CheckpointInvalid
 from trainwarden.supervisor.store.rundir import fsync_dir
 
@@ -28,8 +29,11 @@ class Verdict:
 
     name: str
     step: int | None
-    info: CheckpointInfo | None
+    outcome: Outcome
+    info: CheckpointInfo | None = None
+    """Set when the outcome is VERIFIED."""
     reason: str = ""
+    """Why it is not verified, for the journal and the operator."""
 
 
 class CheckpointStore:
@@ -72,22 +76,38 @@ class CheckpointStore:
         try:
             mode = path.lstat().st_mode
         except FileNotFoundError:
-            return Verdict(name, step, None, "vanished before it could be verified")
+            return Verdict(
+                name, step, Outcome.VANISHED, reason="vanished before it could be verified"
+            )
         if stat.S_ISLNK(mode):
             # Never judged through the link: its target may be anywhere, even outside the run.
-            return Verdict(name, step, None, f"{name}: a symbolic link, not a checkpoint file")
+            return Verdict(
+                name,
+                step,
+                Outcome.INVALID,
+                reason=f"{name}: a symbolic link, not a checkpoint file",
+            )
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             # A FIFO or device would block or feed the reader forever.
-            return Verdict(name, step, None, f"{name}: not a regular file or folder")
+            return Verdict(
+                name, step, Outcome.INVALID, reason=f"{name}: not a regular file or folder"
+            )
         try:
             info = self.fmt.verify(path)
         except CheckpointInvalid as exc:
-            return Verdict(name, step, None, str(exc))
+            return Verdict(name, step, Outcome.INVALID, reason=str(exc))
         except FileNotFoundError:
-            return Verdict(name, step, None, "vanished before it could be verified")
+            return Verdict(
+                name, step, Outcome.VANISHED, reason="vanished before it could be verified"
+            )
         except Exception as exc:  # a plugin bug must not take the daemon down
-            return Verdict(name, step, None, f"verification failed: {type(exc).__name__}: {exc}")
-        return Verdict(name, info.step, info)
+            return Verdict(
+                name,
+                step,
+                Outcome.INVALID,
+                reason=f"verification failed: {type(exc).__name__}: {exc}",
+            )
+        return Verdict(name, info.step, Outcome.VERIFIED, info)
 
     def _members(self, name: str) -> list[Path]:
         path = self._child(name)

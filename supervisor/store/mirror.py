@@ -5,8 +5,9 @@ Each file is copied under a temporary folder name, fsynced, dropped from the pag
 and read back; the copy counts only if the xxh3_128 of what was read from the source,
 of the copy on disk and of the source read again afterwards all agree (a checkpoint that
 changed while it was copied is refused). Then the folder is renamed into place, and only
-then does `latest.json` move to it (written atomically, then read back). The mirror keeps
-its own newest `keep_last` steps and never deletes the one latest.json names. A failure
+then does `latest.json` move to it (written atomically, then read back). Which copies the
+mirror keeps is the policy's decision (core.retention.mirror_deletions, after each copy);
+`Mirror.prune` removes the ones it names, never the one latest.json names. A failure
 leaves latest.json where it was; the local checkpoints are only ever read.
 
 Layout of the mirror (one mirror serves one run):
@@ -109,12 +110,13 @@ class MirrorResult:
     files: tuple[MirroredFile, ...] = ()
     bytes: int = 0
     seconds: float = 0.0
-    removed_steps: tuple[int, ...] = field(default=())
+    mirrored: tuple[int, ...] = field(default=())
+    """Steps with a complete copy in the mirror once this one is in place, oldest first."""
 
     def journal_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"step": self.step, "seconds": round(self.seconds, 3)}
         if self.ok:
-            fields.update(files=len(self.files), bytes=self.bytes, removed=list(self.removed_steps))
+            fields.update(files=len(self.files), bytes=self.bytes)
         elif self.superseded_by is not None:
             fields["superseded_by"] = self.superseded_by
         else:
@@ -243,16 +245,12 @@ class Mirror:
         root: Path,
         *,
         run_dir: Path,
-        keep_last: int = 3,
         format_name: str = "",
         checkpoint_dir: str = "checkpoints",
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
-        if keep_last < 1:
-            raise ValueError("keep_last must be >= 1")
         self.root = root
         self.run_dir = run_dir
-        self.keep_last = keep_last
         self.format_name = format_name
         self.checkpoint_dir = checkpoint_dir
         self.chunk_bytes = chunk_bytes
@@ -290,7 +288,7 @@ class Mirror:
             return await asyncio.to_thread(self.copy_now, step, paths, name)
 
     def copy_now(self, step: int, files: list[Path], name: str | None = None) -> MirrorResult:
-        """The blocking copy, verification, pointer update and retention."""
+        """The blocking copy, verification and pointer update."""
         started = time.monotonic()
         with self._copying:
             staging: Path | None = None
@@ -317,7 +315,7 @@ class Mirror:
                 self._put_in_place(staging, self.root / step_dir_name(step))
                 staging = None
                 write_pointer(self.root, pointer)
-                removed = self._apply_retention(step)
+                mirrored = self.steps()
             except MirrorError as exc:
                 return self._failed(step, str(exc), started, staging)
             except FileNotFoundError as exc:
@@ -332,7 +330,7 @@ class Mirror:
                 files=tuple(copied),
                 bytes=sum(f.bytes for f in copied),
                 seconds=time.monotonic() - started,
-                removed_steps=tuple(removed),
+                mirrored=tuple(mirrored),
             )
 
     async def retract(self, step: int) -> int | None:
@@ -428,15 +426,24 @@ class Mirror:
                     found.append(int(match.group(1)))
         return sorted(found)
 
-    def _apply_retention(self, pointed_step: int) -> list[int]:
-        steps = self.steps()
-        keep = set(steps[-self.keep_last :]) | {pointed_step}
-        removed = []
-        for step in steps:
-            if step in keep:
-                continue
-            shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
-            removed.append(step)
-        if removed:
-            fsync_dir(self.root)
-        return removed
+    async def prune(self, steps: Iterable[int]) -> list[int]:
+        """Remove these steps' copies (never the one latest.json names); the steps removed.
+        Waits for the copy in progress."""
+        doomed = list(steps)
+        async with self._turn:
+            return await asyncio.to_thread(self.prune_now, doomed)
+
+    def prune_now(self, steps: list[int]) -> list[int]:
+        with self._copying:
+            # A decision made before a newer copy moved latest.json must not take its step.
+            pointed = self.newest_step()
+            present = set(self.steps())
+            removed = []
+            for step in steps:
+                if step == pointed or step not in present:
+                    continue
+                shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+                removed.append(step)
+            if removed:
+                fsync_dir(self.root)
+            return removed

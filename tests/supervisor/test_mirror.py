@@ -11,6 +11,7 @@ import orjson
 import pytest
 import xxhash
 
+from trainwarden.supervisor.core import mirror_deletions
 from trainwarden.supervisor.store import mirror as mirror_module
 from trainwarden.supervisor.store.mirror import (
     LATEST,
@@ -45,11 +46,10 @@ def checkpoint(run_dir: Path, step: int, size: int = 300_000) -> list[Path]:
     return [main, sidecar]
 
 
-def make_mirror(tmp_path: Path, run_dir: Path, keep_last: int = 3) -> Mirror:
+def make_mirror(tmp_path: Path, run_dir: Path) -> Mirror:
     return Mirror(
         tmp_path / "backup",
         run_dir=run_dir,
-        keep_last=keep_last,
         format_name="andrea-bin",
         chunk_bytes=64 * 1024,
     )
@@ -105,18 +105,26 @@ async def test_folders_are_copied_whole(tmp_path: Path, run_dir: Path):
 
 
 async def test_retention_keeps_the_newest_and_never_the_pointer(tmp_path: Path, run_dir: Path):
-    mirror = make_mirror(tmp_path, run_dir, keep_last=2)
-    for step in (10, 20, 30):
+    mirror = make_mirror(tmp_path, run_dir)
+
+    async def copy_and_prune(step: int, keep_last: int) -> list[int]:
+        """One copy, then what the policy decides after it, carried out."""
         result = await mirror.copy(step, checkpoint(run_dir, step, 1000))
-        assert result.ok
-    assert result.removed_steps == (10,)
+        assert result.ok and result.mirrored == tuple(mirror.steps())
+        doomed = mirror_deletions(result.mirrored, result.step, keep_last)
+        return await mirror.prune(doomed)
+
+    for step in (10, 20, 30):
+        removed = await copy_and_prune(step, keep_last=2)
+    assert removed == [10]
     assert mirror.steps() == [20, 30]
     # After a rollback the run commits an older step than the mirror's newest: keep_last
     # alone would delete it, but latest.json names it.
-    mirror.keep_last = 1
-    result = await mirror.copy(25, checkpoint(run_dir, 25, 1000))
-    assert result.ok and result.removed_steps == (20,)
+    assert await copy_and_prune(25, keep_last=1) == [20]
     assert mirror.steps() == [25, 30] and read_pointer(tmp_path / "backup").step == 25
+    # Pruning never takes the step latest.json names, even when told to.
+    assert await mirror.prune([25, 30]) == [30]
+    assert mirror.steps() == [25] and read_pointer(tmp_path / "backup").step == 25
 
 
 async def test_an_unwritable_mirror_fails_without_touching_the_run(tmp_path: Path, run_dir: Path):
@@ -312,7 +320,7 @@ def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_pat
     assert not [r for r in journal(run_dir) if r["kind"] == "mirror_failed"]
     pointer = read_pointer(backup)
     assert pointer.step == 30 and pointer.format == "andrea-bin"
-    assert Mirror(backup, run_dir=run_dir, keep_last=2).steps() == [20, 30]
+    assert Mirror(backup, run_dir=run_dir).steps() == [20, 30]
     local = run_dir / "checkpoints" / "step_000030.bin"
     copy = backup / step_dir_name(30) / "checkpoint" / "step_000030.bin"
     assert copy.read_bytes() == local.read_bytes()

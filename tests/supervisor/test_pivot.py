@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -186,12 +187,20 @@ def test_zombie_arm_is_reported_and_cannot_be_named(tmp_path: Path):
 
 
 STAGES = ["saving", "stopping", "archiving", "writing_policy"]
+FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"
+
+
+def dying_at(stage: str) -> dict[str, str]:
+    """The environment of a daemon that SIGKILLs itself once `stage` is journaled (see
+    fault_hooks/sitecustomize.py)."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOKS), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE": stage}
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_daemon_killed_at_each_stage_ends_consistent(tmp_path: Path, stage: str):
     run_dir = reference_run(tmp_path / "run", 1_000_000, 1000, "--sample-every", "10")
-    daemon = DaemonProcess(run_dir, env={"TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE": stage}).start()
+    daemon = DaemonProcess(run_dir, env=dying_at(stage)).start()
     try:
         ready_for_pivot(daemon)
         with daemon.client(timeout=120) as client:

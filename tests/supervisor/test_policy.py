@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainwarden.supervisor.core import policy as p
+from trainwarden.supervisor import core as p
 
 RULES = p.Rules(
     keep_last=3,
@@ -195,7 +195,9 @@ def test_late_commit_from_a_diverged_trainer_is_quarantined():
 
 
 def op(cmd: str, t: float = 5.0, rid: int = 1, **args):
-    return p.Operator(t, rid, cmd, args)
+    command = p.parse_command(cmd, args)
+    assert not isinstance(command, p.BadRequest), command
+    return p.Operator(t, rid, command)
 
 
 def replies(actions):
@@ -279,9 +281,8 @@ def test_resume_checkpoint_is_released_once_the_trainer_moves_past_it():
 
 
 def test_unknown_command_is_an_error_reply():
-    state, _ = started()
-    _, actions = run([op("frobnicate")], state)
-    assert replies(actions)[0].code == "unknown_command"
+    bad = p.parse_command("frobnicate", {})
+    assert isinstance(bad, p.BadRequest) and bad.code == "unknown_command"
 
 
 def test_persisted_round_trip():
@@ -343,17 +344,23 @@ def materialise(kind: tuple, state: p.State, t: float, pid: int) -> object:
     if name == "reject":
         return p.CheckpointRejected(t, kind[1], f"step_{kind[1]:06d}.bin", "bad")
     args = {"step": kind[1]} if len(kind) > 1 else {}
-    return p.Operator(t, int(t * 1000), name, args)
+    command = p.parse_command(name, args)
+    assert not isinstance(command, p.BadRequest)
+    return p.Operator(t, int(t * 1000), command)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(events, max_size=60), st.integers(min_value=1, max_value=4))
+# A restarted trainer still loading its checkpoint when a newer one commits.
+@example([("commit", 5), ("crash",), ("tick",), ("commit", 10)], 1)
 def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
     rules = replace(RULES, keep_last=keep_last)
-    state, _ = run([p.Startup(0.0)], rules=rules)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 999)], rules=rules)
     on_disk: set[int] = set()
     t = 0.0
     pid = 1000
+    loading_from: int | None = None
+    """The checkpoint the live trainer was started from, until it logs a step past it."""
     for kind in sequence:
         t += 7.0
         spawns_before = state.seg
@@ -376,20 +383,176 @@ def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
         for step in deleted:
             newer = [c for c in state.checkpoints if c.step > step and c.step not in state.pinned]
             assert len(newer) >= rules.keep_last
-        # Never the one a live trainer loads before it has moved past it.
-        loading = state.last_step is None or (
-            state.resume_step is not None and state.last_step <= state.resume_step
-        )
-        if state.trainer_alive and state.resume_step is not None and loading:
-            assert state.resume_step not in deleted
+        # Never the one a live trainer was started from, before it logged a step past it
+        # (tracked from the spawns and step lines themselves, not the policy's fields).
+        if loading_from is not None:
+            assert loading_from not in deleted
         remaining_unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
         verified_unpinned = [s for s in verified_before - quarantined if s not in state.pinned]
         assert len(remaining_unpinned) >= min(rules.keep_last, len(verified_unpinned))
         on_disk -= deleted | quarantined
+        if (
+            isinstance(event, p.StepLogged)
+            and before.trainer_alive
+            and loading_from is not None
+            and event.step > loading_from
+        ):
+            loading_from = None
+        if not state.trainer_alive:
+            loading_from = None
         for spawn in (a for a in actions if isinstance(a, p.Spawn)):
             assert spawn.resume is None or spawn.resume.step in {c.step for c in state.checkpoints}
             pid += 1
             state, _ = p.decide(state, p.TrainerSpawned(t, pid), rules)
+            loading_from = spawn.resume.step if spawn.resume is not None else None
         assert state.seg >= spawns_before
         assert state.restarts_without_progress <= rules.max_restarts_without_progress
         assert (state.next_backoff_s or 0) <= rules.backoff_max_s
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(min_value=0.0, max_value=50.0),
+    st.floats(min_value=0.0, max_value=400.0),
+    st.integers(min_value=1, max_value=12),
+)
+def test_backoff_is_monotone_bounded_and_starts_at_the_initial_delay(initial, ceiling, crashes):
+    rules = replace(
+        RULES,
+        backoff_initial_s=initial,
+        backoff_max_s=max(initial, ceiling),
+        max_restarts_without_progress=crashes + 1,
+    )
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], rules=rules)
+    t, pid, delays = 0.0, 1, []
+    for _ in range(crashes):
+        state, actions = run([p.TrainerExited(t, pid, 1)], state, rules)
+        (scheduled,) = [
+            a for a in actions if isinstance(a, p.Record) and a.kind == "restart_scheduled"
+        ]
+        delays.append(scheduled.fields["backoff_s"])
+        if state.phase == "backoff":
+            t = state.backoff_until
+            state, actions = run([p.Tick(t)], state, rules)
+        assert kinds(actions, p.Spawn)
+        pid += 1
+        state, _ = run([p.TrainerSpawned(t, pid)], state, rules)
+    assert delays[0] == initial
+    assert all(a <= b for a, b in zip(delays, delays[1:], strict=False))
+    assert all(d <= rules.backoff_max_s for d in delays)
+    # Progress (a step past the checkpoint, then a new checkpoint) starts over.
+    state, _ = run([p.StepLogged(t, 1, 2.0), commit(1, t)], state, rules)
+    state, actions = run([p.TrainerExited(t, pid, 1)], state, rules)
+    (scheduled,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "restart_scheduled"]
+    assert scheduled.fields["backoff_s"] == initial
+
+
+# ------------------------------------------------------------------ start-up, verdicts, mirror
+
+
+def test_startup_restores_the_journal_state_and_quarantines_what_does_not_verify():
+    state, _ = run(
+        [p.Restored(0.0, {"phase": "stopped", "seg": 3, "pinned": [5]}, frozenset({10}))]
+    )
+    assert state.phase == "stopped" and state.seg == 3 and state.pinned == {5, 10}
+    scanned = (
+        p.Scanned("step_000010.bin", 10, p.Outcome.VERIFIED, bytes=7, mtime=1.5),
+        p.Scanned("step_000020.bin", 20, p.Outcome.INVALID, reason="truncated"),
+        p.Scanned("step_000030.bin", 30, p.Outcome.VANISHED, reason="vanished"),
+    )
+    state, actions = run([p.Startup(1.0, scanned=scanned)], state)
+    assert state.checkpoints == (p.Ckpt(10, "step_000010.bin", 7, 1.5),)
+    quarantined = kinds(actions, p.Quarantine)
+    assert [(q.step, q.reason) for q in quarantined] == [(20, "truncated"), (30, "vanished")]
+    # Found broken at start-up: the mirror's copy (verified when it was made) stays.
+    assert not any(q.retract_mirror for q in quarantined)
+    assert not kinds(actions, p.Spawn)  # stopped stays stopped
+
+
+def test_a_checkpoint_that_vanished_before_verification_changes_nothing():
+    state, _ = started()
+    event = p.checkpoint_event(1.0, "step_000010.bin", 10, p.Outcome.VANISHED, "vanished")
+    after, actions = run([event], state)
+    assert isinstance(event, p.CheckpointVanished) and after == state and actions == []
+    rejected = p.checkpoint_event(1.0, "step_000010.bin", 10, p.Outcome.INVALID, "bad")
+    _, actions = run([rejected], state)
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 10 and q.reason == "bad" and q.retract_mirror
+
+
+MIRRORED = replace(RULES, mirror=True, mirror_keep_last=2)
+
+
+def test_each_new_checkpoint_is_mirrored_and_the_mirror_is_pruned_after_the_copy():
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], rules=MIRRORED)
+    state, actions = run([commit(10, 1.0)], state, MIRRORED)
+    assert [a.ckpt.step for a in kinds(actions, p.MirrorCopy)] == [10]
+    _, actions = run([commit(10, 1.0)], state, MIRRORED)  # the same commit again
+    assert not kinds(actions, p.MirrorCopy)
+    _, actions = run([commit(20, 2.0)], state, RULES)  # no mirror configured
+    assert not kinds(actions, p.MirrorCopy)
+    copied = p.MirrorCopied(3.0, 30, True, {"step": 30}, mirrored=(10, 20, 30))
+    _, actions = run([copied], state, MIRRORED)
+    (record,) = kinds(actions, p.Record)
+    assert record.kind == "mirrored" and record.fields["removed"] == [10]
+    assert kinds(actions, p.PruneMirror) == [p.PruneMirror((10,))]
+    # After a rollback the copy is older than the mirror's newest: latest.json names it.
+    copied = p.MirrorCopied(4.0, 25, True, {"step": 25}, mirrored=(20, 25, 30))
+    _, actions = run([copied], state, replace(MIRRORED, mirror_keep_last=1))
+    assert kinds(actions, p.PruneMirror) == [p.PruneMirror((20,))]
+    failed = p.MirrorCopied(5.0, 40, False, {"step": 40, "error": "disk full"})
+    _, actions = run([failed], state, MIRRORED)
+    assert [r.kind for r in kinds(actions, p.Record)] == ["mirror_failed"]
+    assert not kinds(actions, p.PruneMirror)
+
+
+def test_a_mirror_behind_the_newest_checkpoint_catches_up_at_start():
+    ckpts = (p.Ckpt(10, "step_000010.bin", 1), p.Ckpt(20, "step_000020.bin", 1))
+    state, actions = run([p.Startup(0.0)], p.State(checkpoints=ckpts), MIRRORED)
+    assert kinds(actions, p.ReadMirrorPointer)
+    for pointed, copies in ((None, [20]), (10, [20]), (20, [])):
+        _, actions = run([p.MirrorPointer(1.0, pointed)], state, MIRRORED)
+        assert [a.ckpt.step for a in kinds(actions, p.MirrorCopy)] == copies
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sets(st.integers(min_value=0, max_value=100), min_size=1, max_size=15),
+    st.integers(min_value=1, max_value=5),
+    st.data(),
+)
+def test_mirror_retention_keeps_the_newest_and_the_pointed_step(mirrored, keep_last, data):
+    pointed = data.draw(st.sampled_from(sorted(mirrored)))
+    doomed = p.mirror_deletions(mirrored, pointed, keep_last)
+    kept = mirrored - set(doomed)
+    newest = sorted(mirrored)[-keep_last:]
+    assert pointed in kept and set(newest) <= kept
+    # Nothing else survives, and what goes is named oldest first.
+    assert kept == set(newest) | {pointed} and doomed == sorted(doomed)
+
+
+# ------------------------------------------------------------------ parsing the commands
+
+
+def test_commands_are_parsed_once_into_typed_values():
+    assert p.parse_command("save", {"wait": True, "timeout_s": 5}) == p.Save(True, 5.0)
+    assert p.parse_command("pin", {"step": 3}) == p.Pin(3)
+    assert p.parse_command("pivot", {"caps": {"docs": 0.5}}) == p.Pivot({"docs": 0.5}, {})
+    for cmd, args, message in (
+        ("pin", {}, "'pin' needs 'step'"),
+        ("unpin", {"step": -1}, "'step' must be an integer >= 0"),
+        ("pin", {"step": True}, "'step' must be an integer >= 0"),
+        ("save", {"wait": "yes"}, "'wait' must be true or false"),
+        ("save", {"timeout_s": 0}, "'timeout_s' must be a positive number"),
+        ("pivot", {}, "a pivot needs 'caps' or 'floors'"),
+        ("pivot", {"caps": {"docs": "half"}}, "'caps' must map arm names to numbers"),
+        ("pivot", {"caps": {"docs": 0.5}, "why": 1}, "unexpected argument(s) why"),
+    ):
+        bad = p.parse_command(cmd, args)
+        assert isinstance(bad, p.BadRequest) and bad.code == "bad_argument"
+        assert message in bad.message
+    save = p.Save(wait=True)
+    state, _ = started()
+    _, actions = run([p.Operator(1.0, 1, save, uid=7)], state)
+    (record,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "operator"]
+    assert record.fields == {"cmd": "save", "args": {"wait": True}, "uid": 7}

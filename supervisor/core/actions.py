@@ -1,0 +1,109 @@
+"""What the policy asks the executor to do: one dataclass per kind of effect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trainwarden.supervisor.core.state import Ckpt
+
+
+@dataclass(frozen=True)
+class Spawn:
+    seg: int
+    resume: Ckpt | None
+    pivot: bool = False
+
+
+@dataclass(frozen=True)
+class SignalTrainer:
+    signal: Literal["SIGTERM", "SIGUSR1", "SIGKILL"]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Delete:
+    step: int
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    step: int | None
+    name: str
+    reason: str
+    retract_mirror: bool = True
+    """Also drop the mirror's copy of this step (it must never offer poisoned weights)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """A journal entry that is only a record (the decision itself, a warning)."""
+
+    kind: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    request_id: int
+    ok: bool
+    result: dict[str, Any] | None = None
+    code: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int = 0
+
+
+@dataclass(frozen=True)
+class Archive:
+    """Move the trainer's bandit and sample files and policy.json into `directory`."""
+
+    directory: str
+    step: int
+    old_policy: dict[str, Any]
+    new_policy: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    policy: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReadMirrorPointer:
+    """Read the step the mirror's latest.json names; reported as MirrorPointer."""
+
+
+@dataclass(frozen=True)
+class MirrorCopy:
+    """Copy this checkpoint (and its companions) to the mirror; reported as MirrorCopied."""
+
+    ckpt: Ckpt
+
+
+@dataclass(frozen=True)
+class PruneMirror:
+    """Remove these steps' copies from the mirror."""
+
+    steps: tuple[int, ...]
+
+
+Action = (
+    Spawn
+    | SignalTrainer
+    | Delete
+    | Quarantine
+    | Record
+    | Reply
+    | Exit
+    | Archive
+    | WritePolicy
+    | ReadMirrorPointer
+    | MirrorCopy
+    | PruneMirror
+)

@@ -1,0 +1,68 @@
+"""decide(state, event, rules) -> (state, actions): which handler takes an event, and
+deadline(state, rules): when the daemon must wake the policy if nothing else happens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from trainwarden.supervisor.core import commands, lifecycle, pivot, progress, retention
+from trainwarden.supervisor.core.actions import Action
+from trainwarden.supervisor.core.events import (
+    CheckpointCommitted,
+    CheckpointRejected,
+    CheckpointVanished,
+    CheckpointWriting,
+    Event,
+    MirrorCopied,
+    MirrorPointer,
+    Operator,
+    PivotProgress,
+    Restored,
+    ShutdownRequested,
+    SpawnFailed,
+    Startup,
+    StepLogged,
+    Tick,
+    TrainerExited,
+    TrainerSpawned,
+)
+from trainwarden.supervisor.core.state import Rules, State
+
+HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
+    Restored: lifecycle.on_restored,
+    Startup: lifecycle.on_startup,
+    CheckpointCommitted: progress.on_committed,
+    CheckpointRejected: progress.on_rejected,
+    CheckpointVanished: progress.on_vanished,
+    CheckpointWriting: progress.on_writing,
+    StepLogged: progress.on_step,
+    TrainerSpawned: lifecycle.on_spawned,
+    SpawnFailed: lifecycle.on_spawn_failed,
+    TrainerExited: lifecycle.on_exited,
+    Tick: lifecycle.on_tick,
+    Operator: commands.on_operator,
+    ShutdownRequested: lifecycle.on_shutdown,
+    PivotProgress: pivot.on_progress,
+    MirrorPointer: progress.on_mirror_pointer,
+    MirrorCopied: retention.on_mirror_copied,
+}
+
+
+def decide(state: State, event: Event, rules: Rules) -> tuple[State, list[Action]]:
+    """The policy: the next state and what to do, for one event."""
+    actions: list[Action] = []
+    state = HANDLERS[type(event)](state, event, rules, actions)
+    return state, actions
+
+
+def deadline(state: State, rules: Rules) -> float | None:
+    """When the daemon must send the next Tick, if no other event arrives first."""
+    times = [state.kill_at, state.backoff_until]
+    if state.phase in lifecycle.TRAINER_WORKING and state.trainer_alive:
+        times.append(state.last_activity_t + rules.stall_timeout_s)
+    times.extend(w.deadline for w in state.waiters)
+    if state.pivot is not None and state.pivot.stage == "saving":
+        times.append(state.pivot.deadline)
+    pending = [t for t in times if t is not None]
+    return min(pending) if pending else None

@@ -1,0 +1,208 @@
+"""What the policy is told: one dataclass per thing that happened, each with its time `t`
+(time.monotonic() of the daemon that saw it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from trainwarden.supervisor.core.requests import Command, PivotContext
+
+
+class Outcome(StrEnum):
+    """What verifying one committed checkpoint found."""
+
+    VERIFIED = "verified"
+    INVALID = "invalid"
+    """Present but unusable (corrupt, truncated, a link, not a file): quarantined."""
+    VANISHED = "vanished"
+    """Gone before it could be verified (its writer or retention removed it)."""
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """One checkpoint found in the checkpoint directory at start-up, and its verdict."""
+
+    name: str
+    step: int | None
+    outcome: Outcome
+    reason: str = ""
+    bytes: int = 0
+    mtime: float = 0.0
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The daemon read its journal: the previous daemon's state and the config's pins."""
+
+    t: float
+    persisted: dict[str, Any] | None = None
+    """The newest `state` record (None: a new run)."""
+    pins: frozenset[int] = frozenset()
+    """[checkpoints] pinned of the config."""
+
+
+@dataclass(frozen=True)
+class Startup:
+    """The daemon has restored its state and scanned the checkpoint directory."""
+
+    t: float
+    last_logged_step: int | None = None
+    unclean: bool = False
+    """The previous daemon did not shut down cleanly (power cut, SIGKILL)."""
+    scanned: tuple[Scanned, ...] = ()
+    """The checkpoint directory's committed checkpoints, oldest first, each verified."""
+
+
+@dataclass(frozen=True)
+class CheckpointCommitted:
+    t: float
+    step: int
+    name: str
+    bytes: int
+    mtime: float = 0.0
+
+
+@dataclass(frozen=True)
+class CheckpointRejected:
+    t: float
+    step: int | None
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointVanished:
+    """A committed checkpoint was gone before it could be verified."""
+
+    t: float
+    step: int | None
+    name: str
+
+
+@dataclass(frozen=True)
+class CheckpointWriting:
+    """A checkpoint .tmp file grew: the trainer is busy saving, not hung."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class StepLogged:
+    t: float
+    step: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class TrainerSpawned:
+    t: float
+    pid: int
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    t: float
+    error: str
+
+
+@dataclass(frozen=True)
+class TrainerExited:
+    t: float
+    pid: int
+    returncode: int
+    """Negative: killed by that signal (as subprocess reports it)."""
+    signal_name: str | None = None
+    """That signal's name (SIGKILL), when the returncode is negative and names one."""
+
+
+@dataclass(frozen=True)
+class Tick:
+    t: float
+
+
+@dataclass(frozen=True)
+class Operator:
+    t: float
+    request_id: int
+    command: Command
+    uid: int | None = None
+    pivot: PivotContext | None = None
+    """For a Pivot command: what the run's files said when it was asked for."""
+
+
+@dataclass(frozen=True)
+class ShutdownRequested:
+    """SIGTERM or SIGINT to the daemon (what systemd sends)."""
+
+    t: float
+    signal: str = "SIGTERM"
+
+
+@dataclass(frozen=True)
+class PivotProgress:
+    """The executor finished (or failed) a pivot stage's file work."""
+
+    t: float
+    done: Literal["archived", "policy_written"]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class MirrorPointer:
+    """The step the mirror's latest.json names (None: no readable pointer), read at start."""
+
+    t: float
+    step: int | None
+
+
+@dataclass(frozen=True)
+class MirrorCopied:
+    """A mirror copy ended: copied and verified, superseded by a newer one, or failed."""
+
+    t: float
+    step: int
+    ok: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The copy's figures for the journal (seconds, files, bytes, or the error)."""
+    superseded: bool = False
+    mirrored: tuple[int, ...] = ()
+    """Steps with a complete copy in the mirror afterwards, oldest first."""
+
+
+Event = (
+    Restored
+    | Startup
+    | CheckpointCommitted
+    | CheckpointRejected
+    | CheckpointVanished
+    | CheckpointWriting
+    | StepLogged
+    | TrainerSpawned
+    | SpawnFailed
+    | TrainerExited
+    | Tick
+    | Operator
+    | ShutdownRequested
+    | PivotProgress
+    | MirrorPointer
+    | MirrorCopied
+)
+
+
+def checkpoint_event(
+    t: float,
+    name: str,
+    step: int | None,
+    outcome: Outcome,
+    reason: str = "",
+    bytes: int = 0,
+    mtime: float = 0.0,
+) -> CheckpointCommitted | CheckpointRejected | CheckpointVanished:
+    """The event for one checkpoint the watcher saw committed, by its verdict."""
+    if outcome is Outcome.VANISHED:
+        return CheckpointVanished(t, step, name)
+    if outcome is Outcome.INVALID or step is None:
+        return CheckpointRejected(t, step, name, reason)
+    return CheckpointCommitted(t, step, name, bytes, mtime)

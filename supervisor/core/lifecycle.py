@@ -1,0 +1,280 @@
+"""The trainer's life cycle: start-up, spawn and exit, crash and backoff, ticks, shutdown."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from trainwarden.supervisor.core import pivot
+from trainwarden.supervisor.core.actions import (
+    Action,
+    Exit,
+    Quarantine,
+    ReadMirrorPointer,
+    Record,
+    SignalTrainer,
+)
+from trainwarden.supervisor.core.events import (
+    Outcome,
+    Restored,
+    ShutdownRequested,
+    SpawnFailed,
+    Startup,
+    Tick,
+    TrainerExited,
+    TrainerSpawned,
+)
+from trainwarden.supervisor.core.phases import HALTED, Phase
+from trainwarden.supervisor.core.retention import apply_retention
+from trainwarden.supervisor.core.state import (
+    Ckpt,
+    Rules,
+    State,
+    ckpt_json,
+    failures_of,
+    restore,
+    with_failures,
+    without_checkpoints,
+)
+from trainwarden.supervisor.core.transitions import (
+    describe_exit,
+    fail_waiters,
+    reply_error,
+    settle_waiters,
+    spawn,
+    stop_trainer,
+)
+
+TRAINER_WORKING = frozenset({Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.PIVOTING})
+"""Phases in which a live trainer must keep logging steps (stall detection applies)."""
+
+
+def on_restored(state: State, ev: Restored, rules: Rules, actions: list[Action]) -> State:
+    restored = restore(ev.persisted or {}, rules)
+    return replace(restored, pinned=restored.pinned | ev.pins)
+
+
+def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -> State:
+    verified = []
+    for found in ev.scanned:
+        if found.outcome is Outcome.VERIFIED and found.step is not None:
+            verified.append(Ckpt(found.step, found.name, found.bytes, found.mtime))
+        else:
+            # Found broken at start-up: the mirror's copy, verified when it was made, stays.
+            actions.append(Quarantine(found.step, found.name, found.reason, retract_mirror=False))
+    if verified:
+        known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
+        state = replace(state, checkpoints=tuple(known[s] for s in sorted(known)))
+    newest = state.newest
+    if rules.mirror and newest is not None:
+        # Committed while no daemon ran (or a copy failed): the mirror may be behind.
+        actions.append(ReadMirrorPointer())
+    if ev.unclean:
+        lost = None
+        if ev.last_logged_step is not None:
+            lost = ev.last_logged_step - (newest.step if newest else 0)
+        actions.append(
+            Record(
+                "boot_recovery",
+                {
+                    "resume_step": newest.step if newest else None,
+                    "last_logged_step": ev.last_logged_step,
+                    "steps_lost": max(lost, 0) if lost is not None else None,
+                },
+            )
+        )
+    if state.pivot is not None and state.phase not in HALTED:
+        return pivot.resume_after_restart(state, ev.t, rules, actions)
+    state = apply_retention(state, rules, actions)
+    if state.phase in HALTED:
+        actions.append(Record("idle", {"state": state.phase, "reason": state.halt_reason}))
+        return state
+    return spawn(state, ev.t, actions)
+
+
+def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
+    return replace(state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t)
+
+
+def on_spawn_failed(state: State, ev: SpawnFailed, rules: Rules, actions: list[Action]) -> State:
+    return crashed(state, ev.t, rules, actions, cause=f"could not start the trainer: {ev.error}")
+
+
+def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Action]) -> State:
+    if ev.pid != state.trainer_pid:
+        return state
+    reason = state.stop_reason
+    state = replace(state, trainer_pid=None, kill_at=None)
+    exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
+    if reason == "pivot" and state.pivot is not None:
+        actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
+        return pivot.on_trainer_stopped(state, ev.t, rules, actions)
+    if state.pivot is not None:
+        state = pivot.abort(
+            state, actions, f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
+        )
+    if reason in ("operator", "shutdown"):
+        actions.append(Record("trainer_stopped", exit_fields))
+        state = replace(
+            state, phase=Phase.STOPPED, stop_reason=None, halt_reason="stopped by operator"
+        )
+        state = settle_waiters(
+            state,
+            actions,
+            kind="stop",
+            result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
+        )
+        state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
+        if reason == "shutdown" or state.shutdown:
+            actions.append(Exit(0))
+        return state
+    if reason == "divergence":
+        actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
+        if state.divergences > rules.divergence_retries:
+            actions.append(Record("halt", {"state": "diverged", "step": state.divergence_step}))
+            return replace(
+                state,
+                phase=Phase.DIVERGED,
+                stop_reason=None,
+                halt_reason=f"loss diverged again at step {state.divergence_step}",
+            )
+        return spawn(state, ev.t, actions)
+    if reason is None and ev.returncode == 0:
+        actions.append(Record("trainer_finished", exit_fields))
+        state = fail_waiters(state, actions, "wrong_state", "the trainer finished")
+        return replace(state, phase=Phase.FINISHED, halt_reason="the trainer finished")
+    cause = (
+        "hang (no step line)" if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
+    )
+    return crashed(state, ev.t, rules, actions, cause=cause, exit_fields=exit_fields)
+
+
+def crashed(
+    state: State,
+    t: float,
+    rules: Rules,
+    actions: list[Action],
+    *,
+    cause: str,
+    exit_fields: dict[str, Any] | None = None,
+) -> State:
+    """The trainer died unasked: blame its checkpoint if it never got past it, then back off
+    (doubling, up to backoff_max_s) or halt after too many restarts without progress."""
+    actions.append(Record("crash", {**(exit_fields or {}), "cause": cause}))
+    state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
+    state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
+    suspect = state.resume_step
+    if suspect is not None and (state.last_step is None or state.last_step <= suspect):
+        count = failures_of(state, suspect) + 1
+        state = with_failures(state, suspect, count)
+        if count >= rules.fallback_after_failures:
+            bad = next((c for c in state.checkpoints if c.step == suspect), None)
+            if bad is not None:
+                actions.append(
+                    Quarantine(
+                        bad.step,
+                        bad.name,
+                        f"the trainer died {count} times resuming from it before logging a step",
+                    )
+                )
+                state = without_checkpoints(state, {bad.step})
+            state = with_failures(state, suspect, 0)
+    if state.progress_since_start:
+        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
+    if state.restarts_without_progress >= rules.max_restarts_without_progress:
+        actions.append(
+            Record(
+                "halt",
+                {
+                    "state": "crash_loop",
+                    "restarts_without_progress": state.restarts_without_progress,
+                },
+            )
+        )
+        return replace(
+            state,
+            phase=Phase.CRASH_LOOP,
+            halt_reason=f"{state.restarts_without_progress} restarts without progress; last: {cause}",
+        )
+    delay = rules.backoff_initial_s if state.next_backoff_s is None else state.next_backoff_s
+    actions.append(
+        Record(
+            "restart_scheduled",
+            {
+                "backoff_s": delay,
+                "attempt": state.restarts_without_progress + 1,
+                "resume_step": state.newest.step if state.newest else None,
+            },
+        )
+    )
+    state = replace(
+        state,
+        phase=Phase.BACKOFF,
+        backoff_until=t + delay,
+        next_backoff_s=min(max(delay * 2, 0.0), rules.backoff_max_s),
+        restarts=state.restarts + 1,
+        restarts_without_progress=state.restarts_without_progress + 1,
+        resume_step=state.newest.step if state.newest else None,
+    )
+    if delay <= 0:
+        return spawn(state, t, actions)
+    return state
+
+
+def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> State:
+    t = ev.t
+    expired = [w for w in state.waiters if w.deadline <= t]
+    for w in expired:
+        reply_error(
+            actions, w.request_id, "timeout", f"no checkpoint was committed for {w.kind} in time"
+        )
+    if expired:
+        state = replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
+    plan = state.pivot
+    if (
+        plan is not None
+        and plan.stage == "saving"
+        and plan.deadline is not None
+        and t >= plan.deadline
+    ):
+        return pivot.abort(
+            state, actions, "no checkpoint was committed in time; the old policy stays", "timeout"
+        )
+    if (
+        state.phase == Phase.BACKOFF
+        and state.backoff_until is not None
+        and t >= state.backoff_until
+    ):
+        return spawn(state, t, actions)
+    if state.kill_at is not None and t >= state.kill_at and state.trainer_alive:
+        actions.append(SignalTrainer("SIGKILL", f"did not exit within {rules.stop_timeout_s:g} s"))
+        return replace(state, kill_at=None)
+    if (
+        state.phase in TRAINER_WORKING
+        and state.stop_reason is None
+        and state.trainer_alive
+        and t - state.last_activity_t >= rules.stall_timeout_s
+    ):
+        state = pivot.abort(state, actions, "the trainer stopped logging steps")
+        actions.append(
+            Record(
+                "stall",
+                {"last_step": state.last_step, "silent_s": round(t - state.last_activity_t, 3)},
+            )
+        )
+        return stop_trainer(state, t, rules, "stall", actions)
+    return state
+
+
+def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list[Action]) -> State:
+    actions.append(Record("shutdown", {"signal": ev.signal}))
+    state = replace(state, shutdown=True)
+    if state.trainer_alive:
+        if state.stop_reason in ("operator", "shutdown", "pivot"):
+            return state
+        if state.stop_reason in ("divergence", "stall"):
+            # Already on its way down; exit once it is gone rather than restarting it.
+            return replace(state, stop_reason="shutdown")
+        return stop_trainer(state, ev.t, rules, "shutdown", actions)
+    actions.append(Exit(0))
+    return state

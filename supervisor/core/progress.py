@@ -1,0 +1,178 @@
+"""What the trainer makes: committed (or rejected) checkpoints, step lines, divergence,
+and the mirror's copies of those checkpoints."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from trainwarden.supervisor.core import pivot
+from trainwarden.supervisor.core.actions import (
+    Action,
+    MirrorCopy,
+    Quarantine,
+    Record,
+    Reply,
+    SignalTrainer,
+)
+from trainwarden.supervisor.core.events import (
+    CheckpointCommitted,
+    CheckpointRejected,
+    CheckpointVanished,
+    CheckpointWriting,
+    MirrorPointer,
+    StepLogged,
+)
+from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.retention import apply_retention
+from trainwarden.supervisor.core.state import (
+    Ckpt,
+    Rules,
+    State,
+    failures_of,
+    with_failures,
+    without_checkpoints,
+)
+from trainwarden.supervisor.core.transitions import fail_waiters
+
+
+def is_divergent(loss: float, max_loss: float) -> bool:
+    return not math.isfinite(loss) or loss > max_loss
+
+
+def on_committed(
+    state: State, ev: CheckpointCommitted, rules: Rules, actions: list[Action]
+) -> State:
+    if state.poisoned_from is not None and ev.step >= state.poisoned_from:
+        actions.append(
+            Quarantine(
+                ev.step, ev.name, f"written at or after divergence at step {state.poisoned_from}"
+            )
+        )
+        return state
+    ckpt = Ckpt(ev.step, ev.name, ev.bytes, ev.mtime)
+    state, consumed = pivot.on_commit(state, ckpt, ev.t, rules, actions)
+    if consumed:
+        return state
+    known_before = state.checkpoints
+    others = tuple(c for c in state.checkpoints if c.step != ev.step)
+    state = replace(state, checkpoints=tuple(sorted((*others, ckpt), key=lambda c: c.step)))
+    state = replace(state, last_activity_t=max(state.last_activity_t, ev.t))
+    if state.trainer_alive and (state.resume_step is None or ev.step > state.resume_step):
+        state = replace(state, progress_since_start=True)
+        if state.restarts_without_progress:
+            actions.append(Record("progress", {"step": ev.step}))
+        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
+    if state.divergence_step is not None and ev.step > state.divergence_step:
+        state = replace(state, divergences=0, divergence_step=None)
+    actions.append(Record("checkpoint", {"step": ev.step, "name": ev.name, "bytes": ev.bytes}))
+    if state.phase == Phase.SAVING:
+        state = replace(state, phase=Phase.RUNNING)
+    state = _settle_save_waiters(state, ckpt, actions)
+    state = apply_retention(state, rules, actions)
+    if rules.mirror and ckpt in state.checkpoints and ckpt not in known_before:
+        actions.append(MirrorCopy(ckpt))
+    return state
+
+
+def _settle_save_waiters(state: State, ckpt: Ckpt, actions: list[Action]) -> State:
+    ready = [w for w in state.waiters if w.kind == "save" and ckpt.step >= w.step]
+    for w in ready:
+        actions.append(Reply(w.request_id, ok=True, result={"step": ckpt.step, "name": ckpt.name}))
+    return replace(state, waiters=tuple(w for w in state.waiters if w not in ready))
+
+
+def on_rejected(state: State, ev: CheckpointRejected, rules: Rules, actions: list[Action]) -> State:
+    actions.append(Quarantine(ev.step, ev.name, ev.reason))
+    if ev.step is not None:
+        state = without_checkpoints(state, {ev.step})
+    return state
+
+
+def on_vanished(state: State, ev: CheckpointVanished, rules: Rules, actions: list[Action]) -> State:
+    # Removed before it could be verified (by its writer, or by our own retention): there
+    # is nothing left to judge or to quarantine.
+    return state
+
+
+def on_writing(state: State, ev: CheckpointWriting, rules: Rules, actions: list[Action]) -> State:
+    return replace(state, last_activity_t=max(state.last_activity_t, ev.t))
+
+
+def _stepped(state: State, step: int, t: float) -> State:
+    """replace(state, last_step=step, last_activity_t=t), for every step line: a copy of
+    the instance dict instead of dataclasses.replace's walk through all ~40 fields."""
+    new = object.__new__(State)
+    new.__dict__.update(state.__dict__)
+    new.__dict__["last_step"] = step
+    new.__dict__["last_activity_t"] = t
+    return new
+
+
+def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
+    if not state.trainer_alive or state.stop_reason == "divergence":
+        return state
+    if is_divergent(ev.loss, rules.max_loss):
+        return _diverge(state, ev, rules, actions)
+    was_loading = state.last_step is None or (
+        state.resume_step is not None and state.last_step <= state.resume_step
+    )
+    state = _stepped(state, ev.step, ev.t)
+    if state.phase == Phase.STARTING:
+        state = replace(state, phase=Phase.RUNNING)
+    suspect = state.resume_step
+    if suspect is not None and ev.step > suspect:
+        if failures_of(state, suspect):
+            state = with_failures(state, suspect, 0)
+        if was_loading:
+            # The checkpoint it resumed from is no longer in use: retention may take it now.
+            state = apply_retention(state, rules, actions)
+    return state
+
+
+def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
+    actions.append(SignalTrainer("SIGKILL", f"divergence: loss {ev.loss} at step {ev.step}"))
+    recurring = state.divergence_step is not None
+    divergences = state.divergences + 1 if recurring else 1
+    first_bad = (
+        min(ev.step, state.divergence_step) if state.divergence_step is not None else ev.step
+    )
+    poisoned = [c for c in state.checkpoints if c.step >= ev.step]
+    for c in poisoned:
+        actions.append(
+            Quarantine(c.step, c.name, f"written at or after divergence at step {ev.step}")
+        )
+    state = without_checkpoints(state, {c.step for c in poisoned})
+    actions.append(
+        Record(
+            "divergence",
+            {
+                "step": ev.step,
+                "loss": ev.loss if math.isfinite(ev.loss) else str(ev.loss),
+                "max_loss": rules.max_loss,
+                "count": divergences,
+                "quarantined": [c.step for c in poisoned],
+                "rollback_to": state.newest.step if state.newest else None,
+            },
+        )
+    )
+    state = fail_waiters(state, actions, "wrong_state", "the trainer diverged and was killed")
+    state = pivot.abort(state, actions, f"the loss diverged at step {ev.step}")
+    return replace(
+        state,
+        phase=Phase.STOPPING,
+        stop_reason="divergence",
+        kill_at=None,
+        divergences=divergences,
+        divergence_step=first_bad,
+        poisoned_from=ev.step,
+    )
+
+
+def on_mirror_pointer(
+    state: State, ev: MirrorPointer, rules: Rules, actions: list[Action]
+) -> State:
+    newest = state.newest
+    if newest is not None and (ev.step is None or ev.step < newest.step):
+        actions.append(MirrorCopy(newest))
+    return state

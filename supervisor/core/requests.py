@@ -1,0 +1,174 @@
+"""The operator's commands as typed values, parsed and checked once, where they arrive.
+
+`parse_command(cmd, args)` turns a request off the control socket into one of the
+dataclasses below, or a `BadRequest` that says what is wrong (the reply's error code
+and message). What a command needs from the run's files (a pivot's arms and policies)
+arrives separately, as a `PivotContext` the shell reads before the policy decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Save:
+    """Ask the trainer for a checkpoint (SIGUSR1); with `wait`, answer once it commits."""
+
+    wait: bool = False
+    timeout_s: float | None = None
+    """How long a waiting save may take (None: the rules' save_wait_timeout_s)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the trainer (SIGTERM) and keep it stopped."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start a halted run again from its newest verified checkpoint."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """Keep the checkpoint at `step` whatever retention says."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Unpin:
+    """Hand the checkpoint at `step` back to retention."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Stop the trainer, then the daemon."""
+
+
+@dataclass(frozen=True)
+class Pivot:
+    """New caps and floors for the data-mixing bandit (see core.pivot)."""
+
+    caps: dict[str, float] = field(default_factory=dict)
+    floors: dict[str, float] = field(default_factory=dict)
+
+
+Command = Save | Stop | Start | Pin | Unpin | Shutdown | Pivot
+
+NAMES: dict[type, str] = {
+    Save: "save",
+    Stop: "stop",
+    Start: "start",
+    Pin: "pin",
+    Unpin: "unpin",
+    Shutdown: "shutdown",
+    Pivot: "pivot",
+}
+ACTING = tuple(NAMES.values())
+"""The commands that change the run (one at a time), as the wire names them."""
+
+
+def command_name(command: Command) -> str:
+    return NAMES[type(command)]
+
+
+def command_args(command: Command) -> dict[str, Any]:
+    """The command's arguments as the journal's `operator` record names them."""
+    if isinstance(command, Save):
+        args: dict[str, Any] = {"wait": command.wait}
+        if command.timeout_s is not None:
+            args["timeout_s"] = command.timeout_s
+        return args
+    if isinstance(command, Pin | Unpin):
+        return {"step": command.step}
+    if isinstance(command, Pivot):
+        return {"caps": dict(command.caps), "floors": dict(command.floors)}
+    return {}
+
+
+@dataclass(frozen=True)
+class PivotContext:
+    """What a pivot is checked against, read from the run's files when it is asked for."""
+
+    arms: tuple[str, ...]
+    """The arms in the trainer's bandit state (empty: it has written none yet)."""
+    zombies: tuple[str, ...]
+    """Arms in the bandit state whose data source is gone."""
+    current_policy: dict[str, Any]
+    """The policy in force, every known arm spelled out."""
+    new_policy: dict[str, Any] | None
+    """The current policy with the command's caps and floors; None if it breaks a rule."""
+    problems: tuple[str, ...]
+    """The rules the new policy breaks, one message each."""
+    utc: str
+    """When it was asked for (YYYYmmddTHHMMSSZ), for the archive folder's name."""
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    """A request that names no command, or a command with unusable arguments."""
+
+    code: str
+    message: str
+
+
+def parse_command(cmd: str, args: dict[str, Any]) -> Command | BadRequest:
+    """The typed command for a request (`args`: its fields other than id and cmd)."""
+    if cmd == "save":
+        return _save(args)
+    if cmd == "stop":
+        return Stop()
+    if cmd == "start":
+        return Start()
+    if cmd == "shutdown":
+        return Shutdown()
+    if cmd in ("pin", "unpin"):
+        step = args.get("step")
+        if step is not None and not _is_int(step, low=0):
+            return BadRequest("bad_argument", f"'step' must be an integer >= 0, got {step!r}")
+        if step is None:
+            return BadRequest("bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number")
+        return Pin(step) if cmd == "pin" else Unpin(step)
+    if cmd == "pivot":
+        return _pivot(args)
+    return BadRequest("unknown_command", f"unknown command '{cmd}'")
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _save(args: dict[str, Any]) -> Save | BadRequest:
+    wait = args.get("wait", False)
+    if not isinstance(wait, bool):
+        return BadRequest("bad_argument", "'wait' must be true or false")
+    timeout = args.get("timeout_s")
+    if timeout is not None and (not _is_number(timeout) or timeout <= 0):
+        return BadRequest("bad_argument", f"'timeout_s' must be a positive number, got {timeout!r}")
+    return Save(wait=wait, timeout_s=None if timeout is None else float(timeout))
+
+
+def _pivot(args: dict[str, Any]) -> Pivot | BadRequest:
+    tables = {}
+    for key in ("caps", "floors"):
+        table = args.get(key, {})
+        if not isinstance(table, dict) or not all(_is_number(v) for v in table.values()):
+            return BadRequest(
+                "bad_argument", f"'{key}' must map arm names to numbers, e.g. {{\"docs\": 0.5}}"
+            )
+        tables[key] = table
+    if not args.get("caps") and not args.get("floors"):
+        return BadRequest("bad_argument", "a pivot needs 'caps' or 'floors' to change")
+    unexpected = sorted(k for k in args if k not in ("caps", "floors"))
+    if unexpected:
+        return BadRequest("bad_argument", f"unexpected argument(s) {', '.join(unexpected)}")
+    return Pivot(caps=dict(tables["caps"]), floors=dict(tables["floors"]))

@@ -1,0 +1,67 @@
+"""Which checkpoints go: the local checkpoint directory's retention and the mirror's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from trainwarden.supervisor.core.actions import Action, Delete, PruneMirror, Record
+from trainwarden.supervisor.core.events import MirrorCopied
+from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.state import Ckpt, Rules, State, without_checkpoints
+
+
+def retention_deletions(state: State, rules: Rules) -> list[Ckpt]:
+    """Verified checkpoints that retention removes now, oldest first.
+
+    Keeps the newest keep_last unpinned ones, every pinned one, and the one the running
+    trainer resumed from while it has not yet logged a step past it.
+    """
+    unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
+    if len(unpinned) <= rules.keep_last:
+        return []
+    loading = state.last_step is None or (
+        state.resume_step is not None and state.last_step <= state.resume_step
+    )
+    busy = state.trainer_alive or state.phase == Phase.BACKOFF
+    in_use = state.resume_step if busy and loading else None
+    return [c for c in unpinned[: -rules.keep_last] if c.step != in_use]
+
+
+def next_to_delete(state: State, rules: Rules) -> int | None:
+    """The step retention would delete after the next committed checkpoint."""
+    unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
+    if len(unpinned) < rules.keep_last:
+        return None
+    return unpinned[0].step
+
+
+def apply_retention(state: State, rules: Rules, actions: list[Action]) -> State:
+    doomed = retention_deletions(state, rules)
+    for c in doomed:
+        actions.append(Delete(c.step, c.name, f"retention: keep_last={rules.keep_last}"))
+    return without_checkpoints(state, {c.step for c in doomed}) if doomed else state
+
+
+def mirror_deletions(mirrored: Iterable[int], pointed: int, keep_last: int) -> list[int]:
+    """Mirrored steps to remove, oldest first: all but the newest keep_last and `pointed`,
+    the one latest.json names (after a rollback it may be older than the rest)."""
+    steps = sorted(set(mirrored))
+    keep = set(steps[-keep_last:]) | {pointed}
+    return [s for s in steps if s not in keep]
+
+
+def on_mirror_copied(state: State, ev: MirrorCopied, rules: Rules, actions: list[Action]) -> State:
+    if ev.superseded:
+        actions.append(Record("mirror_superseded", ev.fields))
+        return state
+    if not ev.ok:
+        actions.append(Record("mirror_failed", ev.fields))
+        return state
+    # A successful copy moved latest.json to its own step.
+    doomed = mirror_deletions(ev.mirrored, ev.step, rules.mirror_keep_last)
+    fields: dict[str, Any] = {**ev.fields, "removed": doomed}
+    actions.append(Record("mirrored", fields))
+    if doomed:
+        actions.append(PruneMirror(tuple(doomed)))
+    return state

@@ -1,0 +1,217 @@
+"""The policy's state and rules, and what of the state survives a daemon restart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from trainwarden.supervisor.core.phases import HALTED, Phase
+
+StopReason = Literal["operator", "shutdown", "stall", "divergence", "pivot"]
+PivotStage = Literal["saving", "stopping", "archiving", "writing_policy"]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The numbers the policy works with (from the run's config)."""
+
+    keep_last: int = 3
+    backoff_initial_s: float = 5.0
+    backoff_max_s: float = 300.0
+    max_restarts_without_progress: int = 5
+    stall_timeout_s: float = 600.0
+    stop_timeout_s: float = 120.0
+    max_loss: float = 20.0
+    divergence_retries: int = 1
+    fallback_after_failures: int = 2
+    save_wait_timeout_s: float = 600.0
+    mirror: bool = False
+    """A mirror is configured: each new checkpoint is copied there."""
+    mirror_keep_last: int = 3
+    """Mirrored checkpoints the mirror keeps, besides the one its latest.json names."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ckpt:
+    """A committed, verified checkpoint."""
+
+    step: int
+    name: str
+    bytes: int
+    mtime: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """An operator request answered later (save --wait, stop, shutdown)."""
+
+    request_id: int
+    kind: Literal["save", "stop"]
+    step: int
+    """For save: the checkpoint must be at this step or later."""
+    deadline: float
+
+
+@dataclass(frozen=True)
+class PivotPlan:
+    """A pivot's progress; persisted so a restarted daemon can finish or undo it."""
+
+    stage: PivotStage
+    old_policy: dict[str, Any]
+    new_policy: dict[str, Any]
+    utc: str
+    """When it started, for the archive folder's name."""
+    save_after_step: int
+    step: int | None = None
+    """The pivot checkpoint, once committed."""
+    was_pinned: bool = False
+    zombies: tuple[str, ...] = ()
+    """Arms in the bandit state whose data source is gone (reported, never nameable)."""
+    request_id: int | None = None
+    deadline: float | None = None
+
+    @property
+    def archive(self) -> str:
+        return f"archive/pivot-{self.step or 0:06d}-{self.utc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "old_policy": self.old_policy,
+            "new_policy": self.new_policy,
+            "utc": self.utc,
+            "save_after_step": self.save_after_step,
+            "step": self.step,
+            "was_pinned": self.was_pinned,
+            "zombies": list(self.zombies),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PivotPlan:
+        return cls(
+            stage=data["stage"],
+            old_policy=data["old_policy"],
+            new_policy=data["new_policy"],
+            utc=data["utc"],
+            save_after_step=int(data["save_after_step"]),
+            step=data.get("step"),
+            was_pinned=bool(data.get("was_pinned", False)),
+            zombies=tuple(data.get("zombies", ())),
+        )
+
+
+@dataclass(frozen=True)
+class State:
+    phase: Phase = Phase.STARTING
+    seg: int = 0
+    """Trainer starts so far (the `seg` of .loss.json lines)."""
+    trainer_pid: int | None = None
+    trainer_started_t: float | None = None
+    resume_step: int | None = None
+    """The checkpoint the current (or next) trainer loads."""
+    last_step: int | None = None
+    """Last step logged by the current trainer."""
+    last_activity_t: float = 0.0
+    """Last step line, trainer start or checkpoint write: what stall detection measures."""
+    stop_reason: StopReason | None = None
+    kill_at: float | None = None
+    backoff_until: float | None = None
+    next_backoff_s: float | None = None
+    """Delay before the next restart; None means backoff_initial_s."""
+    restarts: int = 0
+    restarts_without_progress: int = 0
+    progress_since_start: bool = False
+    checkpoints: tuple[Ckpt, ...] = ()
+    """Verified checkpoints, oldest first."""
+    pinned: frozenset[int] = frozenset()
+    failures: tuple[tuple[int, int], ...] = ()
+    """(checkpoint step, trainer deaths before logging a step beyond it)."""
+    divergences: int = 0
+    """Divergences since the run last got past the previous one with a checkpoint."""
+    divergence_step: int | None = None
+    poisoned_from: int | None = None
+    """Checkpoints at or after this step belong to a diverged trainer."""
+    waiters: tuple[Waiter, ...] = ()
+    shutdown: bool = False
+    halt_reason: str | None = None
+    pivot: PivotPlan | None = None
+    """The pivot in progress, if any (see core.pivot)."""
+    last_pivot_step: int | None = None
+    """Checkpoints at or before this step carry a bandit from before the last pivot."""
+
+    @property
+    def trainer_alive(self) -> bool:
+        return self.trainer_pid is not None
+
+    @property
+    def newest(self) -> Ckpt | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+
+def failures_of(state: State, step: int) -> int:
+    return dict(state.failures).get(step, 0)
+
+
+def with_failures(state: State, step: int, count: int) -> State:
+    table = dict(state.failures)
+    if count:
+        table[step] = count
+    else:
+        table.pop(step, None)
+    return replace(state, failures=tuple(sorted(table.items())))
+
+
+def without_checkpoints(state: State, steps: set[int]) -> State:
+    return replace(state, checkpoints=tuple(c for c in state.checkpoints if c.step not in steps))
+
+
+def ckpt_json(c: Ckpt | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"step": c.step, "name": c.name, "bytes": c.bytes}
+
+
+# ----------------------------------------------------------------------------- persistence
+
+PERSISTED = (
+    "phase",
+    "seg",
+    "restarts",
+    "restarts_without_progress",
+    "next_backoff_s",
+    "failures",
+    "divergences",
+    "divergence_step",
+    "halt_reason",
+    "last_pivot_step",
+)
+
+
+def persisted(state: State) -> dict[str, Any]:
+    """What survives a daemon restart (written to the journal as `state` records)."""
+    data = {name: getattr(state, name) for name in PERSISTED}
+    data["phase"] = str(state.phase)
+    data["failures"] = [list(pair) for pair in state.failures]
+    data["pinned"] = sorted(state.pinned)
+    data["pivot"] = state.pivot.to_json() if state.pivot else None
+    return data
+
+
+def restore(data: dict[str, Any], rules: Rules) -> State:
+    """A fresh State carrying the persisted fields of a previous daemon."""
+    phase = data.get("phase", Phase.STARTING)
+    return State(
+        # A daemon that died with a trainer up starts it again; a halted run stays halted.
+        phase=Phase(phase) if phase in HALTED else Phase.STARTING,
+        seg=int(data.get("seg", 0)),
+        restarts=int(data.get("restarts", 0)),
+        restarts_without_progress=int(data.get("restarts_without_progress", 0)),
+        next_backoff_s=data.get("next_backoff_s"),
+        failures=tuple((int(a), int(b)) for a, b in data.get("failures", [])),
+        divergences=int(data.get("divergences", 0)),
+        divergence_step=data.get("divergence_step"),
+        halt_reason=data.get("halt_reason"),
+        pinned=frozenset(int(s) for s in data.get("pinned", [])),
+        last_pivot_step=data.get("last_pivot_step"),
+        pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
+    )

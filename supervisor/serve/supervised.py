@@ -1,0 +1,35 @@
+"""What the control server needs from the daemon it serves (the daemon satisfies it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import Command, Reply
+from trainwarden.supervisor.store.rundir import RunFiles
+
+
+class Supervised(Protocol):
+    cfg: Config
+    files: RunFiles
+
+    async def operator(self, command: Command, uid: int | None) -> Reply:
+        """Have the policy decide on an operator command; its reply."""
+        ...
+
+    def add_journal_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` with each journal record as it is appended."""
+        ...
+
+    def status_view(self) -> dict[str, Any]: ...
+
+    def checkpoints_view(self) -> dict[str, Any]: ...
+
+    def state_view(self) -> dict[str, Any]: ...
+
+    def history_query(self, start: int | None, end: int | None, points: int) -> Any: ...
+
+    def snapshot(self, topic: str) -> Any:
+        """The newest frame of a telemetry topic."""
+        ...

@@ -1,0 +1,205 @@
+"""The executor: does exactly what each of the policy's actions says, and reports what
+came of it (a spawned trainer, its exit, a pivot stage's file work, a mirror copy) back
+to the daemon's queue as events. It decides nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from trainwarden.supervisor import core
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.shell import pivot_files
+from trainwarden.supervisor.shell.hub import TelemetryHub
+from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn
+from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.journal import Journal
+from trainwarden.supervisor.store.mirror import Mirror
+from trainwarden.supervisor.store.rundir import RunFiles
+
+log = logging.getLogger("trainwarden.daemon")
+
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": signal.SIGKILL}
+
+
+def signal_name(returncode: int) -> str | None:
+    """SIGKILL for -9; None for an exit status or a number no signal has."""
+    try:
+        return signal.Signals(-returncode).name if returncode < 0 else None
+    except ValueError:
+        return None
+
+
+class Executor:
+    def __init__(
+        self,
+        cfg: Config,
+        files: RunFiles,
+        store: CheckpointStore,
+        journal: Journal,
+        hub: TelemetryHub,
+        report: Callable[[core.Event], None],
+        trainer_pid: Callable[[], int | None],
+        known_commits: dict[str, float],
+        on_trainer_exit: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        self.files = files
+        self.store = store
+        self.journal = journal
+        self.hub = hub
+        self.report = report
+        """Queue an event for the policy."""
+        self.trainer_pid = trainer_pid
+        self.known_commits = known_commits
+        self.on_trainer_exit = on_trainer_exit
+        self.replies: dict[int, asyncio.Future[core.Reply]] = {}
+        self.exit_code: int | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.mirror: Mirror | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def execute(self, action: core.Action) -> None:
+        journal = self.journal
+        if isinstance(action, core.Record):
+            journal.append(action.kind, action.fields)
+        elif isinstance(action, core.Spawn):
+            await self._spawn(action)
+        elif isinstance(action, core.SignalTrainer):
+            pid = self.trainer_pid() or (self.proc.pid if self.proc else None)
+            journal.append("signal", {"signal": action.signal, "pid": pid, "reason": action.reason})
+            if pid is not None:
+                send_signal(pid, SIGNALS[action.signal], self.cfg.trainer.signal_target)
+        elif isinstance(action, core.Delete):
+            journal.append(
+                "delete", {"step": action.step, "name": action.name, "reason": action.reason}
+            )
+            await self._file_op(self.store.delete, action.name, "delete_failed")
+            self.known_commits.pop(action.name, None)
+        elif isinstance(action, core.Quarantine):
+            journal.append(
+                "quarantine", {"step": action.step, "name": action.name, "reason": action.reason}
+            )
+            await self._file_op(self.store.quarantine, action.name, "quarantine_failed")
+            self.known_commits.pop(action.name, None)
+            if action.retract_mirror and self.mirror is not None and action.step is not None:
+                self.in_background(self._retract(self.mirror, action.step))
+        elif isinstance(action, core.Reply):
+            future = self.replies.pop(action.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(action)
+        elif isinstance(action, core.Exit):
+            self.exit_code = action.code
+        elif isinstance(action, core.Archive):
+            error = await asyncio.to_thread(
+                pivot_files.archive, self.files, self.cfg.run_dir, action
+            )
+            self.report(core.PivotProgress(time.monotonic(), "archived", error))
+        elif isinstance(action, core.WritePolicy):
+            error = await asyncio.to_thread(pivot_files.write_policy, self.files, action.policy)
+            self.report(core.PivotProgress(time.monotonic(), "policy_written", error))
+        elif isinstance(action, core.ReadMirrorPointer | core.MirrorCopy | core.PruneMirror):
+            self.in_background(self._mirror_work(action))
+
+    def in_background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _file_op(self, operation: Any, name: str, failure_kind: str) -> None:
+        """Move or delete checkpoint files; a failure is journaled, never fatal to the loop."""
+        try:
+            await asyncio.to_thread(operation, name)
+        except (OSError, ValueError) as exc:
+            reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
+            self.journal.append(failure_kind, {"name": name, "error": reason})
+            log.error("%s %s: %s", failure_kind, name, reason)
+
+    # ------------------------------------------------------------------ the trainer
+
+    async def _spawn(self, action: core.Spawn) -> None:
+        argv = trainer_argv(self.cfg, self.store.dir, action)
+        env = trainer_env(self.cfg, self.store.dir, action)
+        self.journal.append(
+            "spawn",
+            {
+                "seg": action.seg,
+                "resume": core.ckpt_json(action.resume),
+                "pivot": action.pivot,
+                "argv": argv,
+            },
+        )
+        self.hub.begin_segment(
+            action.seg, action.resume.step if action.resume else None, pivot=action.pivot
+        )
+        try:
+            proc = await spawn(argv, self.cfg.run_dir, env, self.cfg.log_path)
+        except OSError as exc:
+            self.report(core.SpawnFailed(time.monotonic(), f"{argv[0]}: {exc.strerror or exc}"))
+            return
+        self.proc = proc
+        self.journal.append("trainer_started", {"pid": proc.pid, "seg": action.seg})
+        self.report(core.TrainerSpawned(time.monotonic(), proc.pid))
+        asyncio.get_running_loop().create_task(self._await_exit(proc))
+        try:
+            # In a thread: while the child is still inside execve its cmdline reads empty,
+            # and TrainerIdentity.of waits (sleeping) for it.
+            identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid)
+            await asyncio.to_thread(identity.save, self.files.trainer_pid)
+        except Exception as exc:  # it may already have died; its exit is reported anyway
+            log.warning("could not record the trainer's identity: %s", exc)
+
+    async def _await_exit(self, proc: asyncio.subprocess.Process) -> None:
+        returncode = await proc.wait()
+        # The trainer's last lines (its final checkpoint, its last steps) are in the log
+        # before its exit: read them first so the policy sees them in order.
+        await self.hub.drain_log()
+        self.report(
+            core.TrainerExited(time.monotonic(), proc.pid, returncode, signal_name(returncode))
+        )
+        self.on_trainer_exit()
+
+    # ------------------------------------------------------------------ the mirror
+
+    async def _mirror_work(
+        self, action: core.ReadMirrorPointer | core.MirrorCopy | core.PruneMirror
+    ) -> None:
+        mirror = self.mirror
+        if mirror is None:  # the run has no [mirror] path
+            return
+        if isinstance(action, core.ReadMirrorPointer):
+            # In a thread: the mirror may be a slow or hung network disk.
+            step = await asyncio.to_thread(mirror.newest_step)
+            self.report(core.MirrorPointer(time.monotonic(), step))
+        elif isinstance(action, core.MirrorCopy):
+            await self._copy(mirror, action.ckpt)
+        else:
+            await mirror.prune(action.steps)
+
+    async def _copy(self, mirror: Mirror, ckpt: core.Ckpt) -> None:
+        path = self.store.dir / ckpt.name
+        companions = [p for p in self.store.fmt.companions(path) if p.parent == self.store.dir]
+        files: list[Path] = [path, *(p for p in companions if p.exists())]
+        result = await mirror.copy(ckpt.step, files, ckpt.name)
+        self.report(
+            core.MirrorCopied(
+                time.monotonic(),
+                result.step,
+                result.ok,
+                result.journal_fields(),
+                superseded=result.superseded_by is not None,
+                mirrored=result.mirrored,
+            )
+        )
+
+    async def _retract(self, mirror: Mirror, step: int) -> None:
+        if step not in await asyncio.to_thread(mirror.steps):
+            return
+        latest = await mirror.retract(step)
+        self.journal.append("mirror_retracted", {"step": step, "latest": latest})

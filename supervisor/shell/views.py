@@ -1,0 +1,83 @@
+"""What the daemon shows: the state, checkpoint and status views of the protocol."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from trainwarden.supervisor import PROTOCOL_VERSION, __version__
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import HALTED, Phase, Rules, State, next_to_delete
+from trainwarden.supervisor.shell.hub import TelemetryHub
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+
+
+def state_view(s: State, now: float) -> dict[str, Any]:
+    """The `state` topic; `now` is time.monotonic()."""
+    detail: dict[str, Any] = {}
+    if s.phase == Phase.BACKOFF and s.backoff_until is not None:
+        detail["restart_in_s"] = round(max(0.0, s.backoff_until - now), 3)
+    if s.halt_reason and s.phase in HALTED:
+        detail["reason"] = s.halt_reason
+    if s.stop_reason:
+        detail["stop_reason"] = s.stop_reason
+    if s.pivot is not None:
+        detail["pivot_stage"] = s.pivot.stage
+        detail["pivot_step"] = s.pivot.step
+    uptime = None
+    if s.trainer_started_t is not None and s.trainer_alive:
+        uptime = round(now - s.trainer_started_t, 3)
+    return {
+        "state": str(s.phase),
+        "detail": detail,
+        "trainer_pid": s.trainer_pid,
+        "trainer_uptime_s": uptime,
+        "restarts": s.restarts,
+        "restarts_without_progress": s.restarts_without_progress,
+        "seg": s.seg,
+    }
+
+
+def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> dict[str, Any]:
+    """The `checkpoints` topic: the verified ones, oldest first, and the quarantined."""
+    doomed = next_to_delete(s, rules)
+    return {
+        "checkpoints": [
+            {
+                "step": c.step,
+                "name": c.name,
+                "path": str(store.dir / c.name),
+                "bytes": c.bytes,
+                "mtime": c.mtime,
+                "verified": True,
+                "pinned": c.step in s.pinned,
+                "next_to_delete": c.step == doomed,
+            }
+            for c in s.checkpoints
+        ],
+        "quarantined": [{"name": n} for n in store.quarantined()],
+    }
+
+
+def status_view(
+    cfg: Config,
+    started_t: float,
+    state: dict[str, Any],
+    checkpoints: dict[str, Any],
+    hub: TelemetryHub,
+) -> dict[str, Any]:
+    """The `status` command's answer: the run, the state view, telemetry and checkpoints."""
+    view: dict[str, Any] = {
+        "protocol": PROTOCOL_VERSION,
+        "version": __version__,
+        "run": cfg.run.name,
+        "run_dir": str(cfg.run_dir),
+        "daemon_pid": os.getpid(),
+        "daemon_started_at": started_t,
+        "total_steps": cfg.trainer.total_steps,
+        **state,
+    }
+    view.update(hub.status_fields())
+    view["step"] = hub.last_step
+    view.update(checkpoints)
+    return view
