@@ -18,16 +18,21 @@ from collections import deque
 from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
-from trainwarden.supervisor.core import ACTING, BadRequest, parse_command
+from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
 from trainwarden.supervisor.errors import LockHeld, ProtocolError
-from trainwarden.supervisor.protocol import MAX_LINE, TOPICS, connect_path, decode, encode
+from trainwarden.supervisor.protocol import (
+    MAX_LINE,
+    REPLACEABLE_TOPICS,
+    TOPICS,
+    connect_path,
+    decode,
+    encode,
+)
 from trainwarden.supervisor.serve.supervised import Supervised
 from trainwarden.supervisor.store.journal import tail_records
 
 log = logging.getLogger("trainwarden.control")
 
-# TODO(merge): import REPLACEABLE_TOPICS from trainwarden.supervisor.protocol once it is there.
-REPLACEABLE = frozenset({"telemetry", "gpu", "host", "bandit", "samples", "state"})
 MAX_QUEUED = 2000
 MAX_CONNECTIONS = 256
 
@@ -42,7 +47,7 @@ class Outbox:
         self.overflowed = False
 
     def push_topic(self, topic: str, data: Any) -> None:
-        if topic in REPLACEABLE:
+        if topic in REPLACEABLE_TOPICS:
             self.latest[topic] = data
         else:
             self.put({"topic": topic, "data": data})

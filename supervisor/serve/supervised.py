@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from trainwarden.supervisor.config import Config
-from trainwarden.supervisor.core import Command, Reply
+from trainwarden.supervisor.core.policy import Command, Reply
 from trainwarden.supervisor.store.rundir import RunFiles
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainwarden.supervisor import core
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.store.journal import Journal, read_records
 
 if TYPE_CHECKING:

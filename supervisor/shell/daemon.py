@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainwarden.supervisor import __version__, core
+from trainwarden.supervisor import __version__
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.shell import views
 from trainwarden.supervisor.shell.boot import last_state_record, rules_from, start_metrics

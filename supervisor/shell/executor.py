@@ -12,8 +12,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from trainwarden.supervisor import core
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.shell import pivot_files
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from trainwarden.supervisor.contract import normalized_policy, validate_policy
-from trainwarden.supervisor.core import Archive, Pivot, PivotContext
+from trainwarden.supervisor.core.policy import Archive, Pivot, PivotContext
 from trainwarden.supervisor.store.rundir import RunFiles, fsync_dir, write_atomic
 
 

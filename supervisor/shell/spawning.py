@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.contract import ENV_PIVOT, ENV_RESUME, ENV_RUN_DIR, ENV_SEG
-from trainwarden.supervisor.core import Spawn
+from trainwarden.supervisor.core.policy import Spawn
 from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS
 
 

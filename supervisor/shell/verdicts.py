@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from trainwarden.supervisor import core
+from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 

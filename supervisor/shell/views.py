@@ -7,7 +7,7 @@ from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
-from trainwarden.supervisor.core import HALTED, Phase, Rules, State, next_to_delete
+from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 

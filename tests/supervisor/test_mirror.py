@@ -11,7 +11,7 @@ import orjson
 import pytest
 import xxhash
 
-from trainwarden.supervisor.core import mirror_deletions
+from trainwarden.supervisor.core.policy import mirror_deletions
 from trainwarden.supervisor.store import mirror as mirror_module
 from trainwarden.supervisor.store.mirror import (
     LATEST,

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainwarden.supervisor import core as p
+from trainwarden.supervisor.core import policy as p
 
 RULES = p.Rules(
     keep_last=3,

@@ -18,8 +18,9 @@ def test_importing_the_tui_does_not_import_torch_or_daemon_internals():
     code = (
         "import sys, trainwarden.tui.app, trainwarden.tui.__main__; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', "
-        "'trainwarden.supervisor.shell.daemon', 'trainwarden.supervisor.serve.control', 'trainwarden.supervisor.core.policy', "
-        "'trainwarden.supervisor.shell.hub'))]; "
+        "'trainwarden.supervisor.shell', 'trainwarden.supervisor.serve', "
+        "'trainwarden.supervisor.store', 'trainwarden.supervisor.inputs', "
+        "'trainwarden.supervisor.core.decide', 'trainwarden.supervisor.core.state'))]; "
         "assert not bad, bad"
     )
     result = subprocess.run(
