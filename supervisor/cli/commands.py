@@ -1,0 +1,255 @@
+"""One function per command: each takes the parsed arguments and returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainwarden.supervisor.cli.output import (
+    age_text,
+    describe_result,
+    format_status,
+    print_event,
+    print_json,
+    size_text,
+)
+from trainwarden.supervisor.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainwarden.supervisor.protocol import (
+        CheckpointsView,
+        EventsResult,
+        PivotResult,
+        StatusResult,
+    )
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    return Path(args.run_dir).expanduser().resolve()
+
+
+def _socket_path(run_dir: Path) -> Path:
+    from trainwarden.supervisor.config import CONFIG_NAME, load_config
+
+    if (run_dir / CONFIG_NAME).exists():
+        return load_config(run_dir, check_plugins=False).socket_path
+    return run_dir / ".trainwarden" / "control.sock"
+
+
+def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
+    from trainwarden.supervisor.protocol import Client
+
+    return Client(_socket_path(_run_dir(args)), timeout=timeout)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.cli.init import write_config
+
+    path = write_config(
+        _run_dir(args),
+        preset=args.preset,
+        steps=args.steps,
+        save_every=args.save_every,
+        force=args.force,
+        device=args.device,
+    )
+    print(f"wrote {path}")
+    print(f"start it with: trainwarden daemon --detach {path.parent}")
+    return 0
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.config import load_config
+
+    run_dir = _run_dir(args)
+    cfg = load_config(run_dir)
+    if args.detach:
+        from trainwarden.supervisor.cli.detach import start_detached
+
+        pid = start_detached(cfg)
+        print(f"trainwarden daemon started (pid {pid}) for {run_dir}")
+        return 0
+    import asyncio
+    import logging
+
+    from trainwarden.supervisor.serve.notify import Notifier
+    from trainwarden.supervisor.shell.daemon import Daemon
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    import os
+
+    return asyncio.run(Daemon(cfg, Notifier.from_env(os.environ)).run())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status: StatusResult = client.request("status")
+    if args.json:
+        print_json(status)
+        return 0
+    print(format_status(status))
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        result: CheckpointsView = client.request("checkpoints")
+    if args.json:
+        print_json(result)
+        return 0
+    now = time.time()
+    print(f"{'step':>10}  {'size':>10}  {'age':>8}  flags")
+    for c in result["checkpoints"]:
+        flags = " ".join(
+            f for f, on in (("pinned", c["pinned"]), ("next-to-delete", c["next_to_delete"])) if on
+        )
+        print(
+            f"{c['step']:>10}  {size_text(c['bytes']):>10}  {age_text(now - c['mtime']):>8}  {flags}"
+        )
+    for q in result["quarantined"]:
+        print(f"{'':>10}  quarantined: {q['name']}")
+    return 0
+
+
+def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        payload = {k: getattr(args, k) for k in extra}
+        timeout = None if cmd in ("stop", "shutdown") or getattr(args, "wait", False) else 30.0
+        with _client(args, timeout=timeout) as client:
+            result = client.request(cmd, **payload)
+        if getattr(args, "json", False):
+            print_json(result)
+        else:
+            print(describe_result(cmd, result))
+        return 0
+
+    return run
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with _client(args, timeout=None if args.follow else 30.0) as client:
+        recent: EventsResult = client.request("events", n=args.n)
+        for record in recent["events"]:
+            print_event(record, args.json)
+        if not args.follow:
+            return 0
+        client.request("subscribe", topics=["events"])
+        try:
+            while True:
+                message = client.read_message()
+                if message.get("topic") == "events":
+                    print_event(message["data"], args.json)
+        except KeyboardInterrupt:
+            return 0
+
+
+def cmd_pivot(args: argparse.Namespace) -> int:
+    caps = _pairs(args.cap, "--cap")
+    floors = _pairs(args.floor, "--floor")
+    if not caps and not floors:
+        raise UsageError("pivot needs at least one --cap ARM=X or --floor ARM=X")
+    with _client(args, timeout=None) as client:
+        result: PivotResult = client.request("pivot", caps=caps, floors=floors)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"pivot done at step {result.get('step')}; archive: {result.get('archive')}")
+    return 0
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items or []:
+        arm, sep, value = item.partition("=")
+        try:
+            if not sep or not arm:
+                raise ValueError
+            out[arm] = float(value)
+        except ValueError:
+            raise UsageError(
+                f"{flag} {item!r}: expected ARM=NUMBER, for example {flag} docs=0.5"
+            ) from None
+    return out
+
+
+def cmd_install_unit(args: argparse.Namespace) -> int:
+    import os
+    import pwd
+    import shutil
+    import subprocess
+
+    from trainwarden.supervisor.cli import units
+    from trainwarden.supervisor.config import load_config
+
+    run_dir = _run_dir(args)
+    cfg = load_config(run_dir)
+    kind: units.Kind = "system" if args.system or (not args.user and os.getuid() == 0) else "user"
+    exe = Path(sys.executable).parent / "trainwarden"
+    if not exe.exists():
+        found = shutil.which("trainwarden")
+        if found is None:
+            raise UsageError("cannot find the trainwarden executable; install the package first")
+        exe = Path(found)
+    user = None
+    if kind == "system":
+        owner = pwd.getpwuid(run_dir.stat().st_uid).pw_name
+        user = args.as_user or owner
+    text = units.render_unit(
+        kind, exe, run_dir, user, trainer_stop_timeout_s=cfg.trainer.stop_timeout_s
+    )
+    name = units.unit_name(run_dir)
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    path = units.unit_install_path(kind, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    scope = ["--user"] if kind == "user" else []
+    print(f"wrote {path}")
+    if args.reload:
+        subprocess.run(["systemctl", *scope, "daemon-reload"], check=False)
+    else:
+        print(f"then: systemctl {' '.join([*scope, 'daemon-reload'])}")
+    print(
+        f"start it now and at every boot: systemctl {' '.join([*scope, 'enable', '--now', name])}"
+    )
+    if kind == "user":
+        print(
+            f"so it runs without you logged in: loginctl enable-linger {pwd.getpwuid(os.getuid()).pw_name}"
+        )
+    return 0
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.config import CONFIG_NAME, load_config
+    from trainwarden.tui.app import main as tui_main
+
+    if args.socket:
+        return tui_main(Path(args.socket).expanduser(), read_only=args.read_only)
+    run_dir = _run_dir(args)
+    if not (run_dir / CONFIG_NAME).exists():
+        return tui_main(_socket_path(run_dir), read_only=args.read_only)
+    cfg = load_config(run_dir, check_plugins=False)
+    return tui_main(cfg.socket_path, read_only=args.read_only, log_path=cfg.log_path)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.cli.demo import run_demo
+
+    return run_demo(Path(args.run_dir).expanduser().resolve() if args.run_dir else None)
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.store.restore import restore
+
+    config = Path(args.config).expanduser() if args.config else None
+    print(restore(_run_dir(args), Path(args.mirror).expanduser(), config_from=config))
+    return 0

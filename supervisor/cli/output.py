@@ -1,0 +1,105 @@
+"""What the command line prints: the status text, checkpoint sizes and ages, replies, events."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from trainwarden.supervisor.protocol import JournalRecord, StatusResult
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:{spec}}{unit}"
+
+
+def format_status(s: StatusResult) -> str:
+    detail = s.get("detail") or {}
+    extra = ""
+    if "restart_in_s" in detail:
+        extra = f" (restart in {detail['restart_in_s']:.1f} s)"
+    elif "reason" in detail:
+        extra = f" ({detail['reason']})"
+    total = s.get("total_steps")
+    step = f"{_fmt(s.get('step'))}" + (f"/{total}" if total else "")
+    mfu = s.get("mfu")
+    mfu_text = (
+        f"{mfu * 100:.2f} %"
+        if mfu is not None
+        else f"unknown ({s.get('mfu_unknown_reason') or 'n/a'})"
+    )
+    lines = [
+        f"run       {s.get('run')}  ({s.get('run_dir')})",
+        f"state     {s.get('state')}{extra}",
+        f"trainer   pid {_fmt(s.get('trainer_pid'))}, restarts {s.get('restarts', 0)}",
+        f"step      {step}   loss {_fmt(s.get('loss'), '.4f')}   ema {_fmt(s.get('loss_ema'), '.4f')}",
+        f"speed     {_fmt(s.get('tokens_per_s'), ',.0f')} tok/s   {_fmt(s.get('steps_per_min'), '.1f')} steps/min   "
+        f"eta {_fmt(s.get('eta_s'), '.0f', ' s')}",
+        f"mfu       {mfu_text}",
+    ]
+    gpu = s.get("gpu")
+    lines.append(f"gpu       {gpu.get('name') if gpu else 'no NVIDIA GPU'}")
+    ckpts = s.get("checkpoints") or []
+    names = ", ".join(f"{c['step']}{'*' if c.get('pinned') else ''}" for c in ckpts)
+    lines.append(
+        f"ckpts     {len(ckpts)} verified: {names or 'none'}"
+        + ("  (* pinned)" if "*" in names else "")
+    )
+    quarantined = s.get("quarantined") or []
+    if quarantined:
+        lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
+    return "\n".join(lines)
+
+
+def size_text(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def age_text(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def describe_result(cmd: str, result: dict[str, Any]) -> str:
+    if cmd == "save":
+        if "name" in result:
+            return f"checkpoint committed at step {result['step']} ({result['name']})"
+        return f"save requested (trainer at step {result.get('step')}); `trainwarden checkpoints` shows it"
+    if cmd in ("stop", "shutdown"):
+        ckpt = result.get("checkpoint")
+        where = f"; newest checkpoint: step {ckpt['step']}" if ckpt else ""
+        suffix = " and the daemon is exiting" if cmd == "shutdown" else ""
+        return f"trainer stopped{suffix}{where}"
+    if cmd == "start":
+        resume = result.get("resume_step")
+        return f"trainer starting from {'step ' + str(resume) if resume is not None else 'scratch'}"
+    if cmd in ("pin", "unpin"):
+        return f"step {result['step']} {'pinned' if result['pinned'] else 'unpinned'}"
+    return orjson.dumps(result).decode()
+
+
+def print_event(record: JournalRecord, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(orjson.dumps(record).decode() + "\n")
+    else:
+        fields = {k: v for k, v in record.items() if k not in ("ts", "t", "kind")}
+        body = " ".join(f"{k}={orjson.dumps(v).decode()}" for k, v in fields.items())
+        sys.stdout.write(f"{record.get('ts', '')}  {record.get('kind', '?'):<18} {body}\n")
+    sys.stdout.flush()
