@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.format_trainer import daemon_scenario
-from tests.helpers import pid_alive
+from tests.support import pid_alive
 from trainwarden.plugins.formats.torch_pt import TorchPt
 from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 
