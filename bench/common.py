@@ -15,13 +15,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests.support import DaemonProcess, belongs_to_run
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -135,18 +137,6 @@ def read_events(path: Path) -> list[tuple[str, int, float, list[str]]]:
     return rows
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
-    """predicate()'s first truthy value, or None after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(interval)
-
-
 class DeathWatch:
     """Notices a process's end from outside, without being its parent: a pidfd becomes
     readable the moment the process exits. Open it before provoking the death."""
@@ -257,14 +247,21 @@ class Workspace:
     """A temporary directory and every process started for it.
 
     Processes start in their own sessions and are tracked; stop() and close() end them
-    and what they started (by pid, and only processes whose command line names this
-    directory, so never anybody else's). close() then removes the directory.
+    and what they started (by pid, and only processes of this directory by tests.support's
+    belongs_to_run, so never anybody else's). close() then removes the directory.
     """
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="trainwarden-bench-"))
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.daemons: list[DaemonProcess] = []
         self.known_pids: set[int] = set()
+
+    def daemon(self, run_dir: Path) -> DaemonProcess:
+        """trainwarden's daemon for run_dir (not started), ended by close() at the latest."""
+        daemon = DaemonProcess(run_dir, stderr_path=run_dir / "daemon.stderr", cwd=REPO)
+        self.daemons.append(daemon)
+        return daemon
 
     def dir(self, *parts: str) -> Path:
         target = self.root.joinpath(*parts)
@@ -303,10 +300,6 @@ class Workspace:
         self.known_pids.update(found)
         return found
 
-    def remember(self, pids: Sequence[int] | set[int]) -> None:
-        """Pids of grandchildren (trainers a supervisor started) to check at close()."""
-        self.known_pids.update(pids)
-
     def stop(
         self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10.0
     ) -> None:
@@ -321,21 +314,17 @@ class Workspace:
         self._kill_tree(proc, descendants)
 
     def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.cleanup()
         for proc in self.procs:
             self._kill_tree(proc)
         self.kill_ours(self.known_pids)
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def _ours(self, pid: int) -> bool:
-        try:
-            return str(self.root) in " ".join(psutil.Process(pid).cmdline())
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return False
-
     def kill_ours(self, pids: set[int]) -> None:
         """SIGKILL each of pids that is still one of this workspace's processes."""
         for pid in pids:
-            if self._ours(pid):
+            if belongs_to_run(pid, self.root):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

@@ -29,10 +29,10 @@ from bench.common import (
     latency_summary,
     program,
     read_events,
-    wait_until,
 )
-from bench.peers import Daemon, trainwarden_config
+from bench.peers import trainwarden_config
 from bench.plots import latency_cdf
+from tests.support import poll
 
 TITLE = "2. Bad loss written -> trainer killed"
 STEP_S = 0.1
@@ -69,7 +69,7 @@ def one_sample(events: Path, go: Path, pid: int) -> float | None:
     watch = DeathWatch(pid)
     tell_to_diverge(go, pid)
     dead_t = watch.wait(10.0)
-    written_t = wait_until(lambda: nan_written_t(events, pid), 2.0)
+    written_t = poll(lambda: nan_written_t(events, pid), 2.0)
     if dead_t is None or written_t is None:
         return None
     return (dead_t - written_t) * 1000
@@ -92,13 +92,13 @@ class DaemonWatcher:
             # the second one without a checkpoint past it.
             restart={"backoff_initial_s": 0.0, "divergence_retries": 1_000_000},
         )
-        self.daemon = Daemon(ctx.work, run_dir).start()
+        self.daemon = ctx.work.daemon(run_dir).start()
         self.used: set[int] = set()
 
     def sample(self, index: int) -> float | str:
-        pid = wait_until(lambda: armed_pid(self.events, self.used), 30.0)
+        pid = poll(lambda: armed_pid(self.events, self.used), 30.0)
         if pid is None:
-            return f"no trainer running at sample {index}: {self.daemon.stderr_tail()}"
+            return f"no trainer running at sample {index}: {self.daemon.stderr()}"
         self.used.add(pid)
         latency = one_sample(self.events, self.go, pid)
         return f"trainer {pid} was not killed within 10 s" if latency is None else latency
@@ -125,7 +125,7 @@ class FollowerWatcher:
             proc = work.popen(
                 [*self.follower, str(log), str(trainer_pid), str(self.events)], cwd=self.directory
             )
-            ready = wait_until(
+            ready = poll(
                 lambda: any(
                     k == "ready" and p == proc.pid for k, p, *_ in read_events(self.events)
                 ),
@@ -138,7 +138,7 @@ class FollowerWatcher:
             cwd=self.directory,
             stdout=self.directory / "bash.out",
         )
-        ready = wait_until(lambda: _has_tail(self.ctx, proc, log), 30.0)
+        ready = poll(lambda: _has_tail(self.ctx, proc, log), 30.0)
         time.sleep(0.1)  # tail opens the log, seeks to its end, then adds its inotify watch
         return proc, bool(ready)
 
@@ -149,7 +149,7 @@ class FollowerWatcher:
         )
         watcher, ready = self.start_follower(trainer.pid)
         try:
-            armed = wait_until(lambda: armed_pid(self.events, set()) == trainer.pid, 30.0)
+            armed = poll(lambda: armed_pid(self.events, set()) == trainer.pid, 30.0)
             if not ready or not armed:
                 return f"the trainer or follower did not start (sample {index})"
             if self.follower is not None:

@@ -37,10 +37,10 @@ from bench.common import (
     measure,
     program,
     read_events,
-    wait_until,
 )
-from bench.peers import Daemon, trainwarden_config
+from bench.peers import trainwarden_config
 from bench.plots import bars_per_group, latency_cdf
+from tests.support import poll
 from trainwarden.plugins.parsers.step_line import StepLineParser
 
 TITLE = "7. Log following at 10, 100 and 10,000 lines/s"
@@ -102,10 +102,10 @@ def follow_daemon(
         "rate_trainer.py", "--rate-file", rate_file, "--events", events, "--stamps", stamps
     )
     trainwarden_config(run, child)
-    daemon = Daemon(ctx.work, run).start()
+    daemon = ctx.work.daemon(run).start()
     figures: dict[int, dict[str, Any]] = {}
     try:
-        if not wait_until(lambda: read_events(events), 60.0):
+        if not poll(lambda: read_events(events), 60.0):
             return figures, "the trainer did not start within 60 s"
         for rate in RATES:
             rate_file.write_text(str(rate))
@@ -115,7 +115,7 @@ def follow_daemon(
             f: dict[str, Any] = dict(measure(daemon.proc.pid, run / "training.log", window[rate]))
             last = last_step(stamps)
             # Let the daemon catch up with the window's last lines before reading its view.
-            wait_until(lambda: last in read_seen(run / ".loss.json"), 10.0)  # noqa: B023
+            poll(lambda: last in read_seen(run / ".loss.json"), 10.0)  # noqa: B023
             ms = latencies_ms(
                 read_stamps(stamps), read_seen(run / ".loss.json"), range(first, last + 1)
             )
@@ -143,7 +143,7 @@ def follow_floor(
     follower = ctx.work.popen(program("floor_follower.py", log), cwd=directory)
     figures: dict[int, dict[str, Any]] = {}
     try:
-        if not wait_until(lambda: read_events(events), 60.0):
+        if not poll(lambda: read_events(events), 60.0):
             return figures
         for rate in RATES:
             rate_file.write_text(str(rate))

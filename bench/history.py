@@ -21,9 +21,10 @@ from typing import Any
 
 import orjson
 
-from bench.common import PYTHON, REPO, Context, Section, Target, rss_mb, wait_until
-from bench.peers import Daemon, trainwarden_config
+from bench.common import PYTHON, REPO, Context, Section, Target, rss_mb
+from bench.peers import trainwarden_config
 from bench.plots import scaling
+from tests.support import poll
 from trainwarden.supervisor.protocol import Client
 
 TITLE = "4. History scale"
@@ -138,12 +139,10 @@ def start_once(
     ctx: Context, run_dir: Path, figures: dict[str, Any], last: bool, largest: int = 0
 ) -> None:
     """One daemon start on run_dir; on the last one also the queries and the TUI."""
-    daemon = Daemon(ctx.work, run_dir).start(wait=False)
+    daemon = ctx.work.daemon(run_dir).start(wait=False)
     try:
-        answered = daemon.wait_hello(120.0)
-        if answered is None:
-            raise RuntimeError(f"the daemon did not answer: {daemon.stderr_tail()}")
-        figures["startup_all_s"].append(answered - daemon.spawned_t)
+        answered = daemon.wait_ready(120.0, interval=0.005)
+        figures["startup_all_s"].append(answered - daemon.started_t)
         figures["rss_all_mb"].append(rss_mb(daemon.pid))
         figures["peak_rss_all_mb"].append(rss_mb(daemon.pid, "VmHWM"))
         if not last:
@@ -155,7 +154,7 @@ def start_once(
         tui_here = figures["steps"] == largest or (figures["steps"] and not ctx.quick)
         if tui_here:
             # A TUI needs the first GPU/host sample before its frame is complete.
-            wait_until(lambda: daemon.request("status").get("host"), 10.0, 0.1)
+            poll(lambda: daemon.request("status").get("host"), 10.0, 0.1)
             frames = []
             for launch in range(1 if ctx.quick else 2):
                 log = run_dir / f"tui-{launch}.out"

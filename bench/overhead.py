@@ -19,10 +19,10 @@ from bench.common import (
     measure,
     program,
     read_events,
-    wait_until,
 )
-from bench.peers import Daemon, torchrun_argv, trainwarden_config
+from bench.peers import torchrun_argv, trainwarden_config
 from bench.plots import bars_per_group
+from tests.support import DaemonProcess, poll
 
 TITLE = "3. Supervision overhead"
 RATES = (10, 1000)
@@ -31,11 +31,11 @@ SUPERVISORS = ("trainwarden", "torchrun", "supervisord")
 
 def start(
     ctx: Context, name: str, child: list[str], directory: Path
-) -> tuple[subprocess.Popen[bytes] | None, Path, Daemon | None, str]:
+) -> tuple[subprocess.Popen[bytes] | None, Path, DaemonProcess | None, str]:
     """(supervisor process, the log the lines end up in, daemon wrapper, problem)."""
     if name == "trainwarden":
         trainwarden_config(directory, child)
-        daemon = Daemon(ctx.work, directory).start()
+        daemon = ctx.work.daemon(directory).start()
         return daemon.proc, directory / "training.log", daemon, ""
     if name == "torchrun":
         # Users redirect torchrun's output to a file; the worker inherits that stdout.
@@ -62,7 +62,7 @@ def supervise(
         return {}, problem
     figures: dict[int, dict[str, float]] = {}
     try:
-        if not wait_until(lambda: read_events(events), 60.0):
+        if not poll(lambda: read_events(events), 60.0):
             return figures, "the trainer did not start within 60 s"
         for rate in RATES:
             rate_file.write_text(str(rate))

@@ -8,105 +8,30 @@ environment (or a working directory) with ours.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from bench.common import PYTHON, REPO, Workspace
-from tests.helpers import write_config
-from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from trainwarden.supervisor.protocol import Client
+from bench.common import PYTHON, Workspace
+from tests.support.runs import make_run, merged
 
 # ----------------------------------------------------------------------------- trainwarden
 
 
 def trainwarden_config(run_dir: Path, command: list[str], **tables: dict[str, Any]) -> None:
-    """A run directory supervising `command`; tables override the defaults per key."""
-    restart = {"backoff_initial_s": 5.0, "stall_timeout_s": 600.0, **tables.pop("restart", {})}
-    write_config(
-        run_dir,
-        {
-            "run": {"name": run_dir.name},
-            "trainer": {"command": command, "stop_timeout_s": 10.0, **tables.pop("trainer", {})},
-            "restart": restart,
-            **tables,
-        },
-    )
-
-
-class Daemon:
-    """`trainwarden daemon RUN` in the foreground, as systemd runs it."""
-
-    def __init__(self, work: Workspace, run_dir: Path) -> None:
-        self.work = work
-        self.run_dir = run_dir
-        self.socket = run_dir / ".trainwarden" / "control.sock"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.spawned_t = 0.0
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, wait: bool = True) -> Daemon:
-        self.spawned_t = time.monotonic()
-        self.proc = self.work.popen(
-            [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(self.run_dir)],
-            cwd=REPO,
-            stdout=self.run_dir / "daemon.stderr",
-        )
-        if wait and self.wait_hello(60.0) is None:
-            raise RuntimeError(f"the daemon did not answer: {self.stderr_tail()}")
-        return self
-
-    def wait_hello(self, timeout: float, interval: float = 0.005) -> float | None:
-        """monotonic time of the first answered `hello`, polling every `interval` s."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                return None
-            try:
-                with Client(self.socket, timeout=5.0) as client:
-                    client.request("hello")
-                return time.monotonic()
-            except (DaemonNotRunning, ProtocolError, OSError, CommandRefused):
-                time.sleep(interval)
-        return None
-
-    def request(self, cmd: str, **args: Any) -> Any:
-        with Client(self.socket, timeout=60.0) as client:
-            return client.request(cmd, **args)
-
-    def trainer_pids(self) -> set[int]:
-        pids = set()
-        with contextlib.suppress(OSError):
-            for line in (self.run_dir / ".trainwarden" / "journal.jsonl").read_bytes().splitlines():
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    record = orjson.loads(line)
-                    if record.get("kind") == "trainer_started":
-                        pids.add(int(record["pid"]))
-        return pids
-
-    def stderr_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.run_dir / "daemon.stderr").read_text(errors="replace")[-2000:]
-        return ""
-
-    def stop(self) -> None:
-        """SIGTERM: the daemon stops its trainer, then exits."""
-        if self.proc is not None:
-            self.work.remember(self.trainer_pids())
-            self.work.stop(self.proc, signal.SIGTERM, grace=15.0)
+    """A run directory supervising `command`, restarted after 5 s and never judged stalled
+    within a benchmark; tables override these per key. The daemon itself is
+    Workspace.daemon(run_dir), tests.support's driver."""
+    defaults: dict[str, dict[str, Any]] = {
+        "run": {"name": run_dir.name},
+        "trainer": {"stop_timeout_s": 10.0},
+        "restart": {"backoff_initial_s": 5.0, "stall_timeout_s": 600.0},
+    }
+    make_run(run_dir, command, **merged(defaults, tables))
 
 
 # ----------------------------------------------------------------------------- torchrun

@@ -28,10 +28,10 @@ from bench.common import (
     latency_summary,
     program,
     read_events,
-    wait_until,
 )
-from bench.peers import Daemon, torchrun_argv, trainwarden_config
+from bench.peers import torchrun_argv, trainwarden_config
 from bench.plots import latency_cdf
+from tests.support import DaemonProcess, poll
 
 TITLE = "1. Crash -> trainer restarted"
 
@@ -81,7 +81,7 @@ class Contender:
     name: str
     directory: Path
     proc: subprocess.Popen[bytes] | None = None
-    daemon: Daemon | None = None
+    daemon: DaemonProcess | None = None
     problem: str = ""
 
     @property
@@ -124,7 +124,7 @@ def start_all(ctx: Context, samples: int) -> list[Contender]:
                     "max_restarts_without_progress": 1_000_000,
                 },
             )
-            c.daemon = Daemon(ctx.work, c.directory).start()
+            c.daemon = ctx.work.daemon(c.directory).start()
             c.proc = c.daemon.proc
         elif c.name == "torchrun":
             c.proc = ctx.work.popen(
@@ -145,7 +145,7 @@ def start_all(ctx: Context, samples: int) -> list[Contender]:
                 stdout=c.directory / "loop.log",
             )
     for c in contenders:
-        if c.proc is not None and not wait_until(lambda c=c: held(c.events), 120.0, 0.05):
+        if c.proc is not None and not poll(lambda c=c: held(c.events), 120.0, 0.05):
             c.problem = "its first child never started"
     return [c for c in contenders if c.proc is not None and not c.problem] + [
         c for c in contenders if c.proc is None or c.problem
@@ -158,14 +158,14 @@ def take_turn(c: Contender, count: int, timeout: float) -> None:
         return
     target = len(c.gaps()) + count
     c.gate.unlink()
-    done = wait_until(lambda: len(c.gaps()) >= target or c.proc.poll() is not None, timeout, 0.02)
+    done = poll(lambda: len(c.gaps()) >= target or c.proc.poll() is not None, timeout, 0.02)
     c.gate.touch()
     if c.proc.poll() is not None:
         c.problem = f"the supervisor exited ({c.proc.returncode}) after {len(c.gaps())} restarts"
     elif not done:
         c.problem = f"only {len(c.gaps())} restarts; gave up"
     # Wait for the next child to be held, so no restart runs during another's turn.
-    wait_until(lambda: held(c.events), 10.0, 0.02)
+    poll(lambda: held(c.events), 10.0, 0.02)
 
 
 def floor_turn(events: Path, count: int) -> None:
@@ -198,7 +198,7 @@ def run(ctx: Context) -> Section:
             floor_turn(floor_events, per_turn)
     finally:
         for c in contenders:
-            c.stop(ctx)  # a daemon's stop() remembers its trainers for the workspace
+            c.stop(ctx)  # a daemon's stop() also kills any trainer it leaves behind
     gaps = {c.name: c.gaps()[:samples] for c in contenders}
     problems = {c.name: c.problem for c in contenders}
     results = {name: latency_summary(values) for name, values in gaps.items()}

@@ -209,7 +209,7 @@ def daemon_scenario(
     `fmt` is the format plugin; `unit_step` maps any name in the checkpoint folder to the
     step of the unit it belongs to.
     """
-    from tests.helpers import PYTHON, journal, running_daemon, wait_for, write_config
+    from tests.support import PYTHON, journal, make_run, running_daemon, wait_for
 
     def configure(run_dir: Path, steps: int) -> None:
         command = [
@@ -220,18 +220,13 @@ def daemon_scenario(
             "--steps",
             str(steps),
         ]
-        write_config(
+        make_run(
             run_dir,
-            {
-                "run": {"name": run_dir.name},
-                "trainer": {"command": command, "stop_timeout_s": 30.0, "total_steps": steps},
-                "checkpoints": {"format": fmt.name, "keep_last": 2},
-                "restart": {
-                    "backoff_initial_s": 0.0,
-                    "backoff_max_s": 1.0,
-                    "stall_timeout_s": 60.0,
-                },
-            },
+            command,
+            run={"name": run_dir.name},
+            trainer={"stop_timeout_s": 30.0, "total_steps": steps},
+            checkpoints={"format": fmt.name, "keep_last": 2},
+            restart={"backoff_initial_s": 0.0, "backoff_max_s": 1.0, "stall_timeout_s": 60.0},
         )
 
     def units(directory: Path) -> dict[int, list[str]]:

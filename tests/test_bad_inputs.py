@@ -41,13 +41,19 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.helpers import PYTHON, DaemonProcess, journal, pid_alive, running_daemon, write_config
+from tests.support import (
+    PYTHON,
+    DaemonProcess,
+    journal,
+    pid_alive,
+    running_daemon,
+    scripted_run,
+    wait_for,
+)
 from trainwarden.supervisor.protocol import Client
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTED = ROOT / "tests" / "scripted_trainer.py"
 N_PARAMS = 1000
 """Parameters of the scripted trainer's checkpoints (8 + 12 x 1000 bytes)."""
 
@@ -472,23 +478,6 @@ def rows(surface: str, stage: str | None = None) -> list[Any]:
     return params
 
 
-def test_the_catalogue_is_big_and_covers_every_surface():
-    surfaces = {row.surface for row in CATALOGUE}
-    assert surfaces == {
-        "config",
-        "cli",
-        "control",
-        "pivot",
-        "log",
-        "checkpoint",
-        "sidecar",
-        "policy_file",
-    }
-    assert len(CATALOGUE) >= 40
-    keys = [(r.surface, r.stage, r.name) for r in CATALOGUE]
-    assert len(keys) == len(set(keys)), "duplicate rows"
-
-
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -520,36 +509,22 @@ def verifies(path: Path) -> bool:
     return n > 0 and step == int(path.name[5:-4]) and len(data) == 8 + 12 * n
 
 
-def scripted_run(run_dir: Path) -> Path:
-    write_config(
+def shared_run(run_dir: Path) -> Path:
+    """The shared run: an endless scripted trainer saving every 20 steps, restarted at once
+    however often a row kills it or a divergence is reported."""
+    return scripted_run(
         run_dir,
-        {
-            "run": {"name": "bad-inputs"},
-            "trainer": {
-                "command": [
-                    PYTHON,
-                    str(SCRIPTED),
-                    "--steps",
-                    "100000000",
-                    "--save-every",
-                    "20",
-                    "--dt",
-                    "0.02",
-                    "--n-params",
-                    str(N_PARAMS),
-                ],
-                "stop_timeout_s": 10.0,
-            },
-            "restart": {
-                "backoff_initial_s": 0.0,
-                "backoff_max_s": 0.0,
-                "stall_timeout_s": 60.0,
-                "max_restarts_without_progress": 50,
-                "divergence_retries": 1000,
-            },
+        *("--steps", "100000000", "--save-every", "20", "--dt", "0.02"),
+        *("--n-params", str(N_PARAMS)),
+        run={"name": "bad-inputs"},
+        restart={
+            "backoff_initial_s": 0.0,
+            "backoff_max_s": 0.0,
+            "stall_timeout_s": 60.0,
+            "max_restarts_without_progress": 50,
+            "divergence_retries": 1000,
         },
     )
-    return run_dir
 
 
 GOOD_STATE = {
@@ -617,19 +592,21 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    run_dir = scripted_run(tmp_path_factory.mktemp("bad-inputs") / "run")
+    run_dir = shared_run(tmp_path_factory.mktemp("bad-inputs") / "run")
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("running", timeout=60)
         shared = Live(daemon)
         (run_dir / ".state.json").write_bytes(orjson.dumps(GOOD_STATE))
         (run_dir / ".samples.json").write_bytes(orjson.dumps(GOOD_SAMPLES))
-        deadline = time.monotonic() + 30
-        while (
-            not (run_dir / "checkpoints").is_dir()
-            or not shared.daemon.request("checkpoints")["checkpoints"]
-        ):
-            assert time.monotonic() < deadline, "no first checkpoint"
-            time.sleep(0.1)
+        wait_for(
+            lambda: (
+                (run_dir / "checkpoints").is_dir()
+                and shared.daemon.request("checkpoints")["checkpoints"]
+            ),
+            30,
+            0.1,
+            what="the first checkpoint",
+        )
         yield shared
 
 
@@ -736,10 +713,11 @@ def test_log(row: Bad, live: Live):
     divergence = row.expect.startswith('"loss"')
     append_to_log(live.run_dir, row.input)
     if divergence:
-        deadline = time.monotonic() + 10
-        while not any(r["kind"] == "divergence" for r in journal(live.run_dir)[start:]):
-            assert time.monotonic() < deadline, "no divergence record"
-            time.sleep(0.05)
+        wait_for(
+            lambda: any(r["kind"] == "divergence" for r in journal(live.run_dir)[start:]),
+            10,
+            what="a divergence record",
+        )
     # Let the follower read it, then compare what it counted and what was journaled.
     time.sleep(0.5)
     status = live.running()
@@ -823,13 +801,13 @@ def test_checkpoint_live(row: Bad, live: Live, tmp_path: Path):
     staged = live.ckpts / f"staging-{name}"
     plant(row, staged, outside)
     os.replace(staged, live.ckpts / name)
-    deadline = time.monotonic() + 10
-    while (reason := reason_of(live.run_dir, name, start)) is None:
-        assert live.daemon.proc is not None and live.daemon.proc.poll() is None, (
-            "the daemon died: " + live.daemon.stderr()[-1500:]
-        )
-        assert time.monotonic() < deadline, f"{name} was never quarantined"
-        time.sleep(0.05)
+
+    def quarantined() -> tuple[str] | None:
+        assert live.daemon.alive, "the daemon died: " + live.daemon.stderr(1500)
+        reason = reason_of(live.run_dir, name, start)
+        return None if reason is None else (reason,)  # a tuple: an empty reason counts too
+
+    (reason,) = wait_for(quarantined, 10, what=f"{name} to be quarantined")
     assert row.expect in reason, reason
     assert os.path.lexists(live.ckpts / "quarantine" / name)
     assert not os.path.lexists(live.ckpts / name)
@@ -845,7 +823,7 @@ def test_checkpoint_startup_batch(tmp_path: Path):
     its reason, the daemon starts (a FIFO does not block it, a huge step does not crash
     it) and resumes from the one real checkpoint; link targets keep their bytes."""
     batch = [p.values[0] for p in rows("checkpoint", "startup")]
-    run_dir = scripted_run(tmp_path / "run")
+    run_dir = shared_run(tmp_path / "run")
     ckpts = run_dir / "checkpoints"
     ckpts.mkdir()
     (ckpts / "step_000020.bin").write_bytes(ckpt(20))
@@ -877,10 +855,9 @@ def snapshot(live: Live, topic: str) -> Any:
 
 
 def wait_snapshot(live: Live, topic: str, expected: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while snapshot(live, topic) != expected:
-        assert time.monotonic() < deadline, f"{topic} never became {expected}"
-        time.sleep(0.2)
+    wait_for(
+        lambda: snapshot(live, topic) == expected, timeout, 0.2, what=f"{topic} to be {expected}"
+    )
 
 
 @pytest.mark.parametrize("row", rows("sidecar"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHON
+from tests.support import PYTHON
 from trainwarden.plugins.formats import andrea_bin
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
 from trainwarden.supervisor import contract

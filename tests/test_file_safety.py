@@ -13,14 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    PYTHON,
-    DaemonProcess,
-    journal,
-    running_daemon,
-    wait_for,
-    write_config,
-)
+from tests.support import DaemonProcess, journal, running_daemon, scripted_run, wait_for
 from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
 from trainwarden.supervisor.shell.daemon import archive_dir
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
@@ -28,35 +21,12 @@ from trainwarden.supervisor.store.checkpoints import CheckpointStore
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTED = ROOT / "tests" / "scripted_trainer.py"
+TRAINER_ARGS = ("--steps", "100000000", "--save-every", "20", "--dt", "0.02")
+"""The scripted trainer: effectively endless, a checkpoint every 20 steps (0.4 s)."""
 
 
 def andrea_bin(step: int, n_params: int = 4) -> bytes:
     return struct.pack("<ii", step, n_params) + bytes(12 * n_params)
-
-
-def scripted_run(run_dir: Path, *extra: str) -> Path:
-    write_config(
-        run_dir,
-        {
-            "trainer": {
-                "command": [
-                    PYTHON,
-                    str(SCRIPTED),
-                    "--steps",
-                    "100000000",
-                    "--save-every",
-                    "20",
-                    "--dt",
-                    "0.02",
-                    *extra,
-                ],
-                "stop_timeout_s": 10.0,
-            },
-            "restart": {"backoff_initial_s": 0.0, "backoff_max_s": 1.0},
-        },
-    )
-    return run_dir
 
 
 def mode(path: Path) -> int:
@@ -67,7 +37,7 @@ def mode(path: Path) -> int:
 
 
 def test_daemon_files_are_private_even_under_a_permissive_umask(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run")
+    run_dir = scripted_run(tmp_path / "run", *TRAINER_ARGS)
     daemon = DaemonProcess(run_dir)
     old = os.umask(0)
     try:
@@ -250,7 +220,7 @@ def test_daemon_quarantines_checkpoint_symlinks_as_links(tmp_path: Path):
     """At start-up and live: a step_N.bin that is a link (valid target outside, dangling,
     or a stale .tmp link to a folder) is moved into quarantine/ as the link; the targets
     keep every byte and the run resumes from the real checkpoint."""
-    run_dir = scripted_run(tmp_path / "run")
+    run_dir = scripted_run(tmp_path / "run", *TRAINER_ARGS)
     ckpts = run_dir / "checkpoints"
     ckpts.mkdir()
     (ckpts / checkpoint_name(10)).write_bytes(andrea_bin(10, 1000))
@@ -354,7 +324,7 @@ def test_the_unpickling_check_tells_each_form_apart(source: str, caught: bool):
 
 
 def test_a_quarantine_that_cannot_be_made_does_not_kill_the_daemon(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run")
+    run_dir = scripted_run(tmp_path / "run", *TRAINER_ARGS)
     ckpts = run_dir / "checkpoints"
     ckpts.mkdir()
     (ckpts / checkpoint_name(10)).write_bytes(andrea_bin(10, 1000))

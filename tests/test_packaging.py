@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import belongs_to_run, journal, kill_quietly, pid_alive, trainer_pid, wait_for
+from tests.support import belongs_to_run, journal, kill_quietly, pid_alive, trainer_pid, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -9,7 +9,7 @@ from typing import Any, get_args
 
 import pytest
 
-from tests.helpers import PYTHON, running_daemon, wait_for, write_config
+from tests.support import PYTHON, make_run, running_daemon, wait_for
 from trainwarden.supervisor import client as client_module
 from trainwarden.supervisor import protocol, wire
 from trainwarden.supervisor.core import phases
@@ -89,19 +89,13 @@ def test_protocol_reexports_the_framing_the_clients_and_the_phases():
 
 
 def scripted_run(run_dir: Path) -> Path:
-    write_config(
+    return make_run(
         run_dir,
-        {
-            "trainer": {
-                "command": [PYTHON, SCRIPTED, "--steps", "1000000", "--save-every", "20"],
-                "stop_timeout_s": 10.0,
-                "total_steps": 1_000_000,
-            },
-            "restart": {"backoff_initial_s": 0.0, "backoff_max_s": 0.5},
-            "telemetry": {"tokens_per_step": 512, "n_params": "auto", "vocab_size": 256},
-        },
+        [PYTHON, SCRIPTED, "--steps", "1000000", "--save-every", "20"],
+        trainer={"stop_timeout_s": 10.0, "total_steps": 1_000_000},
+        restart={"backoff_initial_s": 0.0, "backoff_max_s": 0.5},
+        telemetry={"tokens_per_step": 512, "n_params": "auto", "vocab_size": 256},
     )
-    return run_dir
 
 
 def fake_gpu(tmp_path: Path) -> dict[str, str]:

@@ -27,15 +27,23 @@ from typing import Any
 
 import orjson
 
-from tests.helpers import PYTHON, reference_run, trainer_argv, wait_for
-from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from tests.support import (
+    PYTHON,
+    REPO,
+    DaemonProcess,
+    belongs_to_run,
+    kill_quietly,
+    reference_run,
+    trainer_argv,
+    wait_for,
+)
+from trainwarden.supervisor.errors import CommandRefused, ProtocolError
 from trainwarden.supervisor.protocol import Client
 
-WATCHER = Path(__file__).with_name("watcher.py")
 STEP_LINE = re.compile(r"^step: (\d+), loss: ([^,]+),")
 CKPT_NAME = re.compile(r"^step_(\d{6,})\.bin$")
 HEADER = struct.Struct("<ii")
-NEW_POLICY = {"caps": {"docs": 0.5}, "floors": {"tests": 0.2}}
+NEW_POLICY: dict[str, Any] = {"caps": {"docs": 0.5}, "floors": {"tests": 0.2}}
 PLANTS = ("truncate", "flip_step", "flip_n_params")
 """Corruptions planted while the daemon is down. Bit flips go in the header (step or
 n_params): andrea-bin verification checks size and header only, so a flip in the weights
@@ -194,18 +202,6 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
-def is_our_trainer(pid: int, run_dir: Path) -> bool:
-    """pid is a live reference trainer working in run_dir (not a recycled pid)."""
-    try:
-        if os.readlink(f"/proc/{pid}/cwd") != str(run_dir.resolve()):
-            return False
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b") ", 1)[1][:1]
-    except OSError:
-        return False
-    return state != b"Z" and b"trainwarden.trainer" in argv and b"-m" in argv
-
-
 # ----------------------------------------------------------------------------- reference runs
 
 
@@ -266,11 +262,12 @@ class Soak:
         self.use_namespace = use_namespace
         self.namespace_reason = ""
         self.holder: subprocess.Popen[bytes] | None = None
-        self.daemon: subprocess.Popen[bytes] | None = None
+        self.stderr_path = base / "daemon.stderr"
+        self.daemon = DaemonProcess(self.run_dir, stderr_path=self.stderr_path)
+        """Started inside the holder's mount namespace once there is one (start_namespace)."""
         self.daemon_exits: list[dict[str, Any]] = []
         self.watcher: subprocess.Popen[bytes] | None = None
         self.watch_out = base / "watcher.jsonl"
-        self.stderr_path = base / "daemon.stderr"
         self.journal = JournalTail(self.run_dir / ".trainwarden" / "journal.jsonl")
         self.faults: list[Fault] = []
         self.commands: list[CommandResult] = []
@@ -293,7 +290,7 @@ class Soak:
 
     @property
     def socket(self) -> Path:
-        return self.run_dir / ".trainwarden" / "control.sock"
+        return self.daemon.socket
 
     def write_config(self) -> None:
         plan = self.plan
@@ -366,13 +363,15 @@ class Soak:
             self.use_namespace = False
             return
         self.holder = holder
+        self.daemon.wrap = ["nsenter", "-t", str(holder.pid), "-m", "--"]
 
     def start_watcher(self) -> None:
         threshold = self.plan.keep_last + 1
         self.watcher = subprocess.Popen(
             [
                 PYTHON,
-                str(WATCHER),
+                "-m",
+                "tests.chaos.watcher",
                 "--checkpoints",
                 str(self.ckpt),
                 "--run-dir",
@@ -382,51 +381,30 @@ class Soak:
                 "--threshold",
                 str(threshold),
             ],
+            cwd=REPO,
             start_new_session=True,
         )
 
-    def launch_daemon(self) -> subprocess.Popen[bytes]:
-        argv = [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(self.run_dir)]
-        if self.holder is not None:
-            argv = ["nsenter", "-t", str(self.holder.pid), "-m", "--", *argv]
-        with open(self.stderr_path, "ab") as err:
-            self.daemon = subprocess.Popen(argv, stdout=err, stderr=err, start_new_session=True)
-        return self.daemon
+    def launch_daemon(self) -> None:
+        self.daemon.start(wait=False)
 
     def wait_answering(self, timeout: float = 60.0) -> None:
-        def answers() -> bool:
-            assert self.daemon is not None
-            if self.daemon.poll() is not None:
-                raise AssertionError(
-                    f"daemon exited {self.daemon.returncode}: {self.stderr_tail()}"
-                )
-            return self.request("hello", timeout=2.0) is not None
-
-        wait_for(answers, timeout, 0.05, what="the daemon's socket")
+        self.daemon.wait_ready(timeout)
 
     def kill_daemon(self, why: str) -> None:
-        proc = self.daemon
-        if proc is None:
+        if self.daemon.proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        code = proc.wait(10)
-        self.daemon_exits.append({"pid": proc.pid, "code": code, "cause": why})
+        code = self.daemon.kill()
+        self.daemon_exits.append({"pid": self.daemon.pid, "code": code, "cause": why})
 
     def stderr_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.stderr_path.read_text(errors="replace")[-3000:]
-        return ""
+        return self.daemon.stderr(3000)
 
     # ------------------------------------------------------------------ talking to it
 
     def request(self, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
         """The result, or None when no daemon answers right now."""
-        try:
-            with Client(self.socket, timeout=timeout) as client:
-                return client.request(cmd, **args)
-        except (DaemonNotRunning, ProtocolError, OSError):
-            return None
+        return self.daemon.ask(cmd, timeout, **args)
 
     def status(self) -> dict[str, Any] | None:
         return self.request("status")
@@ -434,8 +412,8 @@ class Soak:
     def ensure_daemon(self) -> None:
         """A daemon that died without the test killing it is a violation; restart it as
         systemd would so the soak can go on and report the rest."""
-        if self.daemon is not None and self.daemon.poll() is not None:
-            code = self.daemon.returncode
+        if self.daemon.proc is not None and not self.daemon.alive:
+            code = self.daemon.proc.returncode
             self.daemon_exits.append({"pid": self.daemon.pid, "code": code, "cause": "on its own"})
             self.notes.append(
                 f"daemon exited on its own ({code}); restarted: {self.stderr_tail()[-500:]}"
@@ -556,8 +534,7 @@ class Soak:
         self.final_checkpoints = self.request("checkpoints")
         reply = self.request("shutdown", timeout=60.0)
         assert reply is not None, "shutdown got no answer"
-        assert self.daemon is not None
-        code = self.daemon.wait(60)
+        code = self.daemon.wait_exit(60)
         self.daemon_exits.append({"pid": self.daemon.pid, "code": code, "cause": "shutdown"})
 
     def stop_watcher(self) -> None:
@@ -571,13 +548,12 @@ class Soak:
 
     def cleanup(self) -> None:
         """Kill what is left, by pid: trainers of this run, the daemon, watcher, holder."""
-        if self.daemon is not None and self.daemon.poll() is None:
+        if self.daemon.alive:
             self.kill_daemon("cleanup")
         pids = {r.get("pid") for r in self.journal.read() if r.get("kind") == "trainer_started"}
         for pid in pids:
-            if isinstance(pid, int) and is_our_trainer(pid, self.run_dir):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+            if isinstance(pid, int) and belongs_to_run(pid, self.run_dir, reference_trainer=True):
+                kill_quietly(pid)
         self.stop_watcher()
         if self.holder is not None and self.holder.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -592,7 +568,7 @@ class Soak:
         return fault
 
     def kill_trainer(self, pid: int, kind: str, step: int | None, **detail: Any) -> Fault | None:
-        if not is_our_trainer(pid, self.run_dir):
+        if not belongs_to_run(pid, self.run_dir, reference_trainer=True):
             self.notes.append(f"{kind}: pid {pid} was no longer our trainer; not killed")
             return None
         fault = self.record(kind, step, pid=pid, **detail)

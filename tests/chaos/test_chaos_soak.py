@@ -83,7 +83,7 @@ def soak(
             run.run()
         finally:
             run.stop_watcher()
-            if run.daemon is not None and run.daemon.poll() is None:
+            if run.daemon.alive:
                 print("daemon stderr:\n" + run.stderr_tail())
         continuation = None
         if run.pivot_result is not None:

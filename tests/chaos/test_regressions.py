@@ -147,15 +147,13 @@ for step in range(start + 1, 31):
 
 
 def test_a_divergence_rollback_is_not_reported_as_resume_drift(tmp_path: Path):
-    from tests.helpers import PYTHON, journal, running_daemon, write_config
+    from tests.support import PYTHON, journal, make_run, running_daemon
 
-    run_dir = tmp_path / "run"
-    write_config(
-        run_dir,
-        {
-            "trainer": {"command": [PYTHON, "-c", NAN_ONCE_TRAINER], "stop_timeout_s": 5.0},
-            "restart": {"backoff_initial_s": 0.0, "backoff_max_s": 0.0},
-        },
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "-c", NAN_ONCE_TRAINER],
+        trainer={"stop_timeout_s": 5.0},
+        restart={"backoff_initial_s": 0.0, "backoff_max_s": 0.0},
     )
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("finished", timeout=60)

@@ -1,12 +1,12 @@
 """The chaos soak's independent witness: a separate process that samples the run all along.
 
-    python tests/chaos/watcher.py --checkpoints DIR --run-dir RUN --out FILE [--threshold N]
+    python -m tests.chaos.watcher --checkpoints DIR --run-dir RUN --out FILE [--threshold N]
 
 Every few milliseconds it lists the checkpoint directory and verifies each committed
 `step_NNNNNN.bin` itself (size against the header, header step against the name,
 n_params > 0: its own code, not the daemon's), tails RUN/training.log for the trainer's
 fault lines, and every 100 ms scans /proc for reference trainers whose working directory
-is the run. It writes JSON lines to FILE:
+is the run (tests.support's ownership check). It writes JSON lines to FILE:
 
     first_commit  the first verified checkpoint appeared
     no_verified   a sample with committed files but none verified, after the first commit
@@ -31,6 +31,9 @@ import stat
 import struct
 import sys
 import time
+from pathlib import Path
+
+from tests.support.procs import belongs_to_run
 
 NAME = re.compile(r"^step_(\d{6,})\.bin$")
 HEADER = struct.Struct("<ii")
@@ -82,6 +85,7 @@ class Watcher:
         self.ckpt_dir = args.checkpoints
         self.quarantine_dir = os.path.join(self.ckpt_dir, "quarantine")
         self.run_dir = os.path.realpath(args.run_dir)
+        self.run_path = Path(self.run_dir)
         self.log_path = os.path.join(self.run_dir, "training.log")
         self.threshold = args.threshold
         self.interval_s = args.interval_ms / 1000.0
@@ -96,7 +100,7 @@ class Watcher:
         self.in_no_verified = False
         self.samples = 0
         self.max_committed = 0
-        self.min_verified = None
+        self.min_verified: int | None = None
         self.proc_scans = 0
         self.max_trainers = 0
         self.stopping = False
@@ -215,26 +219,11 @@ class Watcher:
     # ------------------------------------------------------------------ processes
 
     def sample_processes(self) -> None:
-        trainers = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                if os.readlink(f"/proc/{entry}/cwd") != self.run_dir:
-                    continue
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    state = f.read().rsplit(b") ", 1)[1][:1]
-            except OSError:
-                continue
-            if state == b"Z":
-                continue
-            if any(
-                a == b"-m" and b == b"trainwarden.trainer"
-                for a, b in zip(argv, argv[1:], strict=False)
-            ):
-                trainers.append(int(entry))
+        trainers = [
+            int(entry)
+            for entry in os.listdir("/proc")
+            if entry.isdigit() and belongs_to_run(int(entry), self.run_path, reference_trainer=True)
+        ]
         self.proc_scans += 1
         self.max_trainers = max(self.max_trainers, len(trainers))
         if len(trainers) > 1:

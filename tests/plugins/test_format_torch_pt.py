@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.format_trainer import daemon_scenario
-from tests.helpers import pid_alive, write_config
+from tests.support import make_run, pid_alive
 from trainwarden.plugins.formats.torch_pt import TorchPt
 from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 
@@ -230,12 +230,10 @@ def test_the_daemon_refuses_to_start_torch_pt_without_torch(
     tmp_path: Path, python_without_torch: Path
 ):
     run_dir = tmp_path / "run"
-    write_config(
+    make_run(
         run_dir,
-        {
-            "trainer": {"command": [sys.executable, "-c", "pass"]},
-            "checkpoints": {"format": "torch-pt", "options": {"python": str(python_without_torch)}},
-        },
+        [sys.executable, "-c", "pass"],
+        checkpoints={"format": "torch-pt", "options": {"python": str(python_without_torch)}},
     )
     done = subprocess.run(
         [sys.executable, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],

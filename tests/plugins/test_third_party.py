@@ -9,7 +9,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.helpers import PYTHON
+from tests.support import PYTHON
 
 PLUGIN = '''\
 """A checkpoint format and a log parser as a third party would ship them."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHON, write_config
+from tests.support import PYTHON, make_run
 from trainwarden.supervisor.config import load_config
 from trainwarden.supervisor.errors import ConfigError
 
@@ -21,7 +21,7 @@ NEW = ["python", "-m", "trainwarden.trainer", "--run-dir", ".", "--preset", "tin
 
 def run_dir_with(tmp_path: Path, command: list[str]) -> Path:
     run_dir = tmp_path / "run"
-    write_config(run_dir, {"trainer": {"command": command}})
+    make_run(run_dir, command)
     return run_dir
 
 
@@ -74,7 +74,7 @@ def test_every_spelling_of_the_old_module_is_refused_with_its_fix(
         load_config(run_dir)
     assert f"write command = {json.dumps(fixed)}" in str(caught.value)
     # The suggested command is itself a valid config.
-    write_config(run_dir, {"trainer": {"command": fixed}})
+    make_run(run_dir, fixed)
     assert load_config(run_dir).trainer.command == fixed
 
 

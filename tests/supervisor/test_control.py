@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import (
+from tests.support import (
     PYTHON,
     DaemonProcess,
     checkpoints,

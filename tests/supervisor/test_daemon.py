@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support import (
     PYTHON,
     DaemonProcess,
     checkpoints,
     journal,
     journal_kinds,
     kill_quietly,
+    make_run,
     pid_alive,
     reference_run,
     running_daemon,
     trainer_argv,
     trainer_pid,
     wait_for,
-    write_config,
 )
 from trainwarden.plugins.formats.andrea_bin import checkpoint_name
 
@@ -101,15 +101,13 @@ def test_truncated_newest_checkpoint_is_quarantined_and_previous_resumed(tmp_pat
 
 def test_instant_crasher_ends_in_crash_loop_with_backoff_in_journal(tmp_path: Path):
     run_dir = tmp_path / "run"
-    write_config(
+    make_run(
         run_dir,
-        {
-            "trainer": {"command": [PYTHON, "-c", "import sys; sys.exit(3)"]},
-            "restart": {
-                "backoff_initial_s": 0.05,
-                "backoff_max_s": 0.2,
-                "max_restarts_without_progress": 4,
-            },
+        [PYTHON, "-c", "import sys; sys.exit(3)"],
+        restart={
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.2,
+            "max_restarts_without_progress": 4,
         },
     )
     with running_daemon(run_dir) as daemon:
@@ -211,15 +209,13 @@ def test_stale_tmp_is_removed_at_startup(tmp_path: Path):
 
 def test_restart_after_daemon_sigkill_keeps_counters(tmp_path: Path):
     run_dir = tmp_path / "run"
-    write_config(
+    make_run(
         run_dir,
-        {
-            "trainer": {"command": [PYTHON, "-c", "import sys; sys.exit(1)"]},
-            "restart": {
-                "backoff_initial_s": 0.05,
-                "backoff_max_s": 0.05,
-                "max_restarts_without_progress": 3,
-            },
+        [PYTHON, "-c", "import sys; sys.exit(1)"],
+        restart={
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.05,
+            "max_restarts_without_progress": 3,
         },
     )
     with running_daemon(run_dir) as daemon:

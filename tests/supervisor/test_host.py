@@ -213,15 +213,12 @@ def test_descendants_is_none_when_the_kernel_has_no_children_lists(
 
 
 def test_the_daemon_samples_the_host_at_the_configured_interval(tmp_path: Path) -> None:
-    from tests.helpers import PYTHON, running_daemon, write_config
+    from tests.support import PYTHON, make_run, running_daemon
 
-    run_dir = tmp_path / "run"
-    write_config(
-        run_dir,
-        {
-            "trainer": {"command": [PYTHON, "-c", "import time; time.sleep(60)"]},
-            "telemetry": {"sample_interval_s": 0.1},
-        },
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "-c", "import time; time.sleep(60)"],
+        telemetry={"sample_interval_s": 0.1},
     )
     with running_daemon(run_dir) as daemon, daemon.client(timeout=10.0) as client:
         client.request("subscribe", topics=["host"])

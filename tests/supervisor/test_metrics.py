@@ -179,25 +179,12 @@ def test_a_remote_address_is_refused_before_binding():
 # ----------------------------------------------------------------------------- under the daemon
 
 
-def _scripted_config(run_dir: Path, metrics: dict[str, object]) -> None:
-    from tests.helpers import PYTHON, write_config
-
-    script = Path(__file__).resolve().parent.parent / "scripted_trainer.py"
-    write_config(
-        run_dir,
-        {
-            "trainer": {"command": [PYTHON, str(script), "--steps", "100000", "--dt", "0.02"]},
-            "metrics": metrics,
-        },
-    )
-
-
 @pytest.mark.timeout(120)
 def test_the_daemon_serves_its_figures(tmp_path: Path):
-    from tests.helpers import journal, running_daemon, wait_for
+    from tests.support import journal, running_daemon, scripted_run, wait_for
 
     run_dir = tmp_path / "run"
-    _scripted_config(run_dir, {"listen": "127.0.0.1:0"})
+    scripted_run(run_dir, "--steps", "100000", "--dt", "0.02", metrics={"listen": "127.0.0.1:0"})
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 20, 60, what="steps")
         listening = next(r for r in journal(run_dir) if r["kind"] == "metrics_listening")
@@ -219,10 +206,10 @@ def test_the_daemon_serves_its_figures(tmp_path: Path):
 def test_a_remote_listen_address_stops_the_daemon_with_one_line(tmp_path: Path):
     import subprocess
 
-    from tests.helpers import PYTHON
+    from tests.support import PYTHON, scripted_run
 
     run_dir = tmp_path / "run"
-    _scripted_config(run_dir, {"listen": "0.0.0.0:9108"})
+    scripted_run(run_dir, "--steps", "100000", "--dt", "0.02", metrics={"listen": "0.0.0.0:9108"})
     done = subprocess.run(
         [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
         capture_output=True,

@@ -281,33 +281,23 @@ async def test_close_interrupts_a_copy_and_keeps_the_pointer(
 # ----------------------------------------------------------------------------- under the daemon
 
 
-def scripted_run(run_dir: Path, mirror: dict[str, object], steps: int = 30) -> Path:
-    from tests.helpers import PYTHON, write_config
-
-    script = Path(__file__).resolve().parent.parent / "scripted_trainer.py"
-    write_config(
-        run_dir,
-        {
-            "run": {"name": "mirrored"},
-            "trainer": {
-                "command": [PYTHON, str(script), "--steps", str(steps), "--save-every", "10"]
-            },
-            "checkpoints": {"keep_last": 2},
-            "restart": {"backoff_initial_s": 0.0, "backoff_max_s": 1.0},
-            "mirror": mirror,
-        },
-    )
-    return run_dir
-
-
 @pytest.mark.timeout(180)
 def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_path: Path):
     import subprocess
 
-    from tests.helpers import PYTHON, journal, running_daemon, wait_for
+    from tests.support import PYTHON, journal, running_daemon, scripted_run, wait_for
 
     backup = tmp_path / "backup"
-    run_dir = scripted_run(tmp_path / "run", {"path": str(backup), "keep_last": 2})
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "30",
+        "--save-every",
+        "10",
+        run={"name": "mirrored"},
+        checkpoints={"keep_last": 2},
+        mirror={"path": str(backup), "keep_last": 2},
+    )
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("finished", timeout=120)
         wait_for(
@@ -347,11 +337,20 @@ def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_pat
 
 @pytest.mark.timeout(180)
 def test_a_failing_mirror_is_journaled_and_the_run_goes_on(tmp_path: Path):
-    from tests.helpers import checkpoints, journal, running_daemon
+    from tests.support import checkpoints, journal, running_daemon, scripted_run
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    run_dir = scripted_run(tmp_path / "run", {"path": str(blocker / "backup")})
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "30",
+        "--save-every",
+        "10",
+        run={"name": "mirrored"},
+        checkpoints={"keep_last": 2},
+        mirror={"path": str(blocker / "backup")},
+    )
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("finished", timeout=120)
     failures = [r for r in journal(run_dir) if r["kind"] == "mirror_failed"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.helpers import (
+from tests.support import (
     PYTHON,
     DaemonProcess,
     checkpoints,

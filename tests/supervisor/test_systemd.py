@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support import (
     PYTHON,
     DaemonProcess,
     checkpoints,

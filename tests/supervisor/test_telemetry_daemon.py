@@ -11,38 +11,22 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.helpers import (
-    PYTHON,
+from tests.support import (
     checkpoints,
     journal,
     journal_kinds,
     pid_alive,
     reference_run,
     running_daemon,
+    scripted_run,
     trainer_argv,
     wait_for,
-    write_config,
 )
 from trainwarden.plugins.formats.andrea_bin import checkpoint_name
 from trainwarden.supervisor.store.lossdb import LossHistory
 
 pytestmark = pytest.mark.timeout(240)
-SCRIPTED = str(Path(__file__).resolve().parent.parent / "scripted_trainer.py")
 REPO = Path(__file__).resolve().parent.parent.parent
-
-
-def scripted_run(
-    run_dir: Path, *args: str, telemetry: dict | None = None, restart: dict | None = None
-) -> Path:
-    write_config(
-        run_dir,
-        {
-            "trainer": {"command": [PYTHON, SCRIPTED, *args], "stop_timeout_s": 10.0},
-            "restart": {"backoff_initial_s": 0.0, "backoff_max_s": 0.5, **(restart or {})},
-            "telemetry": {"tokens_per_step": 512, **(telemetry or {})},
-        },
-    )
-    return run_dir
 
 
 def loss_lines(run_dir: Path) -> list[dict]:

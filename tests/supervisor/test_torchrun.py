@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support import (
     PYTHON,
     belongs_to_run,
     checkpoints,
     journal,
     kill_quietly,
+    make_run,
     pid_alive,
     running_daemon,
     wait_for,
-    write_config,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -56,23 +56,13 @@ def torchrun_run(
         PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
         str(WORKER), "--steps", "100000", "--save-every", "100000", "--dt", "0.05", *extra,
     ]  # fmt: skip
-    write_config(
+    return make_run(
         run_dir,
-        {
-            "run": {"name": run_dir.name},
-            "trainer": {
-                "command": command,
-                "signal_target": signal_target,
-                "stop_timeout_s": stop_timeout_s,
-            },  # fmt: skip
-            "restart": {
-                "backoff_initial_s": 300.0,
-                "backoff_max_s": 300.0,
-                "stall_timeout_s": 120.0,
-            },
-        },
+        command,
+        run={"name": run_dir.name},
+        trainer={"signal_target": signal_target, "stop_timeout_s": stop_timeout_s},
+        restart={"backoff_initial_s": 300.0, "backoff_max_s": 300.0, "stall_timeout_s": 120.0},
     )
-    return run_dir
 
 
 def worker_pids(run_dir: Path) -> list[int]:

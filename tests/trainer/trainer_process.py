@@ -7,13 +7,13 @@ import re
 import signal
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REFERENCE_TRAINER, REPO
+
 STEPS = 60
 SAVE_EVERY = 10
 COMMON_ARGS = (
@@ -37,7 +37,7 @@ def trainer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def trainer_argv(run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "trainwarden.trainer", "--run-dir", str(run_dir), *args]
+    return [*REFERENCE_TRAINER, "--run-dir", str(run_dir), *args]
 
 
 def run_trainer(

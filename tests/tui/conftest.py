@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProcess, reference_run
+from tests.support import DaemonProcess, reference_run
 from trainwarden.tui.app import TrainwardenApp
 from trainwarden.tui.source import DaemonSource
 

@@ -3,29 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 from textual.pilot import Pilot
 
+from tests.support import wait_for_async
 from tests.tui.screen_text import screen_text
 
 
 async def until(
     pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition"
 ) -> Any:
-    """Poll `predicate` while the app keeps running; its value, or AssertionError with the screen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout} s waiting for {what}; screen:\n{screen_text(pilot.app)}"
-            )
-        await pilot.pause(0.1)
+    """wait_for_async with the pilot's pause (the app keeps running) and its screen in the
+    timeout message."""
+    return await wait_for_async(
+        predicate,
+        timeout,
+        0.1,
+        what,
+        pause=pilot.pause,
+        explain=lambda: f"screen:\n{screen_text(pilot.app)}",
+    )
 
 
 async def in_thread(function: Callable[..., Any], *args: Any) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import belongs_to_run, checkpoints, kill_quietly, pid_alive, trainer_pid
+from tests.support import belongs_to_run, checkpoints, kill_quietly, pid_alive, trainer_pid
 from tests.tui.terminal import Tmux
 from trainwarden.supervisor.cli.demo import ask_to_stop
 

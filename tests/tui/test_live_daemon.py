@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import pid_alive, trainer_pid
+from tests.support import pid_alive, trainer_pid
 from tests.tui.conftest import LiveRun
 from tests.tui.live import in_thread, until
 from tests.tui.screen_text import screen_text

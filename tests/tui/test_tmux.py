@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import pid_alive
+from tests.support import pid_alive
 from tests.tui.conftest import LiveRun
 from tests.tui.terminal import Tmux
 
