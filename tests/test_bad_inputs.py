@@ -795,9 +795,7 @@ def test_checkpoint_live(row: Bad, live: Live, tmp_path: Path):
     name = checkpoint_name(row, 920000 + CATALOGUE.index(row))
     start = len(journal(live.run_dir))
     # Staged under another name in the checkpoint folder, then renamed: the contract's
-    # commit point. (A bad file renamed in from another folder is only judged at the next
-    # daemon start: watchdog reports it as a create, indistinguishable from an in-place
-    # write that has only just begun.)
+    # commit point.
     staged = live.ckpts / f"staging-{name}"
     plant(row, staged, outside)
     os.replace(staged, live.ckpts / name)
@@ -805,7 +803,10 @@ def test_checkpoint_live(row: Bad, live: Live, tmp_path: Path):
     def quarantined() -> tuple[str] | None:
         assert live.daemon.alive, "the daemon died: " + live.daemon.stderr(1500)
         reason = reason_of(live.run_dir, name, start)
-        return None if reason is None else (reason,)  # a tuple: an empty reason counts too
+        if reason is None or not os.path.lexists(live.ckpts / "quarantine" / name):
+            # The journal records the quarantine before the file is moved: wait for both.
+            return None
+        return (reason,)  # a tuple: an empty reason counts too
 
     (reason,) = wait_for(quarantined, 10, what=f"{name} to be quarantined")
     assert row.expect in reason, reason

@@ -37,6 +37,27 @@ MAX_QUEUED = 2000
 MAX_CONNECTIONS = 256
 
 
+async def _discard_briefly(reader: asyncio.StreamReader) -> None:
+    """Read and drop what a refused client already sent (bounded in bytes and time).
+
+    A Unix socket closed with unread data resets the peer, which would then lose the
+    refusal it has not read yet; after our half-close it reads the reply and hangs up.
+    """
+    deadline = asyncio.get_running_loop().time() + 1.0
+    left = 1 << 16
+    while left > 0:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return
+        try:
+            chunk = await asyncio.wait_for(reader.read(left), remaining)
+        except (TimeoutError, OSError):
+            return
+        if not chunk:
+            return
+        left -= len(chunk)
+
+
 class Outbox:
     """What one connection has yet to be sent."""
 
@@ -205,6 +226,8 @@ class ControlServer:
                     encode({"id": None, "ok": False, "error": {"code": code, "message": why}})
                 )
                 await writer.drain()
+                writer.write_eof()
+                await _discard_briefly(reader)
             writer.close()
             return
         conn = Connection(writer, uid)
