@@ -283,6 +283,10 @@ class Daemon:
 
     def _on_step(self, step: int, loss: float) -> None:
         event = core.StepLogged(time.monotonic(), step, loss)
+        held = self.executor.steps_held if self.executor is not None else None
+        if held is not None:
+            held.append(event)
+            return
         if self._idle and self.queue.empty():
             # The event loop waits with nothing queued: decide on the line's own callback
             # rather than wake its task for it (most of a quiet run's cost per step). The

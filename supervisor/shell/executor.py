@@ -64,6 +64,8 @@ class Executor:
         self.proc: asyncio.subprocess.Process | None = None
         self.mirror: Mirror | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.steps_held: list[core.Event] | None = None
+        """While a spawn is under way: step lines logged meanwhile, reported after it."""
 
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
@@ -138,14 +140,19 @@ class Executor:
         self.hub.begin_segment(
             action.seg, action.resume.step if action.resume else None, pivot=action.pivot
         )
+        # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
+        # and reach the policy after the spawn they belong to, in their order.
+        self.steps_held = []
         try:
             proc = await spawn(argv, self.cfg.run_dir, env, self.cfg.log_path)
         except OSError as exc:
             self.report(core.SpawnFailed(time.monotonic(), f"{argv[0]}: {exc.strerror or exc}"))
+            self._release_held_steps()
             return
         self.proc = proc
         self.journal.append("trainer_started", {"pid": proc.pid, "seg": action.seg})
         self.report(core.TrainerSpawned(time.monotonic(), proc.pid))
+        self._release_held_steps()
         asyncio.get_running_loop().create_task(self._await_exit(proc))
         try:
             # In a thread: while the child is still inside execve its cmdline reads empty,
@@ -154,6 +161,11 @@ class Executor:
             await asyncio.to_thread(identity.save, self.files.trainer_pid)
         except Exception as exc:  # it may already have died; its exit is reported anyway
             log.warning("could not record the trainer's identity: %s", exc)
+
+    def _release_held_steps(self) -> None:
+        held, self.steps_held = self.steps_held or [], None
+        for event in held:
+            self.report(event)
 
     async def _await_exit(self, proc: asyncio.subprocess.Process) -> None:
         returncode = await proc.wait()

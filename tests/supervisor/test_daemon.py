@@ -316,3 +316,27 @@ def test_init_writes_a_working_config_and_refuses_to_overwrite(tmp_path: Path):
 def test_the_daemon_does_not_import_torch():
     code = "import sys, trainwarden.supervisor.shell.daemon, trainwarden.supervisor.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([PYTHON, "-c", code], timeout=60).returncode == 0
+
+
+def test_a_nan_on_the_first_line_after_a_spawn_is_acted_on_every_time(tmp_path: Path):
+    """A trainer that prints a NaN the instant it starts: each start is killed as diverged,
+    none is left to hang until the stall timeout (its line may reach the daemon before the
+    spawn it belongs to has been processed)."""
+    starts = 12
+    run_dir = make_run(
+        tmp_path / "run",
+        ["/bin/sh", "-c", "echo 'step: 1, loss: nan, dt: 0.1'; exec sleep 60"],
+        trainer={"stop_timeout_s": 5.0},
+        restart={
+            "backoff_initial_s": 0.0,
+            "divergence_retries": starts - 1,
+            "stall_timeout_s": 30.0,
+        },
+    )
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("diverged", timeout=25.0)
+        records = journal(run_dir)
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("trainer_started") == starts, kinds
+    assert kinds.count("divergence") == starts, kinds
+    assert "stall" not in kinds, kinds
