@@ -280,7 +280,11 @@ class CheckpointWatcher:
             return
         if path is not None:
             unit = self._unit(path, committing=False)
-            if unit is None or not self.store.fmt.is_in_flight(unit):
+            if unit is None:
+                return
+            # A write inside a checkpoint folder is that folder being written, even when the
+            # event is read after the file that will commit it appeared (under load).
+            if unit == path and not self.store.fmt.is_in_flight(unit):
                 return
         self._last_writing = now
         self.on_writing()

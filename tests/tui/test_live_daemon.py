@@ -42,6 +42,11 @@ async def test_panels_fill_with_the_runs_real_values(live: LiveRun):
             "every panel to have data",
         )
         await until(pilot, lambda: app.model.latest_samples(), 60, "a sample")
+        # The chart's history comes with the connection and then every poll: the first may
+        # have been fetched before the trainer's first step.
+        await until(
+            pilot, lambda: (app.model.history or {}).get("count", 0) >= 1, 30, "the history"
+        )
         await pilot.pause(0.6)
         text = screen_text(app)
         step = app.model.telemetry.value["step"]
