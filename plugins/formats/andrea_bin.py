@@ -5,10 +5,19 @@
 exactly 8 + 12 * n_params bytes. `step_NNNNNN.json` beside it is an optional sidecar.
 The naming and layout are the trainer contract's (trainwarden.supervisor.contract),
 shared with the reference trainer; this plugin adds only the verification.
+
+Verification checks the header (n_params > 0, the step of the name), the size, and then
+the numbers: every weight and every Adam m is finite, every Adam v finite and >= 0 (a
+second moment cannot be negative). The regions are streamed CHUNK_BYTES at a time into
+one reusable buffer, so a file of any size costs the same memory; the first bad value
+fails the file with its region and index.
 """
 
 from __future__ import annotations
 
+import io
+import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +25,7 @@ from typing import Any
 from trainwarden.plugins.api import CheckpointInfo, CheckpointInvalid
 from trainwarden.supervisor.contract import (
     ANDREA_BIN_HEADER,
+    ANDREA_BIN_REGIONS,
     BYTES_PER_PARAM,
     TMP_SUFFIX,
     checkpoint_name,
@@ -25,20 +35,38 @@ from trainwarden.supervisor.contract import (
     step_of_name,
 )
 
-__all__ = ["HEADER", "TMP_SUFFIX", "AndreaBin", "checkpoint_name", "expected_size", "read_header"]
+__all__ = [
+    "CHUNK_BYTES",
+    "HEADER",
+    "TMP_SUFFIX",
+    "AndreaBin",
+    "checkpoint_name",
+    "expected_size",
+    "read_header",
+]
 
 HEADER = ANDREA_BIN_HEADER
+FLOAT_BYTES = 4
+CHUNK_BYTES = 16 * 1024 * 1024
+"""How much of a float region verification reads at a time (a multiple of 4)."""
+REGION_LABELS = dict(zip(ANDREA_BIN_REGIONS, ("weight", "Adam m", "Adam v"), strict=True))
+"""How a reason names one value of each region: "weight 1,234 is NaN"."""
+NON_NEGATIVE = frozenset({"exp_avg_sq"})
 
 
 def read_header(path: Path) -> tuple[int, int]:
     """(step, n_params) from the first 8 bytes; raises CheckpointInvalid if short."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER.size)
+        with open(path, "rb", buffering=0) as f:
+            return _header(f, path.name)
     except OSError as exc:
         raise CheckpointInvalid(f"{path.name}: cannot read: {exc.strerror}") from None
+
+
+def _header(f: io.FileIO, name: str) -> tuple[int, int]:
+    head = f.read(HEADER.size)
     if len(head) < HEADER.size:
-        raise CheckpointInvalid(f"{path.name}: {len(head)} bytes, shorter than the 8-byte header")
+        raise CheckpointInvalid(f"{name}: {len(head)} bytes, shorter than the 8-byte header")
     step, n_params = HEADER.unpack(head)
     return step, n_params
 
@@ -64,21 +92,82 @@ class AndreaBin:
             raise CheckpointInvalid(
                 f"{path.name}: not an andrea-bin checkpoint name (step_NNNNNN.bin)"
             )
-        step, n_params = read_header(path)
-        if n_params <= 0:
-            raise CheckpointInvalid(f"{path.name}: header says n_params = {n_params}, expected > 0")
-        if step != name_step:
-            raise CheckpointInvalid(
-                f"{path.name}: header step {step} does not match the step {name_step} in the name"
-            )
-        size = path.stat().st_size
-        if size != expected_size(n_params):
-            raise CheckpointInvalid(
-                f"{path.name}: {size} bytes, expected {HEADER.size} + {BYTES_PER_PARAM} x"
-                f" {n_params} = {expected_size(n_params)}"
-                " (truncated or padded)"
-            )
+        try:
+            # One open for header, size and numbers: all three judge the same file.
+            with open(path, "rb", buffering=0) as f:
+                step, n_params = _header(f, path.name)
+                if n_params <= 0:
+                    raise CheckpointInvalid(
+                        f"{path.name}: header says n_params = {n_params}, expected > 0"
+                    )
+                if step != name_step:
+                    raise CheckpointInvalid(
+                        f"{path.name}: header step {step} does not match the step"
+                        f" {name_step} in the name"
+                    )
+                size = os.fstat(f.fileno()).st_size
+                if size != expected_size(n_params):
+                    raise CheckpointInvalid(
+                        f"{path.name}: {size} bytes, expected {HEADER.size} + {BYTES_PER_PARAM}"
+                        f" x {n_params} = {expected_size(n_params)}"
+                        " (truncated or padded)"
+                    )
+                check_numbers(f, n_params, path.name)
+        except OSError as exc:
+            raise CheckpointInvalid(f"{path.name}: cannot read: {exc.strerror}") from None
         return CheckpointInfo(step=step, path=path, bytes=size, n_params=n_params)
 
     def companions(self, path: Path) -> list[Path]:
         return [sidecar_path(path)]
+
+
+def check_numbers(f: io.FileIO, n_params: int, name: str) -> None:
+    """Stream the three float regions from just after the header; raise CheckpointInvalid
+    naming the first value that is not finite (or, in Adam v, negative)."""
+    # Imported here, not at module level: the CLI and the TUI load this plugin without
+    # ever verifying a file, and need not pay for numpy.
+    import numpy as np
+
+    if hasattr(os, "posix_fadvise"):  # read once, front to back: a larger read-ahead
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    chunk = max(FLOAT_BYTES, CHUNK_BYTES - CHUNK_BYTES % FLOAT_BYTES)
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    for region in ANDREA_BIN_REGIONS:
+        non_negative = region in NON_NEGATIVE
+        first = 0  # the region index of the chunk's first value
+        while first < n_params:
+            count = min(n_params - first, chunk // FLOAT_BYTES)
+            _read_exactly(f, view[: count * FLOAT_BYTES], name)
+            values = np.frombuffer(buffer, dtype="<f4", count=count)
+            # min and max propagate NaN and allocate nothing: one cheap pass each.
+            low, high = values.min(), values.max()
+            if not ((low >= 0.0 if non_negative else low > -np.inf) and high < np.inf):
+                raise CheckpointInvalid(_first_bad(values, region, first, name, non_negative))
+            first += count
+
+
+def _first_bad(values: Any, region: str, first: int, name: str, non_negative: bool) -> str:
+    import numpy as np
+
+    bad = ~np.isfinite(values)
+    if non_negative:
+        bad |= values < 0.0
+    index = int(np.flatnonzero(bad)[0])
+    value = float(values[index])
+    if math.isnan(value):
+        what = "NaN"
+    elif math.isinf(value):
+        what = "+inf" if value > 0 else "-inf"
+    else:
+        what = f"negative ({value:g})"
+    return f"{name}: {REGION_LABELS[region]} {first + index:,} is {what}"
+
+
+def _read_exactly(f: io.FileIO, into: memoryview, name: str) -> None:
+    done = 0
+    while done < len(into):
+        got = f.readinto(into[done:])
+        if not got:
+            raise CheckpointInvalid(f"{name}: ended while being verified (truncated meanwhile)")
+        done += got
