@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import (
+    checkpoint_verify,
     checkpoint_write,
     divergence,
     follow_rates,
@@ -37,6 +38,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "overhead": (overhead.TITLE, overhead.run),
     "history": (history.TITLE, history.run),
     "checkpoint": (checkpoint_write.TITLE, checkpoint_write.run),
+    "verify": (checkpoint_verify.TITLE, checkpoint_verify.run),
     "parse": (parse_suite.TITLE, parse_suite.run),
     "follow": (follow_rates.TITLE, follow_rates.run),
 }

@@ -26,6 +26,7 @@ HEADINGS = [
     "## 5. Checkpoint write",
     "## 6. Parsers and history internals (bench_parse.py)",
     "## 7. Log following at 10, 100 and 10,000 lines/s",
+    "## 8. Checkpoint verification (andrea-bin)",
 ]
 
 pytestmark = pytest.mark.skipif(
