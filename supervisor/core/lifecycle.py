@@ -209,6 +209,7 @@ def crashed(
                 f" {rules.suspect_window_steps} steps of resuming from it"
             )
             state = suspects.fall_back(state, resumed, reason, rules, actions)
+            count = rules.fallback_after_failures
         if count >= rules.fallback_after_failures:
             state = with_failures(state, suspect, 0)
     if state.progress_since_start:

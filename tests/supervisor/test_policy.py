@@ -692,6 +692,7 @@ def test_a_divergence_then_a_death_before_a_step_falls_back_too():
     state, actions = run([p.TrainerExited(2.0, 2, 1)], state)
     (q,) = kinds(actions, p.Quarantine)
     assert q.step == 200 and "diverged or died 2 times" in q.reason
+    assert p.failures_of(state, 200) == 0 and not state.suspects
     state, actions = run([p.Tick(100.0)], state)
     (spawn,) = kinds(actions, p.Spawn)
     assert spawn.resume is not None and spawn.resume.step == 100
