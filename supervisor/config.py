@@ -59,6 +59,8 @@ class CheckpointsConfig:
     """Steps whose checkpoints retention never deletes."""
     options: dict[str, str | int | float | bool | list[str]] = field(default_factory=dict)
     """Options for the format plugin (README, "Other checkpoint formats")."""
+    max_step_jump: int | None = None
+    """Steps a commit may lie beyond the newest logged step (unset: 10 x the largest gap)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,10 @@ class RestartConfig:
     """Seconds without a step line (and no checkpoint being written) that count as a hang."""
     divergence_retries: int = 1
     """Rollbacks allowed for a recurring divergence before halting in diverged."""
+    suspect_window_steps: int = 10
+    """Steps after resuming from a checkpoint within which a divergence makes it suspect."""
+    max_fallbacks: int = 3
+    """Suspect checkpoints abandoned in a row for older ones before halting in diverged."""
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,18 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         raise bad("restart.stall_timeout_s", cfg.restart.stall_timeout_s, "a number > 0")
     if cfg.restart.divergence_retries < 0:
         raise bad("restart.divergence_retries", cfg.restart.divergence_retries, "an integer >= 0")
+    if cfg.restart.suspect_window_steps < 1:
+        raise bad(
+            "restart.suspect_window_steps", cfg.restart.suspect_window_steps, "an integer >= 1"
+        )
+    if cfg.restart.max_fallbacks < 0:
+        raise bad("restart.max_fallbacks", cfg.restart.max_fallbacks, "an integer >= 0")
+    if cfg.checkpoints.max_step_jump is not None and cfg.checkpoints.max_step_jump < 1:
+        raise bad(
+            "checkpoints.max_step_jump",
+            cfg.checkpoints.max_step_jump,
+            "an integer >= 1 (or leave it unset for 10 x the largest gap between commits)",
+        )
     if not cfg.trainer.stop_timeout_s > 0:
         raise bad("trainer.stop_timeout_s", cfg.trainer.stop_timeout_s, "a number > 0")
     if cfg.trainer.total_steps is not None and cfg.trainer.total_steps < 1:

@@ -51,6 +51,9 @@ POLICY_FILE = "policy.json"
 BANDIT_STATE_FILE = ".state.json"
 SAMPLES_FILE = ".samples.json"
 
+MAX_STEP = 2**31 - 1
+"""The largest step any checkpoint may carry (andrea-bin's int32 header, the protocol)."""
+
 # ----------------------------------------------------------------------------- andrea-bin
 
 ANDREA_BIN_HEADER = struct.Struct("<ii")

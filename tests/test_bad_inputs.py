@@ -388,7 +388,8 @@ CATALOGUE: list[Bad] = [
     Bad("checkpoint", "link to a valid file outside", ("link to", "valid"), "a symbolic link"),
     Bad("checkpoint", "dangling link", ("link to", "nothing"), "a symbolic link"),
     Bad("checkpoint", "fifo", ("fifo", None), "not a regular file or folder"),
-    Bad("checkpoint", "step beyond 64 bits", ("named step", 10**20), "does not match"),
+    Bad("checkpoint", "step beyond 64 bits", ("named step", 10**20), "is beyond 2147483647"),
+    Bad("checkpoint", "step 2^31", ("named step", 2**31), "step 2147483648 is beyond 2147483647"),
     Bad("checkpoint", "truncated", ("truncated to", 5000), "truncated", stage="startup"),
     Bad("checkpoint", "wrong header step", ("header step", 1), "does not match", stage="startup"),
     Bad("checkpoint", "zero-length", ("bytes", b""), "0 bytes", stage="startup"),
@@ -406,7 +407,7 @@ CATALOGUE: list[Bad] = [
         "checkpoint",
         "step beyond 64 bits",
         ("named step", 10**20),
-        "does not match",
+        "is beyond 2147483647 (2^31-1)",
         stage="startup",
     ),
     # ------------------------------------------------------------------ sidecar

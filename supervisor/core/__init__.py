@@ -15,6 +15,8 @@ the protocol and the TUI use) loads nothing else: the rest comes with `core.poli
     retention   which checkpoints go, locally and in the mirror
     lifecycle   start-up, spawn and exit, crash and backoff, ticks, shutdown
     progress    checkpoints, step lines, divergence
+    plausible   which committed steps are believable (max_step_jump)
+    suspects    checkpoints a trainer fails on right after resuming: suspicion, fallback
     commands    the operator's commands
     pivot       the pivot transaction
     decide      the dispatch, and the next deadline

@@ -101,6 +101,8 @@ def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
         next_backoff_s=rules.backoff_initial_s,
         divergences=0,
         divergence_step=None,
+        suspects=(),
+        fallbacks=0,
     )
     if state.pivot is not None:
         state = pivot.resume_after_restart(state, ev.t, rules, actions)

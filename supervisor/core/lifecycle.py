@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import pivot
+from trainwarden.supervisor.core import pivot, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     Exit,
@@ -25,6 +25,7 @@ from trainwarden.supervisor.core.events import (
     TrainerSpawned,
 )
 from trainwarden.supervisor.core.phases import HALTED, Phase
+from trainwarden.supervisor.core.plausible import largest_gap
 from trainwarden.supervisor.core.retention import apply_retention
 from trainwarden.supervisor.core.state import (
     Ckpt,
@@ -34,7 +35,6 @@ from trainwarden.supervisor.core.state import (
     failures_of,
     restore,
     with_failures,
-    without_checkpoints,
 )
 from trainwarden.supervisor.core.transitions import (
     describe_exit,
@@ -65,6 +65,10 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
     if verified:
         known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
         state = replace(state, checkpoints=tuple(known[s] for s in sorted(known)))
+    gaps = [
+        g for g in (state.max_commit_gap, largest_gap([c.step for c in state.checkpoints])) if g
+    ]
+    state = replace(state, history_step=ev.last_logged_step, max_commit_gap=max(gaps, default=None))
     newest = state.newest
     if rules.mirror and newest is not None:
         # Committed while no daemon ran (or a copy failed): the mirror may be behind.
@@ -130,6 +134,26 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         return state
     if reason == "divergence":
         actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
+        if state.fallbacks > rules.max_fallbacks:
+            actions.append(
+                Record(
+                    "halt",
+                    {
+                        "state": "diverged",
+                        "resume_step": state.resume_step,
+                        "max_fallbacks": rules.max_fallbacks,
+                    },
+                )
+            )
+            return replace(
+                state,
+                phase=Phase.DIVERGED,
+                stop_reason=None,
+                halt_reason=(
+                    f"loss diverged again right after resuming from step {state.resume_step},"
+                    f" after {rules.max_fallbacks} fallbacks to older checkpoints"
+                ),
+            )
         if state.divergences > rules.divergence_retries:
             actions.append(Record("halt", {"state": "diverged", "step": state.divergence_step}))
             return replace(
@@ -167,17 +191,26 @@ def crashed(
     if suspect is not None and (state.last_step is None or state.last_step <= suspect):
         count = failures_of(state, suspect) + 1
         state = with_failures(state, suspect, count)
+        resumed = suspects.resumed_from(state)
+        marks = 0
+        if resumed is not None:
+            state, marks = suspects.suspect(state, resumed)
+        if resumed is not None and count >= rules.fallback_after_failures:
+            reason = f"the trainer died {count} times resuming from it before logging a step"
+            state = suspects.fall_back(state, resumed, reason, rules, actions, counted=False)
+        elif (
+            resumed is not None
+            and marks >= rules.fallback_after_failures
+            and suspects.can_fall_back(state, rules)
+        ):
+            # Diverged right after resuming from it before, and now died before a step.
+            reason = (
+                f"the trainer diverged or died {marks} times within"
+                f" {rules.suspect_window_steps} steps of resuming from it"
+            )
+            state = suspects.fall_back(state, resumed, reason, rules, actions)
+            count = rules.fallback_after_failures
         if count >= rules.fallback_after_failures:
-            bad = next((c for c in state.checkpoints if c.step == suspect), None)
-            if bad is not None:
-                actions.append(
-                    Quarantine(
-                        bad.step,
-                        bad.name,
-                        f"the trainer died {count} times resuming from it before logging a step",
-                    )
-                )
-                state = without_checkpoints(state, {bad.step})
             state = with_failures(state, suspect, 0)
     if state.progress_since_start:
         state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)

@@ -39,6 +39,7 @@ from trainwarden.supervisor.core.events import (
     checkpoint_event,
 )
 from trainwarden.supervisor.core.phases import HALTED, TRAINER_UP, Phase
+from trainwarden.supervisor.core.plausible import implausible_step, step_jump_limit
 from trainwarden.supervisor.core.progress import is_divergent
 from trainwarden.supervisor.core.requests import (
     ACTING,
@@ -72,6 +73,7 @@ from trainwarden.supervisor.core.state import (
     failures_of,
     persisted,
     restore,
+    suspicion_of,
 )
 from trainwarden.supervisor.core.transitions import describe_exit
 
@@ -136,6 +138,7 @@ __all__ = [
     "decide",
     "describe_exit",
     "failures_of",
+    "implausible_step",
     "is_divergent",
     "mirror_deletions",
     "next_to_delete",
@@ -143,4 +146,6 @@ __all__ = [
     "persisted",
     "restore",
     "retention_deletions",
+    "step_jump_limit",
+    "suspicion_of",
 ]

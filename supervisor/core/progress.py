@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from trainwarden.supervisor.core import pivot
+from trainwarden.supervisor.core import pivot, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     MirrorCopy,
@@ -24,6 +24,7 @@ from trainwarden.supervisor.core.events import (
     StepLogged,
 )
 from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.plausible import implausible_step, with_gap
 from trainwarden.supervisor.core.retention import apply_retention
 from trainwarden.supervisor.core.state import (
     Ckpt,
@@ -50,6 +51,11 @@ def on_committed(
             )
         )
         return state
+    implausible = implausible_step(state, ev.step, rules)
+    if implausible is not None:
+        actions.append(Quarantine(ev.step, ev.name, implausible, retract_mirror=False))
+        return without_checkpoints(state, {ev.step})
+    state = replace(state, max_commit_gap=with_gap(state, ev.step))
     ckpt = Ckpt(ev.step, ev.name, ev.bytes, ev.mtime)
     state, consumed = pivot.on_commit(state, ckpt, ev.t, rules, actions)
     if consumed:
@@ -120,6 +126,7 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
     state = _stepped(state, ev.step, ev.t)
     if state.phase == Phase.STARTING:
         state = replace(state, phase=Phase.RUNNING)
+    state = suspects.past_the_window(state, ev.step, rules)
     suspect = state.resume_step
     if suspect is not None and ev.step > suspect:
         if failures_of(state, suspect):
@@ -131,10 +138,11 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
 
 
 def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
+    loss = ev.loss if math.isfinite(ev.loss) else str(ev.loss)
     actions.append(SignalTrainer("SIGKILL", f"divergence: loss {ev.loss} at step {ev.step}"))
     recurring = state.divergence_step is not None
     divergences = state.divergences + 1 if recurring else 1
-    first_bad = (
+    first_bad: int | None = (
         min(ev.step, state.divergence_step) if state.divergence_step is not None else ev.step
     )
     poisoned = [c for c in state.checkpoints if c.step >= ev.step]
@@ -142,16 +150,33 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         actions.append(
             Quarantine(c.step, c.name, f"written at or after divergence at step {ev.step}")
         )
+    resumed = suspects.suspect_of_divergence(state, ev.step, rules)
     state = without_checkpoints(state, {c.step for c in poisoned})
+    fallbacks = state.fallbacks
+    if resumed is not None:
+        state, count = suspects.suspect(state, resumed)
+        if count >= rules.fallback_after_failures:
+            if suspects.can_fall_back(state, rules):
+                reason = (
+                    f"the loss diverged (loss {loss} at step {ev.step}) within"
+                    f" {ev.step - resumed.step} steps of resuming from it, {count} times"
+                )
+                state = suspects.fall_back(state, resumed, reason, rules, actions)
+                # The checkpoint took the blame: the older one starts with a clean slate.
+                divergences, first_bad = 0, None
+                fallbacks = state.fallbacks
+            else:
+                fallbacks = rules.max_fallbacks + 1
     actions.append(
         Record(
             "divergence",
             {
                 "step": ev.step,
-                "loss": ev.loss if math.isfinite(ev.loss) else str(ev.loss),
+                "loss": loss,
                 "max_loss": rules.max_loss,
                 "count": divergences,
                 "quarantined": [c.step for c in poisoned],
+                "suspect": resumed.step if resumed is not None else None,
                 "rollback_to": state.newest.step if state.newest else None,
             },
         )
@@ -166,6 +191,7 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         divergences=divergences,
         divergence_step=first_bad,
         poisoned_from=ev.step,
+        fallbacks=fallbacks,
     )
 
 

@@ -29,6 +29,14 @@ class Rules:
     """A mirror is configured: each new checkpoint is copied there."""
     mirror_keep_last: int = 3
     """Mirrored checkpoints the mirror keeps, besides the one its latest.json names."""
+    max_step_jump: int | None = None
+    """How far beyond the newest logged step a commit may be (None: see step_jump_limit)."""
+    total_steps: int | None = None
+    """The run's planned steps, when known: no plausible jump is larger."""
+    suspect_window_steps: int = 10
+    """A divergence this few steps after resuming from a checkpoint makes it suspect."""
+    max_fallbacks: int = 3
+    """Suspect checkpoints abandoned in a row before the run halts in diverged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +134,15 @@ class State:
     pinned: frozenset[int] = frozenset()
     failures: tuple[tuple[int, int], ...] = ()
     """(checkpoint step, trainer deaths before logging a step beyond it)."""
+    suspects: tuple[tuple[int, int], ...] = ()
+    """(checkpoint step, divergences or deaths within suspect_window_steps of resuming
+    from it, until a trainer resumed from it gets past that window)."""
+    fallbacks: int = 0
+    """Suspect checkpoints abandoned since a trainer last got past the suspect window."""
+    max_commit_gap: int | None = None
+    """The largest step gap between consecutive verified commits seen so far."""
+    history_step: int | None = None
+    """The last step of the loss history when the daemon started."""
     divergences: int = 0
     """Divergences since the run last got past the previous one with a checkpoint."""
     divergence_step: int | None = None
@@ -161,6 +178,19 @@ def with_failures(state: State, step: int, count: int) -> State:
     return replace(state, failures=tuple(sorted(table.items())))
 
 
+def suspicion_of(state: State, step: int) -> int:
+    return dict(state.suspects).get(step, 0)
+
+
+def with_suspicion(state: State, step: int, count: int) -> State:
+    table = dict(state.suspects)
+    if count:
+        table[step] = count
+    else:
+        table.pop(step, None)
+    return replace(state, suspects=tuple(sorted(table.items())))
+
+
 def without_checkpoints(state: State, steps: set[int]) -> State:
     return replace(state, checkpoints=tuple(c for c in state.checkpoints if c.step not in steps))
 
@@ -180,6 +210,9 @@ PERSISTED = (
     "restarts_without_progress",
     "next_backoff_s",
     "failures",
+    "suspects",
+    "fallbacks",
+    "max_commit_gap",
     "divergences",
     "divergence_step",
     "halt_reason",
@@ -192,6 +225,7 @@ def persisted(state: State) -> dict[str, Any]:
     data = {name: getattr(state, name) for name in PERSISTED}
     data["phase"] = str(state.phase)
     data["failures"] = [list(pair) for pair in state.failures]
+    data["suspects"] = [list(pair) for pair in state.suspects]
     data["pinned"] = sorted(state.pinned)
     data["pivot"] = state.pivot.to_json() if state.pivot else None
     return data
@@ -208,6 +242,9 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         restarts_without_progress=int(data.get("restarts_without_progress", 0)),
         next_backoff_s=data.get("next_backoff_s"),
         failures=tuple((int(a), int(b)) for a, b in data.get("failures", [])),
+        suspects=tuple((int(a), int(b)) for a, b in data.get("suspects", [])),
+        fallbacks=int(data.get("fallbacks", 0)),
+        max_commit_gap=data.get("max_commit_gap"),
         divergences=int(data.get("divergences", 0)),
         divergence_step=data.get("divergence_step"),
         halt_reason=data.get("halt_reason"),

@@ -26,6 +26,10 @@ def rules_from(cfg: Config) -> core.Rules:
         stop_timeout_s=cfg.trainer.stop_timeout_s,
         max_loss=cfg.telemetry.max_loss,
         divergence_retries=cfg.restart.divergence_retries,
+        suspect_window_steps=cfg.restart.suspect_window_steps,
+        max_fallbacks=cfg.restart.max_fallbacks,
+        max_step_jump=cfg.checkpoints.max_step_jump,
+        total_steps=cfg.trainer.total_steps,
         mirror=cfg.mirror.path is not None,
         mirror_keep_last=cfg.mirror.keep_last,
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwarden.plugins.api import CheckpointFormat, CheckpointInfo
+from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.core.events import Outcome
 from trainwarden.supervisor.errors import CheckpointInvalid
 from trainwarden.supervisor.store.rundir import fsync_dir
@@ -34,6 +35,14 @@ class Verdict:
     """Set when the outcome is VERIFIED."""
     reason: str = ""
     """Why it is not verified, for the journal and the operator."""
+
+
+def _beyond_max_step(name: str, step: int) -> Verdict:
+    # Refused here, where a format's step first enters the daemon, for every format: no
+    # later step arithmetic, journal record or reply ever sees such a number.
+    return Verdict(
+        name, step, Outcome.INVALID, reason=f"{name}: step {step} is beyond {MAX_STEP} (2^31-1)"
+    )
 
 
 class CheckpointStore:
@@ -73,6 +82,8 @@ class CheckpointStore:
     def verify(self, name: str) -> Verdict:
         path = self._child(name)
         step = self.fmt.step_of(path)
+        if step is not None and step > MAX_STEP:
+            return _beyond_max_step(name, step)
         try:
             mode = path.lstat().st_mode
         except FileNotFoundError:
@@ -107,6 +118,8 @@ class CheckpointStore:
                 Outcome.INVALID,
                 reason=f"verification failed: {type(exc).__name__}: {exc}",
             )
+        if info.step > MAX_STEP:
+            return _beyond_max_step(name, info.step)
         return Verdict(name, info.step, Outcome.VERIFIED, info)
 
     def _members(self, name: str) -> list[Path]:

@@ -226,3 +226,14 @@ def test_daemon_retains_and_falls_back_with_hf_trainer(tmp_path: Path):
         return int(name.split("-")[1]) if name.startswith("checkpoint-") else None
 
     daemon_scenario(tmp_path, HfTrainer({}), unit_step, corrupt, "truncated or padded")
+
+
+def test_a_step_beyond_2_31_is_refused_at_the_store_with_one_line(tmp_path: Path):
+    directory = tmp_path / "checkpoints"
+    checkpoint(directory, step=2**31)
+    checkpoint(directory, step=2**31 - 1)
+    store = CheckpointStore(directory, HfTrainer({}))
+    refused = store.verify(f"checkpoint-{2**31}")
+    assert refused.outcome == "invalid" and refused.info is None
+    assert refused.reason == f"checkpoint-{2**31}: step {2**31} is beyond 2147483647 (2^31-1)"
+    assert store.verify(f"checkpoint-{2**31 - 1}").outcome == "verified"

@@ -556,3 +556,159 @@ def test_commands_are_parsed_once_into_typed_values():
     _, actions = run([p.Operator(1.0, 1, save, uid=7)], state)
     (record,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "operator"]
     assert record.fields == {"cmd": "save", "args": {"wait": True}, "uid": 7}
+
+
+# ------------------------------------------------------------------ plausible steps
+
+
+def test_a_commit_far_beyond_the_logged_steps_is_quarantined_and_never_newest():
+    rules = replace(RULES, keep_last=1)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100)], rules=rules)
+    state, _ = run(
+        [p.StepLogged(1.0, 10, 3.0), commit(10), p.StepLogged(2.0, 20, 3.0), commit(20)],
+        state,
+        rules,
+    )
+    state, actions = run([p.StepLogged(3.0, 25, 3.0), commit(99_999_999, 3.0)], state, rules)
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 99_999_999 and "max_step_jump" in q.reason and "step 25" in q.reason
+    assert not kinds(actions, p.Delete)
+    assert state.newest is not None and state.newest.step == 20
+    # Later real checkpoints are kept, and a crash resumes from the newest real one.
+    state, actions = run([p.StepLogged(4.0, 30, 3.0), commit(30, 4.0)], state, rules)
+    assert [d.step for d in kinds(actions, p.Delete)] == [20]
+    assert [c.step for c in state.checkpoints] == [30]
+    state, actions = run([p.TrainerExited(5.0, 100, -9), p.Tick(100.0)], state, rules)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 30
+
+
+def test_the_default_jump_is_ten_gaps_capped_by_the_planned_total():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 10, 3.0), commit(10), commit(20)], state)
+    assert state.max_commit_gap == 10
+    state, _ = run([p.StepLogged(2.0, 20, 3.0)], state)
+    assert p.step_jump_limit(state, RULES) == (100, "10 x the largest gap between commits, 10")
+    assert p.implausible_step(state, 120, RULES) is None
+    assert "more than max_step_jump = 100" in (p.implausible_step(state, 121, RULES) or "")
+    capped = replace(RULES, total_steps=50)
+    assert p.step_jump_limit(state, capped) == (50, "the planned total_steps")
+    assert p.implausible_step(state, 70, capped) is None
+    assert p.implausible_step(state, 71, capped) is not None
+    assert p.step_jump_limit(state, replace(RULES, max_step_jump=7)) == (7, "configured")
+    assert p.implausible_step(state, 28, replace(RULES, max_step_jump=7)) is not None
+
+
+def test_before_a_gap_is_known_only_the_planned_total_bounds_a_commit():
+    state, _ = started()
+    assert p.step_jump_limit(state, RULES) is None
+    state, actions = run([commit(5_000)], state)
+    assert not kinds(actions, p.Quarantine) and state.newest is not None
+    state, _ = started()
+    rules = replace(RULES, total_steps=1_000)
+    state, actions = run([commit(5_000)], state, rules)
+    assert [q.step for q in kinds(actions, p.Quarantine)] == [5_000] and state.newest is None
+    state, actions = run([commit(1_000)], state, rules)
+    assert not kinds(actions, p.Quarantine)
+
+
+def test_after_a_daemon_restart_the_history_and_the_scanned_gaps_set_the_bound():
+    scanned = tuple(
+        p.Scanned(f"step_{s:06d}.bin", s, p.Outcome.VERIFIED, bytes=1) for s in (400, 450)
+    )
+    state, _ = run([p.Startup(0.0, last_logged_step=480, scanned=scanned)])
+    assert state.max_commit_gap == 50 and state.resume_step == 450
+    state, _ = run([p.TrainerSpawned(1.0, 7)], state)
+    state, actions = run([commit(981)], state)
+    (q,) = kinds(actions, p.Quarantine)
+    assert "step 981 is 501 steps beyond the newest logged step 480" in q.reason
+    state, actions = run([commit(980)], state)
+    assert not kinds(actions, p.Quarantine)
+    assert state.newest is not None and state.newest.step == 980
+
+
+# ------------------------------------------------------------------ divergence fallback
+
+
+def resumed_from_newest(steps: tuple[int, ...], rules: p.Rules = RULES) -> p.State:
+    ckpts = tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in steps)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts), rules)
+    return state
+
+
+def diverge_and_respawn(state: p.State, t: float, pid: int, rules: p.Rules = RULES):
+    """The trainer logs a step, diverges on the next one, is killed; the next one starts."""
+    resume = state.resume_step or 0
+    state, actions = run(
+        [
+            p.StepLogged(t, resume + 1, 3.0),
+            p.StepLogged(t + 0.1, resume + 2, math.nan),
+            p.TrainerExited(t + 0.2, state.trainer_pid or -1, -9),
+        ],
+        state,
+        rules,
+    )
+    if kinds(actions, p.Spawn):
+        state, _ = run([p.TrainerSpawned(t + 0.3, pid)], state, rules)
+    return state, actions
+
+
+def test_a_divergence_right_after_resuming_twice_falls_back_past_the_checkpoint():
+    state = resumed_from_newest((100, 200, 300))
+    state, actions = diverge_and_respawn(state, 1.0, 2)
+    assert not kinds(actions, p.Quarantine)
+    assert p.suspicion_of(state, 300) == 1 and state.resume_step == 300
+    state, actions = diverge_and_respawn(state, 2.0, 3)
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 300 and "diverged" in q.reason and "step 302" in q.reason
+    (fallback,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "fallback"]
+    assert fallback.fields["abandoned"] == 300 and fallback.fields["resume_step"] == 200
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 200
+    assert state.phase == "starting" and state.fallbacks == 1
+    # The older checkpoint trains on: past the window, the run's fallbacks are over.
+    state, _ = run([p.StepLogged(3.0, 201, 3.0), p.StepLogged(3.1, 211, 3.0)], state)
+    assert state.fallbacks == 0 and state.phase == "running"
+
+
+def test_the_run_halts_in_diverged_once_max_fallbacks_are_spent():
+    rules = replace(RULES, max_fallbacks=2, keep_last=4)
+    state = resumed_from_newest((100, 200, 300, 400), rules)
+    t, pid = 1.0, 2
+    resumed = []
+    while state.phase != "diverged":
+        resumed.append(state.resume_step)
+        state, _ = diverge_and_respawn(state, t, pid, rules)
+        t, pid = t + 1.0, pid + 1
+        assert t < 20.0
+    assert resumed == [400, 400, 300, 300, 200, 200]
+    assert [c.step for c in state.checkpoints] == [100, 200]
+    assert "2 fallbacks" in (state.halt_reason or "")
+
+
+def test_a_divergence_then_a_death_before_a_step_falls_back_too():
+    state = resumed_from_newest((100, 200))
+    state, _ = diverge_and_respawn(state, 1.0, 2)
+    state, actions = run([p.TrainerExited(2.0, 2, 1)], state)
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 200 and "diverged or died 2 times" in q.reason
+    assert p.failures_of(state, 200) == 0 and not state.suspects
+    state, actions = run([p.Tick(100.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 100
+
+
+def test_a_divergence_beyond_the_window_is_not_the_checkpoint_s_fault():
+    state = resumed_from_newest((100, 200))
+    for pid in (2, 3):
+        state, actions = run(
+            [
+                p.StepLogged(1.0, 250, 3.0),
+                p.StepLogged(1.1, 251, math.nan),
+                p.TrainerExited(1.2, state.trainer_pid or -1, -9),
+                p.TrainerSpawned(1.3, pid),
+            ],
+            state,
+        )
+        assert not kinds(actions, p.Quarantine) and not state.suspects
+    assert state.phase == "diverged"
