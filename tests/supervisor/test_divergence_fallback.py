@@ -1,12 +1,12 @@
-"""A checkpoint whose weights are NaN (valid header, right size, its sidecar in place) is
-the newest when the reference trainer is started: the loss diverges right after resuming
+"""A checkpoint whose weights are finite but poisoned (1e30 each: it passes verification,
+valid header, right size, its sidecar in place; NaN weights would be refused at
+verification) is the newest when the reference trainer is started: the loss diverges right after resuming
 from it, twice, and the daemon falls back past it to the older good one and trains on,
 instead of halting in diverged."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 from array import array
@@ -20,16 +20,17 @@ from trainwarden.supervisor.contract import ANDREA_BIN_HEADER, checkpoint_name, 
 pytestmark = pytest.mark.timeout(300)
 
 
-def plant_nan_copy(ckpts: Path, step: int) -> str:
-    """step+1: the checkpoint at `step` with NaN weights (moments untouched), committed as
-    the trainer would, sidecar first."""
+def plant_poisoned_copy(ckpts: Path, step: int) -> str:
+    """step+1: the checkpoint at `step` with every weight 1e30 (finite, so it verifies; the
+    first forward pass overflows), moments untouched, committed as the trainer would,
+    sidecar first."""
     source = ckpts / checkpoint_name(step)
     data = source.read_bytes()
     _, n_params = ANDREA_BIN_HEADER.unpack(data[: ANDREA_BIN_HEADER.size])
     weights_end = ANDREA_BIN_HEADER.size + 4 * n_params
-    nan_weights = array("f", [math.nan]) * n_params
+    huge_weights = array("f", [1e30]) * n_params
     poisoned = (
-        ANDREA_BIN_HEADER.pack(step + 1, n_params) + nan_weights.tobytes() + data[weights_end:]
+        ANDREA_BIN_HEADER.pack(step + 1, n_params) + huge_weights.tobytes() + data[weights_end:]
     )
     assert len(poisoned) == len(data)
     name = checkpoint_name(step + 1)
@@ -55,7 +56,7 @@ def test_a_divergence_on_a_poisoned_checkpoint_falls_back_and_trains_on(tmp_path
         stopped = daemon.request("stop")
         good = stopped["checkpoint"]["step"]
         assert good < 60
-        poisoned = plant_nan_copy(ckpts, good)
+        poisoned = plant_poisoned_copy(ckpts, good)
         wait_for(
             lambda: any(
                 c["name"] == poisoned for c in daemon.request("checkpoints")["checkpoints"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import struct
+from array import array
 from pathlib import Path
 
 import orjson
@@ -26,7 +28,9 @@ CONFIG = '[run]\nname = "mirrored"\n[trainer]\ncommand = ["python", "-m", "train
 def write_checkpoint(directory: Path, step: int, n_params: int = 50) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / checkpoint_name(step)
-    path.write_bytes(struct.pack("<ii", step, n_params) + os.urandom(12 * n_params))
+    # Finite weights and moments, v >= 0: what verification accepts (random in [0, 1)).
+    values = array("f", (random.random() for _ in range(3 * n_params)))
+    path.write_bytes(struct.pack("<ii", step, n_params) + values.tobytes())
     sidecar = path.with_suffix(".json")
     sidecar.write_bytes(orjson.dumps({"step": step, "arm": "web"}))
     return [path, sidecar]
