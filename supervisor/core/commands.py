@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from trainwarden.supervisor.core import pivot
-from trainwarden.supervisor.core.actions import Action, Exit, Record, Reply, SignalTrainer
+from trainwarden.supervisor.core.actions import Action, Record, Reply, SignalTrainer
 from trainwarden.supervisor.core.events import Operator
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.requests import (
@@ -21,8 +21,8 @@ from trainwarden.supervisor.core.requests import (
     command_name,
 )
 from trainwarden.supervisor.core.retention import apply_retention
-from trainwarden.supervisor.core.state import Rules, State, Waiter, ckpt_json
-from trainwarden.supervisor.core.transitions import reply_error, spawn, stop_trainer
+from trainwarden.supervisor.core.state import Rules, State, Waiter
+from trainwarden.supervisor.core.transitions import finish_stop, reply_error, spawn, stop_trainer
 
 STOP_GRACE_S = 60.0
 """How much longer than stop_timeout_s a stop or shutdown request waits for the exit."""
@@ -60,18 +60,16 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
 
 
 def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
-    if state.phase == Phase.BACKOFF:
+    if state.phase == Phase.BACKOFF or state.spawn_due:
         actions.append(Record("restart_cancelled", {}))
-        actions.append(
-            Reply(
-                ev.request_id,
-                ok=True,
-                result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
-            )
+        state = replace(
+            state,
+            phase=Phase.STOPPED,
+            backoff_until=None,
+            spawn_due=False,
+            halt_reason="stopped by operator",
         )
-        return replace(
-            state, phase=Phase.STOPPED, backoff_until=None, halt_reason="stopped by operator"
-        )
+        return _reply_stopped(state, ev, rules, actions)
     if not state.trainer_alive or state.phase not in (
         Phase.STARTING,
         Phase.RUNNING,
@@ -109,6 +107,10 @@ def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
         actions.append(Reply(ev.request_id, ok=True, result={"state": state.phase}))
         return state
     state = spawn(state, ev.t, actions)
+    if state.spawn_due:
+        # Answered once the trainer starts, naming the checkpoint it really resumes from.
+        waiter = Waiter(ev.request_id, "start", 0, ev.t + rules.verify_timeout_s)
+        return replace(state, waiters=(*state.waiters, waiter))
     actions.append(
         Reply(
             ev.request_id, ok=True, result={"state": "starting", "resume_step": state.resume_step}
@@ -153,15 +155,22 @@ def shutdown(state: State, ev: Operator, rules: Rules, actions: list[Action]) ->
         else:
             state = replace(state, stop_reason="shutdown")
         return replace(state, waiters=(*state.waiters, waiter))
-    actions.append(
-        Reply(
-            ev.request_id,
-            ok=True,
-            result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
-        )
+    state = replace(
+        state,
+        phase=Phase.STOPPED if state.phase == Phase.BACKOFF or state.spawn_due else state.phase,
+        spawn_due=False,
     )
-    actions.append(Exit(0))
-    return replace(state, phase=Phase.STOPPED if state.phase == Phase.BACKOFF else state.phase)
+    return _reply_stopped(state, ev, rules, actions)
+
+
+def _reply_stopped(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    """No trainer is running: answer with the newest verified checkpoint (and exit, after a
+    shutdown) once no checkpoint is still being verified."""
+    waiter = Waiter(ev.request_id, "stop", 0, ev.t + rules.verify_timeout_s + STOP_GRACE_S)
+    state = replace(state, waiters=(*state.waiters, waiter))
+    if state.pending:
+        return replace(state, stop_due=True)
+    return finish_stop(state, actions, {})
 
 
 Handler = Callable[[State, Operator, Rules, list[Action]], State]

@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainwarden.supervisor.core import commands, lifecycle, pivot, progress, retention
+from trainwarden.supervisor.core import barrier, commands, lifecycle, pivot, progress, retention
 from trainwarden.supervisor.core.actions import Action
 from trainwarden.supervisor.core.events import (
+    CheckpointChanged,
     CheckpointCommitted,
     CheckpointRejected,
+    CheckpointSeen,
+    CheckpointUnchanged,
     CheckpointVanished,
     CheckpointWriting,
     Event,
@@ -19,6 +22,7 @@ from trainwarden.supervisor.core.events import (
     Operator,
     PivotProgress,
     Restored,
+    ResumeRefused,
     ShutdownRequested,
     SpawnFailed,
     Startup,
@@ -32,7 +36,11 @@ from trainwarden.supervisor.core.state import Rules, State
 HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
     Restored: lifecycle.on_restored,
     Startup: lifecycle.on_startup,
+    CheckpointSeen: progress.on_seen,
     CheckpointCommitted: progress.on_committed,
+    CheckpointChanged: progress.on_changed,
+    CheckpointUnchanged: progress.on_unchanged,
+    ResumeRefused: lifecycle.on_resume_refused,
     CheckpointRejected: progress.on_rejected,
     CheckpointVanished: progress.on_vanished,
     CheckpointWriting: progress.on_writing,
@@ -52,7 +60,11 @@ HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
 def decide(state: State, event: Event, rules: Rules) -> tuple[State, list[Action]]:
     """The policy: the next state and what to do, for one event."""
     actions: list[Action] = []
+    if isinstance(event, Tick) and state.pending:
+        state = barrier.give_up_overdue(state, event.t, rules, actions)
     state = HANDLERS[type(event)](state, event, rules, actions)
+    if not isinstance(event, Restored):
+        state = barrier.release(state, event.t, rules, actions)
     return state, actions
 
 
@@ -61,7 +73,8 @@ def deadline(state: State, rules: Rules) -> float | None:
     times = [state.kill_at, state.backoff_until]
     if state.phase in lifecycle.TRAINER_WORKING and state.trainer_alive:
         times.append(state.last_activity_t + rules.stall_timeout_s)
-    times.extend(w.deadline for w in state.waiters)
+    times.extend(w.deadline for w in state.waiters if w.kind != "start")
+    times.append(barrier.deadline(state, rules))
     if state.pivot is not None and state.pivot.stage == "saving":
         times.append(state.pivot.deadline)
     pending = [t for t in times if t is not None]

@@ -30,6 +30,7 @@ class Scanned:
     reason: str = ""
     bytes: int = 0
     mtime: float = 0.0
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,23 @@ class Startup:
 
 
 @dataclass(frozen=True)
+class CheckpointSeen:
+    """The watcher saw `name` committed (or a committed one written to): its verification
+    has started. Every verification ends in one of the events below."""
+
+    t: float
+    name: str
+    step: int
+
+
+@dataclass(frozen=True)
 class CheckpointCommitted:
     t: float
     step: int
     name: str
     bytes: int
     mtime: float = 0.0
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,36 @@ class CheckpointVanished:
     t: float
     step: int | None
     name: str
+
+
+@dataclass(frozen=True)
+class CheckpointChanged:
+    """A committed checkpoint's files no longer match the digest taken at its commit
+    (rewritten in place, truncated, replaced), found by a recheck or before a resume."""
+
+    t: float
+    step: int
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointUnchanged:
+    """A committed checkpoint was written to again and reads as it did at its commit."""
+
+    t: float
+    name: str
+
+
+@dataclass(frozen=True)
+class ResumeRefused:
+    """The checkpoint a Spawn named failed its digest check before the start: no trainer
+    was started."""
+
+    t: float
+    step: int
+    name: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -169,14 +211,21 @@ class MirrorCopied:
     superseded: bool = False
     mirrored: tuple[int, ...] = ()
     """Steps with a complete copy in the mirror afterwards, oldest first."""
+    changed: bool = False
+    """The copy was refused: the checkpoint no longer matches its digest."""
+    name: str = ""
 
 
 Event = (
     Restored
     | Startup
+    | CheckpointSeen
     | CheckpointCommitted
     | CheckpointRejected
     | CheckpointVanished
+    | CheckpointChanged
+    | CheckpointUnchanged
+    | ResumeRefused
     | CheckpointWriting
     | StepLogged
     | TrainerSpawned
@@ -199,10 +248,11 @@ def checkpoint_event(
     reason: str = "",
     bytes: int = 0,
     mtime: float = 0.0,
+    digest: str = "",
 ) -> CheckpointCommitted | CheckpointRejected | CheckpointVanished:
     """The event for one checkpoint the watcher saw committed, by its verdict."""
     if outcome is Outcome.VANISHED:
         return CheckpointVanished(t, step, name)
     if outcome is Outcome.INVALID or step is None:
         return CheckpointRejected(t, step, name, reason)
-    return CheckpointCommitted(t, step, name, bytes, mtime)
+    return CheckpointCommitted(t, step, name, bytes, mtime, digest)

@@ -17,6 +17,7 @@ from trainwarden.supervisor.core.actions import (
 from trainwarden.supervisor.core.events import (
     Outcome,
     Restored,
+    ResumeRefused,
     ShutdownRequested,
     SpawnFailed,
     Startup,
@@ -25,13 +26,12 @@ from trainwarden.supervisor.core.events import (
     TrainerSpawned,
 )
 from trainwarden.supervisor.core.phases import HALTED, Phase
-from trainwarden.supervisor.core.plausible import largest_gap
-from trainwarden.supervisor.core.retention import apply_retention
+from trainwarden.supervisor.core.plausible import implausible_at_startup, largest_gap
+from trainwarden.supervisor.core.retention import abandon_changed, apply_retention
 from trainwarden.supervisor.core.state import (
     Ckpt,
     Rules,
     State,
-    ckpt_json,
     failures_of,
     restore,
     with_failures,
@@ -39,8 +39,8 @@ from trainwarden.supervisor.core.state import (
 from trainwarden.supervisor.core.transitions import (
     describe_exit,
     fail_waiters,
+    finish_stop,
     reply_error,
-    settle_waiters,
     spawn,
     stop_trainer,
 )
@@ -56,12 +56,38 @@ def on_restored(state: State, ev: Restored, rules: Rules, actions: list[Action])
 
 def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -> State:
     verified = []
+    committed = dict(state.digests)
     for found in ev.scanned:
         if found.outcome is Outcome.VERIFIED and found.step is not None:
-            verified.append(Ckpt(found.step, found.name, found.bytes, found.mtime))
+            before = committed.get(found.name)
+            if before and found.digest and before != found.digest:
+                # Changed while no daemon watched: the mirror keeps the copy it made.
+                reason = "content changed since commit (while no daemon was running)"
+                actions.append(
+                    Record(
+                        "checkpoint_changed",
+                        {
+                            "step": found.step,
+                            "name": found.name,
+                            "reason": reason,
+                            "was_verified": True,
+                        },
+                    )
+                )
+                actions.append(Quarantine(found.step, found.name, reason, retract_mirror=False))
+                continue
+            verified.append(Ckpt(found.step, found.name, found.bytes, found.mtime, found.digest))
         else:
             # Found broken at start-up: the mirror's copy, verified when it was made, stays.
             actions.append(Quarantine(found.step, found.name, found.reason, retract_mirror=False))
+    implausible = implausible_at_startup(
+        [c.step for c in verified], ev.last_logged_step, state.max_commit_gap, rules
+    )
+    for c in verified:
+        if c.step in implausible:
+            actions.append(Quarantine(c.step, c.name, implausible[c.step], retract_mirror=False))
+    verified = [c for c in verified if c.step not in implausible]
+    state = replace(state, digests=())
     if verified:
         known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
         state = replace(state, checkpoints=tuple(known[s] for s in sorted(known)))
@@ -122,16 +148,12 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         state = replace(
             state, phase=Phase.STOPPED, stop_reason=None, halt_reason="stopped by operator"
         )
-        state = settle_waiters(
-            state,
-            actions,
-            kind="stop",
-            result={"state": "stopped", "checkpoint": ckpt_json(state.newest)},
-        )
-        state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
-        if reason == "shutdown" or state.shutdown:
-            actions.append(Exit(0))
-        return state
+        if reason == "shutdown":
+            state = replace(state, shutdown=True)
+        if state.pending:
+            # Its last checkpoint may be among them: the replies name it once verified.
+            return replace(state, stop_due=True)
+        return finish_stop(state, actions, {})
     if reason == "divergence":
         actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
         if state.fallbacks > rules.max_fallbacks:
@@ -171,6 +193,18 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         "hang (no step line)" if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
     )
     return crashed(state, ev.t, rules, actions, cause=cause, exit_fields=exit_fields)
+
+
+def on_resume_refused(
+    state: State, ev: ResumeRefused, rules: Rules, actions: list[Action]
+) -> State:
+    """The checkpoint a start was to resume from failed its digest check: abandon it and
+    start from the next older one (checked the same way)."""
+    state = abandon_changed(state, ev.step, ev.name, ev.reason, actions)
+    if state.trainer_alive or state.phase in HALTED:
+        return state
+    # No trainer started for that segment: the next start takes its number.
+    return spawn(replace(state, seg=state.seg - 1), ev.t, actions)
 
 
 def crashed(

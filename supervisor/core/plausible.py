@@ -4,6 +4,8 @@ delete every real checkpoint after it and the next restart would resume from it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trainwarden.supervisor.core.state import Rules, State
 
 GAP_FACTOR = 10
@@ -65,3 +67,27 @@ def largest_gap(steps: list[int]) -> int | None:
     ordered = sorted(set(steps))
     gaps = [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
     return max(gaps, default=None)
+
+
+def implausible_at_startup(
+    steps: list[int], history_step: int | None, max_commit_gap: int | None, rules: Rules
+) -> dict[int, str]:
+    """Checkpoints found at start-up that are not believable, with the reason: each is
+    judged, oldest first, against the loss history's last step (or the newest believable
+    checkpoint below it) and the gaps between the believable ones, as a commit would be.
+    A file planted while no daemon ran gets no pass for being there already."""
+    state = State(history_step=history_step, max_commit_gap=max_commit_gap)
+    believable: list[int] = []
+    implausible: dict[int, str] = {}
+    for step in sorted(set(steps)):
+        reference = max([s for s in (history_step, *believable[-1:]) if s is not None], default=0)
+        state = replace(state, resume_step=reference)
+        reason = implausible_step(state, step, rules)
+        if reason is not None:
+            implausible[step] = reason
+            continue
+        if believable:
+            gap = step - believable[-1]
+            state = replace(state, max_commit_gap=max(state.max_commit_gap or 0, gap))
+        believable.append(step)
+    return implausible

@@ -17,8 +17,11 @@ from trainwarden.supervisor.core.actions import (
 )
 from trainwarden.supervisor.core.decide import deadline, decide
 from trainwarden.supervisor.core.events import (
+    CheckpointChanged,
     CheckpointCommitted,
     CheckpointRejected,
+    CheckpointSeen,
+    CheckpointUnchanged,
     CheckpointVanished,
     CheckpointWriting,
     Event,
@@ -28,6 +31,7 @@ from trainwarden.supervisor.core.events import (
     Outcome,
     PivotProgress,
     Restored,
+    ResumeRefused,
     Scanned,
     ShutdownRequested,
     SpawnFailed,
@@ -64,6 +68,7 @@ from trainwarden.supervisor.core.retention import (
 )
 from trainwarden.supervisor.core.state import (
     Ckpt,
+    Pending,
     PivotPlan,
     Rules,
     State,
@@ -84,8 +89,11 @@ __all__ = [
     "Action",
     "Archive",
     "BadRequest",
+    "CheckpointChanged",
     "CheckpointCommitted",
     "CheckpointRejected",
+    "CheckpointSeen",
+    "CheckpointUnchanged",
     "CheckpointVanished",
     "CheckpointWriting",
     "Ckpt",
@@ -98,6 +106,7 @@ __all__ = [
     "MirrorPointer",
     "Operator",
     "Outcome",
+    "Pending",
     "Phase",
     "Pin",
     "Pivot",
@@ -110,6 +119,7 @@ __all__ = [
     "Record",
     "Reply",
     "Restored",
+    "ResumeRefused",
     "Rules",
     "Save",
     "Scanned",

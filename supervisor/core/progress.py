@@ -6,18 +6,20 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from trainwarden.supervisor.core import pivot, suspects
+from trainwarden.supervisor.core import barrier, pivot, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     MirrorCopy,
     Quarantine,
     Record,
-    Reply,
     SignalTrainer,
 )
 from trainwarden.supervisor.core.events import (
+    CheckpointChanged,
     CheckpointCommitted,
     CheckpointRejected,
+    CheckpointSeen,
+    CheckpointUnchanged,
     CheckpointVanished,
     CheckpointWriting,
     MirrorPointer,
@@ -25,7 +27,7 @@ from trainwarden.supervisor.core.events import (
 )
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.plausible import implausible_step, with_gap
-from trainwarden.supervisor.core.retention import apply_retention
+from trainwarden.supervisor.core.retention import abandon_changed, apply_retention
 from trainwarden.supervisor.core.state import (
     Ckpt,
     Rules,
@@ -41,9 +43,14 @@ def is_divergent(loss: float, max_loss: float) -> bool:
     return not math.isfinite(loss) or loss > max_loss
 
 
+def on_seen(state: State, ev: CheckpointSeen, rules: Rules, actions: list[Action]) -> State:
+    return barrier.seen(state, ev)
+
+
 def on_committed(
     state: State, ev: CheckpointCommitted, rules: Rules, actions: list[Action]
 ) -> State:
+    state = barrier.resolved(state, ev.name)
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
         actions.append(
             Quarantine(
@@ -56,7 +63,7 @@ def on_committed(
         actions.append(Quarantine(ev.step, ev.name, implausible, retract_mirror=False))
         return without_checkpoints(state, {ev.step})
     state = replace(state, max_commit_gap=with_gap(state, ev.step))
-    ckpt = Ckpt(ev.step, ev.name, ev.bytes, ev.mtime)
+    ckpt = Ckpt(ev.step, ev.name, ev.bytes, ev.mtime, ev.digest)
     state, consumed = pivot.on_commit(state, ckpt, ev.t, rules, actions)
     if consumed:
         return state
@@ -71,24 +78,19 @@ def on_committed(
         state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
     if state.divergence_step is not None and ev.step > state.divergence_step:
         state = replace(state, divergences=0, divergence_step=None)
-    actions.append(Record("checkpoint", {"step": ev.step, "name": ev.name, "bytes": ev.bytes}))
+    fields = {"step": ev.step, "name": ev.name, "bytes": ev.bytes, "digest": ev.digest}
+    actions.append(Record("checkpoint", fields))
     if state.phase == Phase.SAVING:
         state = replace(state, phase=Phase.RUNNING)
-    state = _settle_save_waiters(state, ckpt, actions)
+    state = barrier.offer(state, ckpt)
     state = apply_retention(state, rules, actions)
     if rules.mirror and ckpt in state.checkpoints and ckpt not in known_before:
         actions.append(MirrorCopy(ckpt))
     return state
 
 
-def _settle_save_waiters(state: State, ckpt: Ckpt, actions: list[Action]) -> State:
-    ready = [w for w in state.waiters if w.kind == "save" and ckpt.step >= w.step]
-    for w in ready:
-        actions.append(Reply(w.request_id, ok=True, result={"step": ckpt.step, "name": ckpt.name}))
-    return replace(state, waiters=tuple(w for w in state.waiters if w not in ready))
-
-
 def on_rejected(state: State, ev: CheckpointRejected, rules: Rules, actions: list[Action]) -> State:
+    state = barrier.resolved(state, ev.name)
     actions.append(Quarantine(ev.step, ev.name, ev.reason))
     if ev.step is not None:
         state = without_checkpoints(state, {ev.step})
@@ -98,7 +100,24 @@ def on_rejected(state: State, ev: CheckpointRejected, rules: Rules, actions: lis
 def on_vanished(state: State, ev: CheckpointVanished, rules: Rules, actions: list[Action]) -> State:
     # Removed before it could be verified (by its writer, or by our own retention): there
     # is nothing left to judge or to quarantine.
-    return state
+    return barrier.resolved(state, ev.name)
+
+
+def on_changed(state: State, ev: CheckpointChanged, rules: Rules, actions: list[Action]) -> State:
+    """A committed checkpoint no longer reads as it did at its commit: never good again.
+    The mirror's copy, made (and checked) from the content that was committed, stays."""
+    state = barrier.resolved(state, ev.name)
+    return abandon_changed(state, ev.step, ev.name, ev.reason, actions)
+
+
+def on_unchanged(
+    state: State, ev: CheckpointUnchanged, rules: Rules, actions: list[Action]
+) -> State:
+    """Written to again and still the same bytes (a trainer saving the same step twice):
+    not a new commit, but it does answer a save that asked for that step."""
+    state = barrier.resolved(state, ev.name)
+    ckpt = next((c for c in state.checkpoints if c.name == ev.name), None)
+    return barrier.offer(state, ckpt) if ckpt is not None else state
 
 
 def on_writing(state: State, ev: CheckpointWriting, rules: Rules, actions: list[Action]) -> State:

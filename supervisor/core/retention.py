@@ -1,11 +1,13 @@
-"""Which checkpoints go: the local checkpoint directory's retention and the mirror's."""
+"""Which checkpoints go: the local checkpoint directory's retention, the mirror's, and
+quarantine for a checkpoint whose content changed after its commit."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core.actions import Action, Delete, PruneMirror, Record
+from trainwarden.supervisor.core.actions import Action, Delete, PruneMirror, Quarantine, Record
 from trainwarden.supervisor.core.events import MirrorCopied
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.state import Ckpt, Rules, State, without_checkpoints
@@ -51,7 +53,29 @@ def mirror_deletions(mirrored: Iterable[int], pointed: int, keep_last: int) -> l
     return [s for s in steps if s not in keep]
 
 
+def abandon_changed(
+    state: State, step: int, name: str, reason: str, actions: list[Action]
+) -> State:
+    known = next((c for c in state.checkpoints if c.name == name), None)
+    actions.append(
+        Record(
+            "checkpoint_changed",
+            {"step": step, "name": name, "reason": reason, "was_verified": known is not None},
+        )
+    )
+    actions.append(
+        Quarantine(step, name, f"content changed since commit: {reason}", retract_mirror=False)
+    )
+    if known is None:
+        return state
+    return replace(state, checkpoints=tuple(c for c in state.checkpoints if c.name != name))
+
+
 def on_mirror_copied(state: State, ev: MirrorCopied, rules: Rules, actions: list[Action]) -> State:
+    if ev.changed:
+        actions.append(Record("mirror_failed", ev.fields))
+        name = ev.name or next((c.name for c in state.checkpoints if c.step == ev.step), "")
+        return abandon_changed(state, ev.step, name, ev.fields.get("error", ""), actions)
     if ev.superseded:
         actions.append(Record("mirror_superseded", ev.fields))
         return state

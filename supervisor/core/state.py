@@ -37,6 +37,8 @@ class Rules:
     """A divergence this few steps after resuming from a checkpoint makes it suspect."""
     max_fallbacks: int = 3
     """Suspect checkpoints abandoned in a row before the run halts in diverged."""
+    verify_timeout_s: float = 180.0
+    """How long a decision that names a checkpoint waits for a verification in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,17 @@ class Ckpt:
     name: str
     bytes: int
     mtime: float = 0.0
+    digest: str = ""
+    """xxh3-128 of its files when it was verified (see store.digest); "" if unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A checkpoint seen committed (or changed) whose verification has not ended yet."""
+
+    name: str
+    step: int
+    since: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +67,12 @@ class Waiter:
     """An operator request answered later (save --wait, stop, shutdown)."""
 
     request_id: int
-    kind: Literal["save", "stop"]
+    kind: Literal["save", "stop", "start"]
     step: int
     """For save: the checkpoint must be at this step or later."""
     deadline: float
+    answer: Ckpt | None = None
+    """For save: the first checkpoint at or after `step` committed since the request."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +146,16 @@ class State:
     progress_since_start: bool = False
     checkpoints: tuple[Ckpt, ...] = ()
     """Verified checkpoints, oldest first."""
+    pending: tuple[Pending, ...] = ()
+    """Checkpoints seen committed whose verification is still running (see core.barrier)."""
+    spawn_due: bool = False
+    """A trainer start waits for the verifications pending when it was decided."""
+    stop_due: bool = False
+    """The trainer stopped: the stop replies (and a shutdown's exit) wait for them too."""
+    unverified: tuple[str, ...] = ()
+    """Checkpoints whose verification was given up on (overdue), until it ends."""
+    digests: tuple[tuple[str, str], ...] = ()
+    """(name, digest) of the checkpoints a previous daemon had verified (persisted)."""
     pinned: frozenset[int] = frozenset()
     failures: tuple[tuple[int, int], ...] = ()
     """(checkpoint step, trainer deaths before logging a step beyond it)."""
@@ -227,6 +252,7 @@ def persisted(state: State) -> dict[str, Any]:
     data["failures"] = [list(pair) for pair in state.failures]
     data["suspects"] = [list(pair) for pair in state.suspects]
     data["pinned"] = sorted(state.pinned)
+    data["digests"] = {c.name: c.digest for c in state.checkpoints if c.digest}
     data["pivot"] = state.pivot.to_json() if state.pivot else None
     return data
 
@@ -249,6 +275,15 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         divergence_step=data.get("divergence_step"),
         halt_reason=data.get("halt_reason"),
         pinned=frozenset(int(s) for s in data.get("pinned", [])),
+        digests=_digests(data.get("digests")),
         last_pivot_step=data.get("last_pivot_step"),
         pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
+    )
+
+
+def _digests(data: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(data, dict):
+        return ()
+    return tuple(
+        sorted((k, v) for k, v in data.items() if isinstance(k, str) and isinstance(v, str))
     )

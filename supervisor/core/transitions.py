@@ -5,13 +5,33 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core.actions import Action, Reply, SignalTrainer, Spawn
+from trainwarden.supervisor.core.actions import Action, Exit, Record, Reply, SignalTrainer, Spawn
 from trainwarden.supervisor.core.phases import Phase
-from trainwarden.supervisor.core.state import Rules, State, StopReason
+from trainwarden.supervisor.core.state import Rules, State, StopReason, ckpt_json
 
 
 def spawn(state: State, t: float, actions: list[Action]) -> State:
-    """Start a trainer from the newest verified checkpoint (none: from scratch)."""
+    """Start a trainer from the newest verified checkpoint (none: from scratch), once no
+    checkpoint committed before now is still being verified (see core.barrier)."""
+    if state.pending:
+        if not state.spawn_due:
+            actions.append(
+                Record(
+                    "awaiting_verification",
+                    {"for": "trainer start", "names": [p.name for p in state.pending]},
+                )
+            )
+        return replace(
+            state,
+            phase=Phase.STARTING,
+            spawn_due=True,
+            last_step=None,
+            last_activity_t=t,
+            stop_reason=None,
+            kill_at=None,
+            backoff_until=None,
+            halt_reason=None,
+        )
     resume = state.newest
     seg = state.seg + 1
     # A checkpoint from before the last pivot carries the old policy's bandit: the trainer
@@ -46,6 +66,17 @@ def stop_trainer(
     return replace(
         state, phase=Phase.STOPPING, stop_reason=reason, kill_at=t + rules.stop_timeout_s
     )
+
+
+def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> State:
+    """The trainer is stopped: answer stop and shutdown requests with the newest verified
+    checkpoint (and `extra`), fail the other waiters, and exit after a shutdown."""
+    result = {"state": "stopped", "checkpoint": ckpt_json(state.newest), **extra}
+    state = settle_waiters(state, actions, kind="stop", result=result)
+    state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
+    if state.shutdown:
+        actions.append(Exit(0))
+    return replace(state, stop_due=False)
 
 
 def reply_error(actions: list[Action], request_id: int, code: str, message: str) -> None:

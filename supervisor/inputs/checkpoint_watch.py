@@ -7,6 +7,11 @@ created whole: anything but a regular file (a link, a FIFO, never written in pla
 regular file that already verifies (a hard link). The create of a file still being
 written is not judged until it is closed, so a half-copied file never is.
 
+A write to a name already committed (a file rewritten in place, a file inside a committed
+folder changed) is reported to on_touched: the daemon compares it with the digest taken at
+its commit. The daemon drains the queue (`drain`) before it acts on a trainer's exit or an
+operator's request, so a commit made before either is seen before the decision.
+
 A checkpoint folder (hf-trainer's checkpoint-N/) is watched too: any write inside it is
 activity of that folder, but only the file its format names (`commits_folder`) commits
 it, when that file is closed or renamed into place; a whole folder renamed in commits
@@ -45,7 +50,7 @@ from trainwarden.supervisor.inputs.inotify import (
     InotifyEvent,
     WatchThread,
 )
-from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore
+from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore, Verdict
 
 log = logging.getLogger("trainwarden.checkpoints")
 
@@ -72,11 +77,19 @@ class CheckpointWatcher:
         loop: asyncio.AbstractEventLoop,
         on_committed: Callable[[str], None],
         on_writing: Callable[[], None],
+        on_touched: Callable[[str], None] | None = None,
+        on_verified: Callable[[str, Verdict], None] | None = None,
     ) -> None:
         self.store = store
         self.loop = loop
         self.on_committed = on_committed
         self.on_writing = on_writing
+        self.on_touched = on_touched
+        """A committed name (or a file inside a committed folder) was written to."""
+        self.on_verified = on_verified
+        """Instead of on_committed, when the watcher had to verify the file itself to tell
+        a whole file (a hard link) from one still being written: the verdict, so the
+        checkpoint is not verified twice."""
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
@@ -108,6 +121,12 @@ class CheckpointWatcher:
             self._inotify.close()
             self._inotify = None
         self._folders.clear()
+
+    def drain(self) -> None:
+        """Handle every event queued now, at once (before a decision that must know of
+        every commit made so far). Scanning without inotify has nothing to drain."""
+        if self._inotify is not None and self._attached:
+            self._inotify.dispatch(self.on_events)
 
     # -- inotify, on the loop ----------------------------------------------------
 
@@ -162,7 +181,12 @@ class CheckpointWatcher:
             name = self._final(path)
             if name is not None:
                 self.on_committed(name)
-        elif mask & IN_CREATE:
+                return
+        if mask & (IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE):
+            self._touched(path)
+        if mask & (IN_MOVED_TO | IN_CLOSE_WRITE):
+            return
+        if mask & IN_CREATE:
             if self._final(path) is None:
                 self._writing(path)
                 return
@@ -171,17 +195,32 @@ class CheckpointWatcher:
         elif mask & IN_MODIFY:
             self._writing(path)
 
-    def _created(self, path: Path, whole: asyncio.Future[str | None]) -> None:
+    def _created(
+        self, path: Path, whole: asyncio.Future[tuple[str, Verdict | None] | None]
+    ) -> None:
         if self._stopped or whole.cancelled():
             return
         if whole.exception() is not None:
             log.error("checking %s", path, exc_info=whole.exception())
             return
-        name = whole.result()
-        if name is not None:
-            self.on_committed(name)
-        else:
+        found = whole.result()
+        if found is None:
             self._writing(path)
+            return
+        name, verdict = found
+        if verdict is not None and self.on_verified is not None:
+            self.on_verified(name, verdict)
+        else:
+            self.on_committed(name)
+
+    def _touched(self, path: Path) -> None:
+        """A write at `path`: report the committed checkpoint it belongs to, if any (the
+        daemon tells a committed one from a checkpoint still being written)."""
+        if self.on_touched is None:
+            return
+        unit = self._unit(path, committing=False)
+        if unit is not None and self.store.fmt.step_of(unit) is not None:
+            self.on_touched(unit.name)
 
     def _look_inside(self, folder: Path) -> None:
         """A folder's entries as if each had just been created in it."""
@@ -258,20 +297,21 @@ class CheckpointWatcher:
             return None
         return unit.name if self.store.fmt.step_of(unit) is not None else None
 
-    def _arrived_whole(self, path: Path) -> str | None:
-        """In a worker thread: the name a final path commits when it appeared complete:
-        anything but a regular file (a link, a FIFO), which is never written in place, or a
-        file that verifies already. A file still being written is not whole yet and is
-        reported when it is closed."""
+    def _arrived_whole(self, path: Path) -> tuple[str, Verdict | None] | None:
+        """In a worker thread: (the name a final path commits, its verdict if it had to be
+        verified) when it appeared complete: anything but a regular file (a link, a FIFO),
+        which is never written in place, or a file that verifies already. A file still
+        being written is not whole yet and is reported when it is closed."""
         name = self._final(path)
         if name is None:
             return None
         try:
             if not stat.S_ISREG(os.lstat(path).st_mode):
-                return name
+                return name, None
         except OSError:
             return None
-        return name if self.store.verify(name).info is not None else None
+        verdict = self.store.verify(name)
+        return (name, verdict) if verdict.info is not None else None
 
     def _writing(self, path: Path | None) -> None:
         """A write of `path` (None: of something in flight), reported at most once a second."""

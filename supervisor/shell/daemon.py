@@ -75,6 +75,7 @@ class Daemon:
         self.started_t = time.time()
         self.ready_sent = False
         self.metrics: MetricsServer | None = None
+        self.watcher: CheckpointWatcher | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -115,7 +116,7 @@ class Daemon:
             self.hub,
             report=self.queue.put_nowait,
             trainer_pid=lambda: self.state.trainer_pid,
-            known_commits=self.reports.known_commits,
+            known_commits=self.reports.known,
             on_trainer_exit=self._trainer_exited,
         )
         self.hub.load_history(seg=self.state.seg)
@@ -137,9 +138,16 @@ class Daemon:
         scanned = await self.reports.scan()
 
         watcher = CheckpointWatcher(
-            self.store, loop, on_committed=self.reports.committed, on_writing=self._on_writing
+            self.store,
+            loop,
+            on_committed=self.reports.committed,
+            on_writing=self._on_writing,
+            on_touched=self.reports.touched,
+            on_verified=self.reports.verified,
         )
         watcher.start()
+        self.watcher = watcher
+        self.executor.drain_commits = watcher.drain
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         from trainwarden.supervisor.serve.control import ControlServer
@@ -168,6 +176,9 @@ class Daemon:
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
+            close_format = getattr(self.fmt, "close", None)
+            if close_format is not None:
+                close_format()  # a format's verifier process (torch-pt) ends with the daemon
             if self.executor.mirror is not None:
                 self.executor.mirror.close()  # interrupts a copy in progress; latest.json stays
             if self.metrics is not None:
@@ -322,6 +333,8 @@ class Daemon:
         context = None
         if isinstance(command, core.Pivot):
             context = await asyncio.to_thread(pivot_context, self.files, command)
+        if self.watcher is not None:
+            self.watcher.drain()  # commits made before the request are decided with it
         request_id = next(self.request_ids)
         future: asyncio.Future[core.Reply] = asyncio.get_running_loop().create_future()
         self.executor.replies[request_id] = future

@@ -19,6 +19,7 @@ from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn
 from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.digest import digest_checkpoint
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.mirror import Mirror
 from trainwarden.supervisor.store.rundir import RunFiles
@@ -46,7 +47,7 @@ class Executor:
         hub: TelemetryHub,
         report: Callable[[core.Event], None],
         trainer_pid: Callable[[], int | None],
-        known_commits: dict[str, float],
+        known_commits: dict[str, Any],
         on_trainer_exit: Callable[[], None],
     ) -> None:
         self.cfg = cfg
@@ -66,6 +67,8 @@ class Executor:
         self._background: set[asyncio.Task[Any]] = set()
         self.steps_held: list[core.Event] | None = None
         """While a spawn is under way: step lines logged meanwhile, reported after it."""
+        self.drain_commits: Callable[[], None] = lambda: None
+        """Have every checkpoint event queued now reported (the watcher's drain)."""
 
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
@@ -125,7 +128,28 @@ class Executor:
 
     # ------------------------------------------------------------------ the trainer
 
+    async def _resume_refusal(self, ckpt: core.Ckpt) -> str | None:
+        """Why the checkpoint a start would resume from may not be used: its files no
+        longer match the digest taken at its commit (None: they do)."""
+        if not ckpt.digest:
+            return None
+        try:
+            digest = await asyncio.to_thread(digest_checkpoint, self.store.files_of(ckpt.name))
+        except FileNotFoundError as exc:
+            return f"{exc.filename or ckpt.name} vanished after its commit"
+        except (OSError, ValueError) as exc:
+            return f"cannot read it: {getattr(exc, 'strerror', None) or exc}"
+        if digest.hex != ckpt.digest:
+            return f"its files read as digest {digest.hex}, {ckpt.digest} at commit"
+        return None
+
     async def _spawn(self, action: core.Spawn) -> None:
+        if action.resume is not None:
+            refusal = await self._resume_refusal(action.resume)
+            if refusal is not None:
+                step, name = action.resume.step, action.resume.name
+                self.report(core.ResumeRefused(time.monotonic(), step, name, refusal))
+                return
         argv = trainer_argv(self.cfg, self.store.dir, action)
         env = trainer_env(self.cfg, self.store.dir, action)
         self.journal.append(
@@ -170,8 +194,10 @@ class Executor:
     async def _await_exit(self, proc: asyncio.subprocess.Process) -> None:
         returncode = await proc.wait()
         # The trainer's last lines (its final checkpoint, its last steps) are in the log
-        # before its exit: read them first so the policy sees them in order.
+        # before its exit, and its last commits in the watcher's queue: read them first so
+        # the policy sees them in order.
         await self.hub.drain_log()
+        self.drain_commits()
         self.report(
             core.TrainerExited(time.monotonic(), proc.pid, returncode, signal_name(returncode))
         )
@@ -198,7 +224,7 @@ class Executor:
         path = self.store.dir / ckpt.name
         companions = [p for p in self.store.fmt.companions(path) if p.parent == self.store.dir]
         files: list[Path] = [path, *(p for p in companions if p.exists())]
-        result = await mirror.copy(ckpt.step, files, ckpt.name)
+        result = await mirror.copy(ckpt.step, files, ckpt.name, digest=ckpt.digest)
         self.report(
             core.MirrorCopied(
                 time.monotonic(),
@@ -207,6 +233,8 @@ class Executor:
                 result.journal_fields(),
                 superseded=result.superseded_by is not None,
                 mirrored=result.mirrored,
+                changed=result.changed,
+                name=ckpt.name,
             )
         )
 

@@ -130,6 +130,10 @@ class CheckpointStore:
                 members.append(companion)
         return members
 
+    def files_of(self, name: str) -> list[Path]:
+        """The checkpoint's main path and the companions present beside it."""
+        return [m for i, m in enumerate(self._members(name)) if i == 0 or os.path.lexists(m)]
+
     def quarantine(self, name: str) -> list[str]:
         """Move a checkpoint and its companions into quarantine/; never deletes them."""
         self.quarantine_dir.mkdir(exist_ok=True)

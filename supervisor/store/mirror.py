@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -41,6 +42,7 @@ import orjson
 import xxhash
 
 from trainwarden.supervisor.errors import TrainwardenError
+from trainwarden.supervisor.store.digest import Digest
 from trainwarden.supervisor.store.rundir import fsync_dir, write_atomic
 
 LATEST = "latest.json"
@@ -56,6 +58,10 @@ CHUNK_BYTES = 8 * 1024 * 1024
 
 class MirrorError(TrainwardenError):
     """A mirror copy, its verification or the mirror's pointer failed."""
+
+
+class ContentChanged(MirrorError):
+    """The checkpoint's files no longer match the digest taken at its commit."""
 
 
 def step_dir_name(step: int) -> str:
@@ -112,6 +118,8 @@ class MirrorResult:
     seconds: float = 0.0
     mirrored: tuple[int, ...] = field(default=())
     """Steps with a complete copy in the mirror once this one is in place, oldest first."""
+    changed: bool = False
+    """Refused: what was read does not match the checkpoint's digest at commit."""
 
     def journal_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"step": self.step, "seconds": round(self.seconds, 3)}
@@ -164,6 +172,19 @@ def copy_hashed(
         with contextlib.suppress(AttributeError, OSError):
             os.posix_fadvise(fout.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     return digest.hexdigest(), size
+
+
+def _check_digest(copied: list[MirroredFile], digest: str) -> None:
+    prefix = f"{CHECKPOINT_PART}/"
+    files = [
+        (f.name[len(prefix) :], f.bytes, f.xxh3_128) for f in copied if f.name.startswith(prefix)
+    ]
+    read = Digest.of_files(files).hex
+    if read != digest:
+        raise ContentChanged(
+            f"the checkpoint reads as digest {read}, {digest} at its commit: "
+            "it changed after it was committed; the mirror keeps its earlier copies"
+        )
 
 
 def _fsync_tree(root: Path) -> None:
@@ -271,7 +292,9 @@ class Mirror:
         except MirrorError:
             return None
 
-    async def copy(self, step: int, files: Iterable[Path], name: str | None = None) -> MirrorResult:
+    async def copy(
+        self, step: int, files: Iterable[Path], name: str | None = None, digest: str = ""
+    ) -> MirrorResult:
         """Mirror one checkpoint (files[0] is its main path unless `name` says otherwise).
 
         Waits for the copy in progress; returns a superseded result without copying when
@@ -285,10 +308,14 @@ class Mirror:
             if newest is not None and newest > step:
                 return MirrorResult(step, ok=False, superseded_by=newest)
             self._newest_waiting = None
-            return await asyncio.to_thread(self.copy_now, step, paths, name)
+            return await asyncio.to_thread(self.copy_now, step, paths, name, digest)
 
-    def copy_now(self, step: int, files: list[Path], name: str | None = None) -> MirrorResult:
-        """The blocking copy, verification and pointer update."""
+    def copy_now(
+        self, step: int, files: list[Path], name: str | None = None, digest: str = ""
+    ) -> MirrorResult:
+        """The blocking copy, verification and pointer update. With `digest` (the
+        checkpoint's at commit, see store.digest), a copy that reads otherwise is refused
+        before it is put in place: the mirror keeps what it had."""
         started = time.monotonic()
         with self._copying:
             staging: Path | None = None
@@ -301,6 +328,8 @@ class Mirror:
                 staging = self.root / f"{INCOMING_PREFIX}{step_dir_name(step)}"
                 staging.mkdir()
                 copied = self._copy_all(files, staging)
+                if digest:
+                    _check_digest(copied, digest)
                 pointer = Pointer(
                     step=step,
                     dir=step_dir_name(step),
@@ -316,6 +345,9 @@ class Mirror:
                 staging = None
                 write_pointer(self.root, pointer)
                 mirrored = self.steps()
+            except ContentChanged as exc:
+                failed = self._failed(step, str(exc), started, staging)
+                return dataclasses.replace(failed, changed=True)
             except MirrorError as exc:
                 return self._failed(step, str(exc), started, staging)
             except FileNotFoundError as exc:
