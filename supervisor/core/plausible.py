@@ -15,8 +15,11 @@ between consecutive commits beyond the newest logged step."""
 
 def newest_logged_step(state: State) -> int:
     """The furthest step the run is known to have reached: the live trainer's last step
-    line, the checkpoint it resumed from, or the loss history's end at start-up."""
-    known = [s for s in (state.last_step, state.resume_step, state.history_step) if s is not None]
+    line, the checkpoint it resumed from, the newest verified checkpoint, or the loss
+    history's end at start-up."""
+    newest = state.newest.step if state.newest is not None else None
+    candidates = (state.last_step, state.resume_step, state.history_step, newest)
+    known = [s for s in candidates if s is not None]
     return max(known, default=0)
 
 
