@@ -247,7 +247,18 @@ CATALOGUE: list[Bad] = [
     Bad("control", "private cmd", request({"id": 4, "cmd": "__init__"}), "unknown_command"),
     Bad("control", "id list", request({"id": [1], "cmd": "status"}), "'id' must be an integer"),
     Bad("control", "pin bool", request({"id": 5, "cmd": "pin", "step": True}), "bad_argument"),
-    Bad("control", "pin negative", request({"id": 6, "cmd": "pin", "step": -1}), ">= 0"),
+    Bad(
+        "control",
+        "pin negative",
+        request({"id": 6, "cmd": "pin", "step": -1}),
+        "'step' must be an integer between 0 and 2147483647, got -1",
+    ),
+    Bad(
+        "control",
+        "pin beyond 2^31-1",
+        request({"id": 6, "cmd": "pin", "step": 2**31}),
+        "'step' must be an integer between 0 and 2147483647, got 2147483648",
+    ),
     Bad("control", "pin word", request({"id": 7, "cmd": "pin", "step": "ten"}), "'step' must"),
     Bad("control", "pin no step", request({"id": 8, "cmd": "pin"}), "'pin' needs 'step'"),
     Bad(
@@ -278,7 +289,13 @@ CATALOGUE: list[Bad] = [
         "control",
         "history start negative",
         request({"id": 13, "cmd": "history", "start": -1}),
-        "'start' must be an integer >= 0",
+        "'start' must be an integer between 0 and 2147483647",
+    ),
+    Bad(
+        "control",
+        "history end beyond 2^31-1",
+        request({"id": 13, "cmd": "history", "end": 2**31}),
+        "'end' must be an integer between 0 and 2147483647",
     ),
     Bad("control", "events n 0", request({"id": 14, "cmd": "events", "n": 0}), "'n' must be"),
     Bad(

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+MAX_STEP = 2**31 - 1
+"""The largest step any checkpoint or request may name (the trainer contract's MAX_STEP,
+repeated here because the core imports nothing outside itself; a test keeps them equal)."""
+
+
 @dataclass(frozen=True)
 class Save:
     """Ask the trainer for a checkpoint (SIGUSR1); with `wait`, answer once it commits."""
@@ -129,8 +134,10 @@ def parse_command(cmd: str, args: dict[str, Any]) -> Command | BadRequest:
         return Shutdown()
     if cmd in ("pin", "unpin"):
         step = args.get("step")
-        if step is not None and not _is_int(step, low=0):
-            return BadRequest("bad_argument", f"'step' must be an integer >= 0, got {step!r}")
+        if step is not None and not (_is_int(step, low=0) and step <= MAX_STEP):
+            return BadRequest(
+                "bad_argument", f"'step' must be an integer between 0 and {MAX_STEP}, got {step!r}"
+            )
         if step is None:
             return BadRequest("bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number")
         return Pin(step) if cmd == "pin" else Unpin(step)

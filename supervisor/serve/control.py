@@ -19,6 +19,7 @@ from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
+from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.errors import LockHeld, ProtocolError
 from trainwarden.supervisor.protocol import (
     MAX_LINE,
@@ -333,8 +334,8 @@ class ControlServer:
         return {"events": tail_records(self.daemon.files.journal, n)}
 
     def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
-        start = _int_arg(args, "start", None, 0, None)
-        end = _int_arg(args, "end", None, 0, None)
+        start = _int_arg(args, "start", None, 0, MAX_STEP)
+        end = _int_arg(args, "end", None, 0, MAX_STEP)
         points = _int_arg(args, "points", 200, 1, 100_000)
         return self.daemon.history_query(start, end, points)
 

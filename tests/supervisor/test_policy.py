@@ -534,14 +534,22 @@ def test_mirror_retention_keeps_the_newest_and_the_pointed_step(mirrored, keep_l
 # ------------------------------------------------------------------ parsing the commands
 
 
+def test_the_core_s_step_bound_is_the_contract_s():
+    from trainwarden.supervisor.contract import MAX_STEP
+    from trainwarden.supervisor.core.requests import MAX_STEP as CORE_MAX_STEP
+
+    assert CORE_MAX_STEP == MAX_STEP == 2**31 - 1
+
+
 def test_commands_are_parsed_once_into_typed_values():
     assert p.parse_command("save", {"wait": True, "timeout_s": 5}) == p.Save(True, 5.0)
     assert p.parse_command("pin", {"step": 3}) == p.Pin(3)
     assert p.parse_command("pivot", {"caps": {"docs": 0.5}}) == p.Pivot({"docs": 0.5}, {})
     for cmd, args, message in (
         ("pin", {}, "'pin' needs 'step'"),
-        ("unpin", {"step": -1}, "'step' must be an integer >= 0"),
-        ("pin", {"step": True}, "'step' must be an integer >= 0"),
+        ("unpin", {"step": -1}, "'step' must be an integer between 0 and 2147483647"),
+        ("pin", {"step": True}, "'step' must be an integer between 0 and"),
+        ("pin", {"step": 2**31}, "'step' must be an integer between 0 and 2147483647, got"),
         ("save", {"wait": "yes"}, "'wait' must be true or false"),
         ("save", {"timeout_s": 0}, "'timeout_s' must be a positive number"),
         ("pivot", {}, "a pivot needs 'caps' or 'floors'"),

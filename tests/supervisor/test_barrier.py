@@ -1,0 +1,266 @@
+"""The verification barrier and content digests, in the policy alone (see core.barrier)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainwarden.supervisor.core import policy as p
+
+RULES = p.Rules(keep_last=2, backoff_initial_s=1.0, stop_timeout_s=10.0, verify_timeout_s=30.0)
+
+
+def name(step: int) -> str:
+    return f"step_{step:06d}.bin"
+
+
+def seen(step: int, t: float) -> p.CheckpointSeen:
+    return p.CheckpointSeen(t, name(step), step)
+
+
+def commit(step: int, t: float, digest: str = "") -> p.CheckpointCommitted:
+    return p.CheckpointCommitted(t, step, name(step), 100, 0.0, digest or f"d{step}")
+
+
+def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
+    state = state or p.State()
+    log: list[object] = []
+    for event in events:
+        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
+        log.extend(actions)
+    return state, log
+
+
+def kinds(actions: list[object], cls: type) -> list:
+    return [a for a in actions if isinstance(a, cls)]
+
+
+def records(actions: list[object], kind: str) -> list[p.Record]:
+    return [a for a in actions if isinstance(a, p.Record) and a.kind == kind]
+
+
+def running(pid: int = 7) -> p.State:
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, pid), p.StepLogged(0.5, 1, 3.0)])
+    return state
+
+
+def test_a_restart_waits_for_the_checkpoint_still_being_verified():
+    """The trainer saved 50 and crashed; 50 is still being verified when the backoff ends:
+    the new trainer starts from 50 once it is verified, not from 30."""
+    state = running()
+    state, _ = run([seen(30, 1.0), commit(30, 1.5), seen(50, 2.0)], state)
+    state, _ = run([p.TrainerExited(2.1, 7, 1), p.Tick(3.2)], state)
+    assert state.spawn_due and state.phase == "starting"
+    state, actions = run([commit(50, 4.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 50 and not state.spawn_due
+
+
+def test_stop_names_the_checkpoint_the_trainer_wrote_on_its_way_out():
+    state = running()
+    state, _ = run([seen(33, 1.0), commit(33, 1.2)], state)
+    state, _ = run([p.Operator(2.0, 1, p.Stop())], state)
+    state, actions = run([seen(57, 2.5), p.TrainerExited(2.6, 7, 0)], state)
+    assert not kinds(actions, p.Reply) and state.stop_due
+    state, actions = run([commit(57, 4.0)], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.ok and reply.result is not None and reply.result["checkpoint"]["step"] == 57
+
+
+def test_start_answers_with_the_checkpoint_it_really_resumes_from():
+    state = running()
+    state, _ = run([p.Operator(1.0, 1, p.Stop()), p.TrainerExited(1.5, 7, 0)], state)
+    assert state.phase == "stopped"
+    state, _ = run([seen(50, 1.8), seen(57, 1.9), commit(57, 2.5)], state)
+    state, actions = run([p.Operator(3.0, 2, p.Start())], state)
+    assert not kinds(actions, p.Spawn) and not kinds(actions, p.Reply)
+    state, actions = run([commit(50, 4.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    (reply,) = kinds(actions, p.Reply)
+    assert spawn.resume is not None and spawn.resume.step == 57
+    assert reply.result == {"state": "starting", "resume_step": 57}
+
+
+def test_save_wait_names_the_checkpoint_the_save_wrote_not_a_later_one():
+    state = running()
+    state, _ = run([p.StepLogged(1.0, 55, 3.0), p.Operator(1.1, 1, p.Save(wait=True))], state)
+    # The save's checkpoint (57) and a periodic one (60) are committed; 60 verifies first.
+    state, actions = run([seen(57, 1.5), seen(60, 1.6), commit(60, 2.0)], state)
+    assert not kinds(actions, p.Reply)
+    state, actions = run([commit(57, 3.0)], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.result is not None and reply.result["step"] == 57
+
+
+def test_a_save_of_the_step_already_on_disk_is_answered_by_the_unchanged_commit():
+    state = running()
+    state, _ = run([seen(50, 1.0), commit(50, 1.2), p.StepLogged(1.3, 50, 3.0)], state)
+    state, _ = run([p.Operator(1.4, 1, p.Save(wait=True))], state)
+    state, actions = run([seen(50, 1.5), p.CheckpointUnchanged(1.7, name(50))], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.result is not None and reply.result["step"] == 50
+
+
+def test_a_verification_that_never_ends_is_given_up_on_and_named_unverified():
+    state = running()
+    state, _ = run([seen(30, 1.0), commit(30, 1.2), seen(40, 2.0)], state)
+    state, _ = run([p.Operator(2.5, 1, p.Stop()), p.TrainerExited(3.0, 7, 0)], state)
+    assert p.deadline(state, RULES) == 2.0 + RULES.verify_timeout_s
+    state, actions = run([p.Tick(2.0 + RULES.verify_timeout_s)], state)
+    assert records(actions, "verification_overdue")
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.result is not None
+    assert reply.result["checkpoint"]["step"] == 30 and reply.result["unverified"] == [name(40)]
+
+
+def test_a_changed_checkpoint_is_quarantined_never_newest_and_the_mirror_keeps_its_copy():
+    state = running()
+    state, _ = run([seen(30, 1.0), commit(30, 1.2), seen(40, 2.0), commit(40, 2.2)], state)
+    state, actions = run(
+        [seen(40, 3.0), p.CheckpointChanged(3.5, 40, name(40), "weights differ")], state
+    )
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 40 and q.reason.startswith("content changed since commit")
+    assert not q.retract_mirror
+    assert state.newest is not None and state.newest.step == 30 and not state.pending
+
+
+def test_a_resume_refused_by_its_digest_falls_back_to_the_next_older_checkpoint():
+    state = running()
+    state, _ = run([seen(30, 1.0), commit(30, 1.2), seen(40, 2.0), commit(40, 2.2)], state)
+    state, actions = run([p.TrainerExited(3.0, 7, 1), p.Tick(4.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 40
+    seg = spawn.seg
+    state, actions = run([p.ResumeRefused(4.1, 40, name(40), "its files read otherwise")], state)
+    (q,) = kinds(actions, p.Quarantine)
+    (again,) = kinds(actions, p.Spawn)
+    assert q.step == 40 and again.resume is not None and again.resume.step == 30
+    assert again.seg == seg
+
+
+def test_a_checkpoint_changed_while_no_daemon_ran_is_quarantined_at_start_up():
+    persisted = p.persisted(
+        p.State(checkpoints=(p.Ckpt(30, name(30), 1, 0.0, "aa"), p.Ckpt(40, name(40), 1, 0.0, "bb")))
+    )
+    state, _ = run([p.Restored(0.0, persisted)])
+    scanned = (
+        p.Scanned(name(30), 30, p.Outcome.VERIFIED, bytes=1, digest="aa"),
+        p.Scanned(name(40), 40, p.Outcome.VERIFIED, bytes=1, digest="cc"),
+    )
+    state, actions = run([p.Startup(1.0, last_logged_step=45, scanned=scanned)], state)
+    (q,) = kinds(actions, p.Quarantine)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert q.step == 40 and "while no daemon was running" in q.reason
+    assert spawn.resume is not None and spawn.resume.step == 30
+
+
+def test_a_far_future_file_planted_while_no_daemon_ran_is_quarantined_at_start_up():
+    steps = (100, 200, 300, 99_999_999)
+    scanned = tuple(p.Scanned(name(s), s, p.Outcome.VERIFIED, bytes=1, digest="x") for s in steps)
+    state, actions = run([p.Startup(1.0, last_logged_step=310, scanned=scanned)])
+    (q,) = kinds(actions, p.Quarantine)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert q.step == 99_999_999 and "max_step_jump" in q.reason
+    assert spawn.resume is not None and spawn.resume.step == 300
+    assert [c.step for c in state.checkpoints] == [200, 300]  # keep_last=2
+
+
+# ----------------------------------------------------------------------------- property
+
+
+@st.composite
+def schedules(draw: st.DrawFn) -> list[tuple]:
+    """A trainer's commits (each verifiable or not, its verification ending after any
+    delay), interleaved with crashes, stops, starts, saves and ticks."""
+    steps = draw(st.lists(st.integers(1, 40), min_size=1, max_size=12, unique=True))
+    steps.sort()
+    good = {s: draw(st.booleans()) or s == steps[0] for s in steps}
+    ops: list[tuple] = []
+    for s in steps:
+        ops.append(("seen", s))
+    ends = list(steps)
+    order = draw(st.permutations(ends))
+    # Each verification ends somewhere after its own seen.
+    placed: list[tuple] = []
+    for op in ops:
+        placed.append(op)
+    for s in order:
+        position = placed.index(("seen", s))
+        at = draw(st.integers(position + 1, len(placed)))
+        placed.insert(at, ("end", s, good[s]))
+    for _ in range(draw(st.integers(0, 6))):
+        at = draw(st.integers(0, len(placed)))
+        placed.insert(at, (draw(st.sampled_from(["crash", "stop", "start", "save", "tick"])),))
+    return placed
+
+
+@given(schedules(), st.integers(1, 3))
+@settings(max_examples=300, deadline=None)
+def test_no_decision_names_a_checkpoint_older_than_one_verifiable_before_its_trigger(
+    schedule: list[tuple], keep_last: int
+):
+    # Verifications end in time here (the give-up is tested above).
+    rules = replace(RULES, keep_last=keep_last, verify_timeout_s=1e9)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], rules=rules)
+    pid, t = 1, 0.0
+    good_seen: set[int] = set()  # verifiable checkpoints seen committed so far
+    gone: set[int] = set()  # deleted or quarantined by the policy
+    quarantined: set[int] = set()
+    saves: dict[int, int] = {}  # request id -> checkpoints seen when it was asked
+    rid = 0
+    outcome: dict[int, bool] = {op[1]: op[2] for op in schedule if op[0] == "end"}
+    for op in schedule:
+        t += 1.0
+        kind = op[0]
+        if kind == "seen":
+            event: object = seen(op[1], t)
+            if outcome[op[1]]:
+                good_seen.add(op[1])
+        elif kind == "end":
+            step = op[1]
+            event = (
+                commit(step, t)
+                if op[2]
+                else p.CheckpointRejected(t, step, name(step), "does not verify")
+            )
+        elif kind == "crash":
+            event = p.TrainerExited(t, pid, 1)
+        elif kind == "stop":
+            rid += 1
+            event = p.Operator(t, rid, p.Stop())
+        elif kind == "start":
+            rid += 1
+            event = p.Operator(t, rid, p.Start())
+        elif kind == "save":
+            rid += 1
+            saves[rid] = max(good_seen, default=0)
+            event = p.Operator(t, rid, p.Save(wait=True))
+        else:
+            t += rules.backoff_max_s
+            event = p.Tick(t)
+        trigger_good = good_seen - gone
+        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
+        for action in actions:
+            if isinstance(action, p.Spawn):
+                # Every verifiable checkpoint seen before the trigger is verified by now.
+                newest = max(trigger_good - quarantined, default=None)
+                assert (action.resume.step if action.resume else None) == newest
+                assert action.resume is None or action.resume.step not in quarantined
+            elif isinstance(action, p.Delete):
+                verified = [c.step for c in state.checkpoints]
+                assert verified and action.step < max(verified)
+                gone.add(action.step)
+            elif isinstance(action, p.Quarantine) and action.step is not None:
+                quarantined.add(action.step)
+                gone.add(action.step)
+            elif isinstance(action, p.Reply) and action.ok and action.result:
+                named = action.result.get("checkpoint")
+                if named is not None:
+                    assert named["step"] == max(trigger_good - quarantined, default=None)
+        if any(isinstance(a, p.Spawn) for a in actions):
+            pid += 1
+            state, _ = p.decide(state, p.TrainerSpawned(t, pid), rules)
+        assert not (set(c.step for c in state.checkpoints) & quarantined)
