@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
 MAX_STEP = 2**31 - 1
 """The largest step any checkpoint or request may name (the trainer contract's MAX_STEP,
 repeated here because the core imports nothing outside itself; a test keeps them equal)."""

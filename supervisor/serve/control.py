@@ -18,8 +18,8 @@ from collections import deque
 from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
-from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
 from trainwarden.supervisor.contract import MAX_STEP
+from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
 from trainwarden.supervisor.errors import LockHeld, ProtocolError
 from trainwarden.supervisor.protocol import (
     MAX_LINE,

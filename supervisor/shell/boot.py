@@ -1,19 +1,29 @@
 """What a starting daemon reads and opens besides the loop: the policy's rules from the
-config, the journal's last state, the optional metrics server."""
+config, the journal's last state, the paths it watches resolved through any link, the
+optional metrics server."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal, read_records
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.serve.metrics import MetricsServer
+
+log = logging.getLogger("trainwarden.daemon")
+
+LINK_CHECK_S = 2.0
+"""How often the watched paths are resolved again, to report a link that changed target."""
 
 
 def rules_from(cfg: Config) -> core.Rules:
@@ -70,3 +80,85 @@ def start_metrics(
         return None
     journal.append("metrics_listening", {"url": server.url})
     return server
+
+
+# ----------------------------------------------------------------------------- links
+
+
+class WatchedPath(NamedTuple):
+    """A path the daemon watches, as configured and as resolved once at start."""
+
+    kind: str
+    """Its journal record's kind: "checkpoint_dir" or "log_path"."""
+    configured: Path
+    resolved: Path
+
+
+def watched_paths(cfg: Config, store: CheckpointStore) -> list[WatchedPath]:
+    """The checkpoint directory (as the store resolved it) and the run log, resolved now."""
+    return [
+        WatchedPath("checkpoint_dir", cfg.checkpoint_dir, store.dir),
+        WatchedPath("log_path", cfg.log_path, Path(os.path.realpath(cfg.log_path))),
+    ]
+
+
+def with_resolved_log(cfg: Config, watched: list[WatchedPath]) -> Config:
+    """`cfg` with run.log the resolved log: the trainer writes and the follower reads that
+    one file, whatever the link does later, and a follower watching the link's folder
+    would never hear of writes in the target's. (An absolute run.log joins to itself.)"""
+    log_path = next(w.resolved for w in watched if w.kind == "log_path")
+    if log_path == cfg.log_path:
+        return cfg
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, log=str(log_path)))
+
+
+def journal_links(journal: Journal, watched: list[WatchedPath]) -> None:
+    """One record per watched path that a link sends elsewhere, with where it went."""
+    for path in watched:
+        if path.configured != path.resolved:
+            journal.append(
+                path.kind, {"configured": str(path.configured), "resolved": str(path.resolved)}
+            )
+
+
+def _resolve_all(watched: list[WatchedPath]) -> list[Path]:
+    return [Path(os.path.realpath(path.configured)) for path in watched]
+
+
+async def report_moved_links(
+    watched: list[WatchedPath], journal: Journal, every_s: float = LINK_CHECK_S
+) -> None:
+    """Journal "<kind>_moved" once each time a watched path comes to resolve elsewhere.
+
+    The daemon goes on watching what it resolved at start: following a link's new target
+    mid-run would mix two directories' checkpoints. Resolving is a few lstat calls, in a
+    thread all the same: a hung network disk must not hang the loop.
+    """
+    seen = [path.resolved for path in watched]
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            now = await asyncio.to_thread(_resolve_all, watched)
+        except OSError as exc:  # a link loop, say: nothing to compare this time
+            log.warning("cannot resolve the watched paths: %s", exc)
+            continue
+        for i, (path, target) in enumerate(zip(watched, now, strict=True)):
+            if target == seen[i]:
+                continue
+            journal.append(
+                f"{path.kind}_moved",
+                {
+                    "configured": str(path.configured),
+                    "was": str(seen[i]),
+                    "now": str(target),
+                    "watching": str(path.resolved),
+                },
+            )
+            log.warning(
+                "%s now resolves to %s (was %s); still watching %s until the daemon restarts",
+                path.configured,
+                target,
+                seen[i],
+                path.resolved,
+            )
+            seen[i] = target

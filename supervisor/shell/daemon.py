@@ -21,7 +21,15 @@ from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.shell import views
-from trainwarden.supervisor.shell.boot import last_state_record, rules_from, start_metrics
+from trainwarden.supervisor.shell.boot import (
+    journal_links,
+    last_state_record,
+    report_moved_links,
+    rules_from,
+    start_metrics,
+    watched_paths,
+    with_resolved_log,
+)
 from trainwarden.supervisor.shell.executor import Executor
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
@@ -58,6 +66,9 @@ class Daemon:
             cfg.checkpoints.format, dict(cfg.checkpoints.options)
         )
         self.store = CheckpointStore(cfg.checkpoint_dir, self.fmt)
+        # Resolved once, here: a link that changes target later is reported, not followed.
+        self.watched = watched_paths(cfg, self.store)
+        self.cfg = cfg = with_resolved_log(cfg, self.watched)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tick_handle: asyncio.TimerHandle | None = None
         self._idle = False
@@ -99,6 +110,7 @@ class Daemon:
             "daemon_start",
             {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
         )
+        journal_links(self.journal, self.watched)
         # Decided but not journaled: this is the state the journal already holds.
         event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
         self.state, _ = core.decide(self.state, event, self.rules)
@@ -169,10 +181,12 @@ class Daemon:
             )
         )
         watchdog_task = loop.create_task(self._watchdog_pings())
+        links_task = loop.create_task(report_moved_links(self.watched, self.journal))
         try:
             await self._event_loop()
         finally:
             watchdog_task.cancel()
+            links_task.cancel()
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()

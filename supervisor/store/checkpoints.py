@@ -3,11 +3,18 @@
 Every path this module touches is a direct child of the checkpoint directory (or of its
 quarantine/ folder) named by a format plugin, so no checkpoint name or step number can
 make it write outside the run directory.
+
+The directory is resolved once, when the store is made (checkpoints/ may be a link to a
+bigger disk), and the store works there from then on. Before anything is deleted or moved
+its parent is resolved again and must still be that directory, so a link put in the
+directory's place later, or a quarantine/ that is a link, never sends a delete or a move
+anywhere else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -45,11 +52,19 @@ def _beyond_max_step(name: str, step: int) -> Verdict:
     )
 
 
+def _refused(why: str) -> OSError:
+    # errno and strerror both set: the executor journals strerror as the failure's reason.
+    return OSError(errno.EXDEV, why)
+
+
 class CheckpointStore:
     def __init__(self, directory: Path, fmt: CheckpointFormat) -> None:
-        self.dir = directory
+        self.configured_dir = directory
+        """The directory as configured (run/checkpoints, perhaps a link)."""
+        self.dir = Path(os.path.realpath(directory))
+        """The directory it resolved to when the store was made: where everything happens."""
         self.fmt = fmt
-        self.quarantine_dir = directory / QUARANTINE
+        self.quarantine_dir = self.dir / QUARANTINE
 
     def _child(self, name: str) -> Path:
         """A direct child of the checkpoint directory; refuses anything that would escape."""
@@ -134,12 +149,34 @@ class CheckpointStore:
         """The checkpoint's main path and the companions present beside it."""
         return [m for i, m in enumerate(self._members(name)) if i == 0 or os.path.lexists(m)]
 
+    def _check_inside(self, member: Path) -> None:
+        """Refuse to act on `member` unless its parent still resolves to the directory."""
+        parent = os.path.realpath(member.parent)
+        if parent != str(self.dir):
+            raise _refused(
+                f"refusing to touch {member.name}: its folder {member.parent} now resolves to "
+                f"{parent}, not the checkpoint directory {self.dir}"
+            )
+
+    def _ensure_quarantine(self) -> None:
+        """quarantine/ as a real folder directly in the directory; a link there is refused."""
+        with contextlib.suppress(FileExistsError):
+            self.quarantine_dir.mkdir()
+        mode = self.quarantine_dir.lstat().st_mode
+        if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+            what = "a link" if stat.S_ISLNK(mode) else "not a folder"
+            raise _refused(f"refusing to quarantine into {self.quarantine_dir}: it is {what}")
+        self._check_inside(self.quarantine_dir)
+
     def quarantine(self, name: str) -> list[str]:
         """Move a checkpoint and its companions into quarantine/; never deletes them."""
-        self.quarantine_dir.mkdir(exist_ok=True)
+        members = self._members(name)
+        for member in members:
+            self._check_inside(member)
+        self._ensure_quarantine()
         moved = []
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        for member in self._members(name):
+        for member in members:
             # lexists: a dangling link is moved too (as the link), never skipped or followed.
             if not os.path.lexists(member):
                 continue
@@ -153,8 +190,11 @@ class CheckpointStore:
         return moved
 
     def delete(self, name: str) -> list[str]:
+        members = self._members(name)
+        for member in members:
+            self._check_inside(member)
         removed = []
-        for member in self._members(name):
+        for member in members:
             with contextlib.suppress(FileNotFoundError):
                 if member.is_dir() and not member.is_symlink():
                     shutil.rmtree(member)
@@ -168,8 +208,9 @@ class CheckpointStore:
         """Remove leftover .tmp writes; only call when no trainer can be writing."""
         _, in_flight = self.scan()
         for name in in_flight:
+            path = self._child(name)
+            self._check_inside(path)
             with contextlib.suppress(FileNotFoundError):
-                path = self._child(name)
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
                 else:
@@ -179,6 +220,8 @@ class CheckpointStore:
         return in_flight
 
     def quarantined(self) -> list[str]:
+        if self.quarantine_dir.is_symlink():  # not ours: nothing was ever moved there
+            return []
         try:
             return sorted(p.name for p in self.quarantine_dir.iterdir())
         except OSError:  # none yet, or something that is not a folder in its place

@@ -143,7 +143,9 @@ def test_a_resume_refused_by_its_digest_falls_back_to_the_next_older_checkpoint(
 
 def test_a_checkpoint_changed_while_no_daemon_ran_is_quarantined_at_start_up():
     persisted = p.persisted(
-        p.State(checkpoints=(p.Ckpt(30, name(30), 1, 0.0, "aa"), p.Ckpt(40, name(40), 1, 0.0, "bb")))
+        p.State(
+            checkpoints=(p.Ckpt(30, name(30), 1, 0.0, "aa"), p.Ckpt(40, name(40), 1, 0.0, "bb"))
+        )
     )
     state, _ = run([p.Restored(0.0, persisted)])
     scanned = (

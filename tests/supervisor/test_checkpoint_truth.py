@@ -100,9 +100,11 @@ def test_changes_made_while_no_daemon_ran_are_caught_at_start_up(tmp_path: Path)
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: len(records(run_dir, "daemon_start")) == 2, 30, what="second start")
         quarantined = wait_for(
-            lambda: {r["name"]: r["reason"] for r in records(run_dir, "quarantine")}
-            if len(records(run_dir, "quarantine")) >= 2
-            else None,
+            lambda: (
+                {r["name"]: r["reason"] for r in records(run_dir, "quarantine")}
+                if len(records(run_dir, "quarantine")) >= 2
+                else None
+            ),
             30,
             what="both quarantined",
         )
