@@ -168,6 +168,7 @@ class Daemon:
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
+            getattr(self.fmt, "close", lambda: None)()  # a verifier worker (torch-pt)
             if self.executor.mirror is not None:
                 self.executor.mirror.close()  # interrupts a copy in progress; latest.json stays
             if self.metrics is not None:
