@@ -28,6 +28,7 @@ from bench import (
     parse_suite,
     report,
     restart,
+    torch_verify,
 )
 from bench.common import Context, Section, Workspace, machine
 from bench.peers import Peers
@@ -41,6 +42,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "verify": (checkpoint_verify.TITLE, checkpoint_verify.run),
     "parse": (parse_suite.TITLE, parse_suite.run),
     "follow": (follow_rates.TITLE, follow_rates.run),
+    "torch-verify": (torch_verify.TITLE, torch_verify.run),
 }
 
 

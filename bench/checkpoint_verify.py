@@ -1,6 +1,7 @@
 """8. andrea-bin verification: the daemon's check of a committed checkpoint (header, size,
-every weight and Adam moment finite, Adam v non-negative) against a raw sequential read
-of the same file, from the page cache and from the disk.
+every weight and Adam moment finite, Adam v non-negative), its content digest (xxh3-128)
+and both in turn (what the daemon does per commit), against a raw sequential read of the
+same file, from the page cache and from the disk.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from bench.common import Context, Section, Target
 
 TITLE = "8. Checkpoint verification (andrea-bin)"
-METHODS = ("verify", "raw read")
+METHODS = ("verify", "digest", "verify + digest", "raw read")
 ROUNDS = 3
 FULL_BYTES = 1_500_000_000
 QUICK_BYTES = 200_000_000
@@ -64,6 +65,18 @@ def verify(path: Path) -> None:
     AndreaBin().verify(path)
 
 
+def digest(path: Path) -> None:
+    from trainwarden.supervisor.store.digest import digest_checkpoint
+
+    digest_checkpoint([path])
+
+
+def verify_and_digest(path: Path) -> None:
+    """Per commit, the daemon verifies the checkpoint, then records its digest."""
+    verify(path)
+    digest(path)
+
+
 def evict(path: Path) -> None:
     """Drop this one file's pages from the page cache (it is clean: fsynced)."""
     fd = os.open(path, os.O_RDONLY)
@@ -75,7 +88,12 @@ def evict(path: Path) -> None:
 
 def timings(path: Path, cold: bool) -> dict[str, list[float]]:
     """Seconds per method, ROUNDS rounds, the methods taking turns within each round."""
-    runs = {"verify": verify, "raw read": raw_read}
+    runs = {
+        "verify": verify,
+        "digest": digest,
+        "verify + digest": verify_and_digest,
+        "raw read": raw_read,
+    }
     seconds: dict[str, list[float]] = {m: [] for m in METHODS}
     if not cold:
         raw_read(path)  # warm the cache once, so the first method does not pay for it
@@ -107,8 +125,10 @@ def run(ctx: Context) -> Section:
         }
     path.unlink()
     from trainwarden.plugins.formats.andrea_bin import CHUNK_BYTES
+    from trainwarden.supervisor.store import digest as digest_module
 
     chunk_mib = CHUNK_BYTES / 2**20
+    digest_mib = digest_module.CHUNK_BYTES / 2**20
     section = Section(
         key="verify",
         title=TITLE,
@@ -117,8 +137,13 @@ def run(ctx: Context) -> Section:
             f"{write_s:.1f} s with fsync). `verify` is the format plugin's `verify`, what the "
             "daemon runs in a worker thread for every commit: header, size, then every "
             f"weight, Adam m and Adam v streamed {chunk_mib:g} MiB at a time through numpy (min "
-            "and max of each chunk, which carry any NaN). `raw read` reads the same file front "
-            f"to back into one buffer of the same size and looks at nothing. The two take turns, "
+            "and max of each chunk, which carry any NaN). `digest` is the content digest the "
+            "daemon records at commit and checks before a resume, a restore or a mirror copy "
+            f"(`digest_checkpoint`: xxh3-128 streamed {digest_mib:g} MiB at a time); `verify + "
+            "digest` is one "
+            "after the other, the daemon's work per commit, so it reads the file twice. `raw "
+            "read` reads the same file front to back into one buffer of the same size and looks "
+            f"at nothing. The methods take turns, "
             f"{ROUNDS} rounds; the best round counts. 'page cache': the file is cached, as "
             "a checkpoint just written usually is; 'disk': its pages are dropped before "
             "every read (`posix_fadvise(DONTNEED)` on this file only)."

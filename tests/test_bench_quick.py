@@ -27,6 +27,7 @@ HEADINGS = [
     "## 6. Parsers and history internals (bench_parse.py)",
     "## 7. Log following at 10, 100 and 10,000 lines/s",
     "## 8. Checkpoint verification (andrea-bin)",
+    "## 9. Checkpoint verification (torch-pt), per checkpoint",
 ]
 
 pytestmark = pytest.mark.skipif(
@@ -63,7 +64,8 @@ def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
     document = orjson.loads((out / "results.json").read_bytes())
     assert document["mode"] == "quick"
     assert set(document["sections"]) == {
-        "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow", "verify"
+        "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow", "verify",
+        "torch-verify",
     }  # fmt: skip
     # Each latency comparison measured trainwarden itself, not only its peers.
     assert document["sections"]["restart"]["raw"]["summary"]["trainwarden"]["n"] > 0
@@ -72,3 +74,16 @@ def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
     follow = document["sections"]["follow"]["raw"]["figures"]
     assert set(follow) == {"10", "100", "10000"}, follow.keys()
     assert all(f["latency"]["n"] > 0 for f in follow.values())
+    # Section 8 timed the digest beside the check; section 9 timed both torch-pt ways.
+    verify = document["sections"]["verify"]["raw"]
+    assert set(verify["page cache"]["mb_per_s"]) == {
+        "verify",
+        "digest",
+        "verify + digest",
+        "raw read",
+    }
+    torch_verify = document["sections"]["torch-verify"]["raw"]
+    assert (
+        torch_verify["worker, warm (now)"]
+        and torch_verify["fresh interpreter per checkpoint (before)"]
+    )

@@ -4,17 +4,25 @@ Names like `ckpt_000100.pt` or `step-100.pt` (option `pattern`: a regular expres
 whose one group is the step); a write in flight carries a `.tmp` suffix (option
 `tmp_suffix`) until it is renamed into place.
 
-Verification loads the file with `torch.load(path, weights_only=True, mmap=True)` in a
-short-lived subprocess (`python -I`, killed after `verify_timeout_s`), so neither a
-malicious pickle nor a huge or hanging file can reach the daemon: the daemon itself never
-imports torch and never unpickles anything. The file must hold a dict with the keys in
-`required_keys` (default model and optimizer); a `step` (or `iter_num`, `global_step`)
-value, when present, must match the step in the name. Files written by the legacy
-(non-zip) serializer cannot be memory-mapped and are loaded without mmap, still with
-weights_only.
+Verification loads the file with `torch.load(path, map_location="cpu", weights_only=True,
+mmap=True)` in one long-lived worker process per format (`python -I`, its own session, cwd
+/, one CPU thread, no GPU), so neither a malicious pickle nor a huge or hanging file can
+reach the daemon: the daemon itself never imports torch and never unpickles anything. The
+worker is started by the first verification, imports torch once (the second and later
+checks cost the load, not the import), and takes one path at a time on its stdin. A check
+that outlives `verify_timeout_s` fails ("did not finish ... (killed)") and the worker is
+killed; a worker that dies on a file fails that file with its signal or exit status; the
+next check starts a fresh one either way. A worker found dead between checks (killed from
+outside) costs nothing: the check runs in a fresh one. `close()` ends it; so does the
+format being collected, interpreter exit, or the daemon's death (its stdin closes).
+
+The file must hold a dict with the keys in `required_keys` (default model and optimizer);
+a `step` (or `iter_num`, `global_step`) value, when present, must match the step in the
+name. Files written by the legacy (non-zip) serializer cannot be memory-mapped and are
+loaded without mmap, still with weights_only.
 
 Options (`[checkpoints] options = {...}`): pattern, tmp_suffix, required_keys, step_keys,
-verify_timeout_s, python (the interpreter that runs the probe; default: the daemon's own).
+verify_timeout_s, python (the interpreter that runs the worker; default: the daemon's own).
 
 torch is an optional dependency (the `trainer` extra): when the format is set up, the
 probe interpreter is asked whether it can find torch, so a run configured for torch-pt
@@ -27,12 +35,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import stat
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
@@ -41,6 +54,9 @@ DEFAULT_PATTERN = r"^(?:ckpt|step)[_-](\d+)\.pt$"
 DEFAULT_REQUIRED_KEYS = ("model", "optimizer")
 DEFAULT_STEP_KEYS = ("step", "iter_num", "global_step")
 PROBE_MARK = "TRAINWARDEN_PROBE "
+PROBE_MARK_BYTES = PROBE_MARK.encode()
+CLOSE_GRACE_S = 1.0
+"""How long close() lets the worker exit on its own after its stdin is closed."""
 REMEMBERED = 64
 INSTALL_TORCH = "pip install 'trainwarden[trainer]'"
 TORCH_CHECK_TIMEOUT_S = 20.0
@@ -53,15 +69,19 @@ TORCH_CHECK = (
     f"sys.exit(0 if importlib.util.find_spec('torch') else {TORCH_MISSING})"
 )
 
-# Runs in `python -I -c`: no site-packages of the user, no current directory on the path.
+# The verifier's worker: `python -I -c PROBE`, no site-packages of the user, no current
+# directory on the path. It imports torch once, then answers one request per line of its
+# stdin ({"path": ..., "step_keys": [...]}) with one MARK line on its stdout, and ends when
+# its stdin closes (also when the daemon dies: the pipe's write end goes with it).
 PROBE = r"""
-import json, sys
-path, step_keys = sys.argv[1], json.loads(sys.argv[2])
-MARK = "TRAINWARDEN_PROBE "
+import gc, json, os, sys
+MARK = b"TRAINWARDEN_PROBE "
+# Answers go to a private copy of stdout; anything else written to fd 1 goes to stderr.
+answers = os.fdopen(os.dup(1), "wb", buffering=0)
+os.dup2(2, 1)
 
 def say(**fields):
-    sys.stdout.write(MARK + json.dumps(fields) + "\n")
-    sys.stdout.flush()
+    answers.write(MARK + json.dumps(fields).encode() + b"\n")
 
 def reason(exc):
     lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
@@ -73,41 +93,51 @@ def reason(exc):
 
 try:
     import torch
+    missing = None
+    # torch's objects are never garbage: left out of every collection, one costs ~0 ms.
+    gc.freeze()
 except Exception as exc:
-    say(error="cannot import torch in the probe interpreter " + sys.executable + " ("
-        + reason(exc) + "): install it with pip install 'trainwarden[trainer]'")
-    sys.exit(0)
-try:
+    missing = ("cannot import torch in the probe interpreter " + sys.executable + " ("
+               + reason(exc) + "): install it with pip install 'trainwarden[trainer]'")
+
+def check(path, step_keys):
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as exc:
         if "mmap can only be used" not in str(exc):
             raise
         obj = torch.load(path, map_location="cpu", weights_only=True)
-except Exception as exc:
-    say(error=reason(exc))
-    sys.exit(0)
-if not isinstance(obj, dict):
-    say(error="top-level object is a " + type(obj).__name__ + ", expected a dict")
-    sys.exit(0)
-step = None
-for key in step_keys:
-    if key in obj:
-        value = obj[key]
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, int):
-            say(error=key + " is " + repr(value)[:60] + ", expected an integer")
-            sys.exit(0)
-        step = value
+    if not isinstance(obj, dict):
+        return {"error": "top-level object is a " + type(obj).__name__ + ", expected a dict"}
+    step = None
+    for key in step_keys:
+        if key in obj:
+            value = obj[key]
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, int):
+                return {"error": key + " is " + repr(value)[:60] + ", expected an integer"}
+            step = value
+            break
+    n_params = None
+    model = obj.get("model")
+    if isinstance(model, dict):
+        tensors = [v for v in model.values() if isinstance(v, torch.Tensor)]
+        if tensors:
+            n_params = sum(t.numel() for t in tensors)
+    return {"keys": sorted(str(k) for k in obj), "step": step, "n_params": n_params}
+
+for line in sys.stdin.buffer:
+    if missing is not None:
+        say(error=missing)
         break
-n_params = None
-model = obj.get("model")
-if isinstance(model, dict):
-    tensors = [v for v in model.values() if isinstance(v, torch.Tensor)]
-    if tensors:
-        n_params = sum(t.numel() for t in tensors)
-say(keys=sorted(str(k) for k in obj), step=step, n_params=n_params)
+    try:
+        request = json.loads(line)
+        say(**check(request["path"], request["step_keys"]))
+    except Exception as exc:
+        say(error=reason(exc))
+    # Unmap the file now: a checkpoint deleted by retention must not stay mapped here.
+    gc.collect()
 """
 
 
@@ -141,7 +171,7 @@ def _compile_pattern(value: Any) -> re.Pattern[str]:
 
 
 class TorchPt:
-    """A `torch.save` file per checkpoint, verified with weights_only in a subprocess."""
+    """A `torch.save` file per checkpoint, verified with weights_only in a worker process."""
 
     name = "torch-pt"
 
@@ -169,7 +199,7 @@ class TorchPt:
                 "a number of seconds > 0",
             )
         )
-        # A probe costs a torch import: remember files that passed, keyed by what a write changes.
+        # A check costs a load: remember files that passed, keyed by what a write changes.
         self._passed: dict[Path, tuple[tuple[int, ...], CheckpointInfo]] = {}
         self.python: str = _option(
             options,
@@ -179,6 +209,10 @@ class TorchPt:
             "an interpreter path",
         )
         self._require_torch()
+        self._cache_lock = threading.Lock()
+        self._verifier = ProbeWorker()
+        # Ends the worker when this format is collected, or at interpreter exit.
+        weakref.finalize(self, self._verifier.close)
 
     def _require_torch(self) -> None:
         """Raise ConfigError when the probe interpreter has no torch to check files with.
@@ -232,7 +266,8 @@ class TorchPt:
         if st.st_size == 0:
             raise CheckpointInvalid(f"{path.name}: empty file")
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        remembered = self._passed.get(path)
+        with self._cache_lock:
+            remembered = self._passed.get(path)
         if remembered is not None and remembered[0] == identity:
             return remembered[1]
         report = self._probe(path)
@@ -252,45 +287,194 @@ class TorchPt:
         info = CheckpointInfo(
             step=name_step, path=path, bytes=st.st_size, n_params=report.get("n_params")
         )
-        if len(self._passed) >= REMEMBERED:
-            self._passed.pop(next(iter(self._passed)))
-        self._passed[path] = (identity, info)
+        with self._cache_lock:
+            if len(self._passed) >= REMEMBERED:
+                self._passed.pop(next(iter(self._passed)))
+            self._passed[path] = (identity, info)
         return info
 
     def _probe(self, path: Path) -> dict[str, Any]:
-        argv = [self.python, "-I", "-c", PROBE, str(path), json.dumps(self.step_keys)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-        try:
-            done = subprocess.run(
-                argv,
-                capture_output=True,
-                timeout=self.verify_timeout_s,
-                cwd="/",
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            # subprocess.run has killed the probe already.
-            return {
-                "error": f"the probe did not finish within {self.verify_timeout_s:g} s (killed)"
-            }
-        except OSError as exc:
-            return {"error": f"cannot start the probe interpreter {self.python}: {exc.strerror}"}
-        for line in reversed(done.stdout.decode(errors="replace").splitlines()):
-            if line.startswith(PROBE_MARK):
+        return self._verifier.check(
+            path, python=self.python, step_keys=self.step_keys, timeout_s=self.verify_timeout_s
+        )
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The pid of the running verifier worker, None before the first verify or after close."""
+        return self._verifier.pid
+
+    def close(self) -> None:
+        """End the verifier worker (a later verify starts a new one)."""
+        self._verifier.close()
+
+
+class _Died(Exception):
+    """The worker ended without answering: `reason` says how."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ProbeWorker:
+    """One long-lived `python -I -c PROBE` that checks paths sent to it, one at a time.
+
+    Started on the first check; killed (SIGKILL) when a check outlives its timeout, and
+    started afresh by the next check then, or when it was found dead. Thread-safe: checks
+    are serialised. The worker shares nothing with the daemon but two pipes and a file
+    that catches its stderr.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._python: str | None = None
+        self._stderr: IO[bytes] | None = None
+        self._pending = b""
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def check(
+        self, path: Path, *, python: str, step_keys: list[str], timeout_s: float
+    ) -> dict[str, Any]:
+        request = json.dumps({"path": str(path), "step_keys": step_keys}).encode() + b"\n"
+        with self._lock:
+            deadline = time.monotonic() + timeout_s
+            for attempt in range(2):
                 try:
-                    report = json.loads(line[len(PROBE_MARK) :])
+                    fresh = self._start(python)
+                except OSError as exc:
+                    return {"error": f"cannot start the probe interpreter {python}: {exc.strerror}"}
+                try:
+                    return self._exchange(request, deadline)
+                except TimeoutError:
+                    self._end(kill=True)
+                    return {"error": f"the probe did not finish within {timeout_s:g} s (killed)"}
+                except _Died as died:
+                    # A worker that had served before may have been killed from outside
+                    # while idle: the request deserves one fresh worker before a verdict.
+                    if fresh or attempt:
+                        return {"error": died.reason}
+            raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """End the worker: its stdin closed, a moment to exit, then SIGKILL.
+
+        With a check in flight the worker is only killed: that check sees the death,
+        cleans up and gets its verdict from a fresh worker, which ends with its stdin.
+        """
+        proc = self._proc
+        if self._lock.acquire(blocking=False):
+            try:
+                self._end(kill=False)
+            finally:
+                self._lock.release()
+        elif proc is not None and proc.poll() is None:
+            proc.kill()
+
+    def _start(self, python: str) -> bool:
+        """Have a live worker for `python`; True when it was started just now."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None and self._python == python:
+            return False
+        self._end(kill=True)
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the worker)
+        try:
+            self._proc = subprocess.Popen(
+                [python, "-I", "-c", PROBE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                cwd="/",
+                env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""},
+                start_new_session=True,
+            )
+        except OSError:
+            stderr.close()
+            raise
+        self._python, self._stderr, self._pending = python, stderr, b""
+        return True
+
+    def _exchange(self, request: bytes, deadline: float) -> dict[str, Any]:
+        proc, stderr = self._proc, self._stderr
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        assert stderr is not None
+        # The stderr file keeps only this request's messages (the offset is shared).
+        os.ftruncate(stderr.fileno(), 0)
+        os.lseek(stderr.fileno(), 0, os.SEEK_SET)
+        try:
+            proc.stdin.write(request)
+            proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # it died: its stdout says so below
+        fd = proc.stdout.fileno()
+        while True:
+            line, newline, rest = self._pending.partition(b"\n")
+            if newline:
+                self._pending = rest
+                if not line.startswith(PROBE_MARK_BYTES):
+                    continue
+                try:
+                    report = json.loads(line[len(PROBE_MARK_BYTES) :])
                 except ValueError:
-                    break
-                if isinstance(report, dict):
-                    return report
-                break
-        if done.returncode < 0:
-            return {"error": f"the probe died of signal {-done.returncode}"}
-        stderr = done.stderr.decode(errors="replace").strip().splitlines()
-        return {
-            "error": f"the probe exited {done.returncode}: {stderr[-1] if stderr else 'no output'}"
-        }
+                    report = None
+                if not isinstance(report, dict):
+                    self._end(kill=True)
+                    raise _Died("the probe answered something unreadable")
+                return report
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise _Died(self._death(max(0.1, deadline - time.monotonic())))
+            self._pending += chunk
+
+    def _death(self, wait_s: float) -> str:
+        """Why the worker closed its stdout, once it has exited (killed if it lingers)."""
+        proc, stderr = self._proc, self._stderr
+        assert proc is not None and stderr is not None
+        try:
+            code = proc.wait(timeout=min(wait_s, 5.0))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        size = os.fstat(stderr.fileno()).st_size
+        tail = os.pread(stderr.fileno(), 4096, max(0, size - 4096)).decode(errors="replace")
+        self._end(kill=True)
+        if code < 0:
+            return f"the probe died of signal {-code}"
+        lines = tail.strip().splitlines()
+        return f"the probe exited {code}: {lines[-1] if lines else 'no output'}"
+
+    def _end(self, *, kill: bool) -> None:
+        proc, stderr = self._proc, self._stderr
+        self._proc = self._stderr = None
+        if proc is not None:
+            _end_process(proc, grace_s=0.0 if kill else CLOSE_GRACE_S)
+        if stderr is not None:
+            stderr.close()
+
+
+def _end_process(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    if grace_s:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _one_line(text: Any, limit: int = 300) -> str:

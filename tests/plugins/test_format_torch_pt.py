@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -245,3 +247,174 @@ def test_the_daemon_refuses_to_start_torch_pt_without_torch(
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "pip install 'trainwarden[trainer]'" in done.stderr
     assert not (run_dir / ".trainwarden" / "journal.jsonl").exists(), "the daemon started"
+
+
+# --------------------------------------------------------------- the persistent verifier
+
+
+def fake_python(tmp_path: Path, body: str) -> Path:
+    """An executable standing in for the probe interpreter: it records its pid, then `body`."""
+    script = tmp_path / "fake-python"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import os, signal, sys, time\n"
+        f"open({str(tmp_path / 'pids')!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        + textwrap.dedent(body)
+    )
+    script.chmod(0o755)
+    return script
+
+
+def started_pids(tmp_path: Path) -> list[int]:
+    return [int(line) for line in (tmp_path / "pids").read_text().split()]
+
+
+def test_one_worker_imports_torch_once_and_serves_every_verification(tmp_path: Path):
+    fmt = TorchPt({})
+    assert fmt.worker_pid is None  # started by the first verify, not by the constructor
+    pids = set()
+    for step in (100, 200, 300, 400):
+        path = save(tmp_path / f"ckpt_{step:06d}.pt", good_state(step))
+        assert fmt.verify(path).step == step
+        pids.add(fmt.worker_pid)
+    wrong = save(tmp_path / "ckpt_000500.pt", good_state(90))
+    assert "step value 90" in invalid(fmt, wrong)
+    pids.add(fmt.worker_pid)
+    assert len(pids) == 1 and None not in pids
+    (pid,) = pids
+    assert pid_alive(pid) and pid != os.getpid()
+    assert os.getsid(pid) == pid  # its own session: a signal to the daemon's group misses it
+    assert os.readlink(f"/proc/{pid}/cwd") == "/"
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"OMP_NUM_THREADS=1" in environ and b"CUDA_VISIBLE_DEVICES=" in environ
+    fmt.close()
+
+
+def test_two_threads_verifying_at_once_get_their_own_verdicts(tmp_path: Path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    fmt = TorchPt({})
+    paths = [save(tmp_path / f"ckpt_{s:06d}.pt", good_state(s)) for s in range(100, 900, 100)]
+    paths.append(save(tmp_path / "ckpt_000900.pt", good_state(1)))
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(lambda p: _verdict(fmt, p), paths))
+    assert outcomes[:-1] == list(range(100, 900, 100))
+    assert "step value 1 " in str(outcomes[-1])
+    fmt.close()
+
+
+def _verdict(fmt: TorchPt, path: Path) -> int | str:
+    try:
+        return fmt.verify(path).step
+    except CheckpointInvalid as exc:
+        return str(exc)
+
+
+def test_a_hanging_load_is_killed_and_the_next_verification_gets_a_new_worker(tmp_path: Path):
+    fmt = TorchPt({})
+    assert fmt.verify(save(tmp_path / "ckpt_000100.pt", good_state(100))).step == 100
+    first = fmt.worker_pid
+    assert first is not None
+    # verify (and the store before it) refuses a FIFO before the worker sees it: here it
+    # stands for any file whose load never returns, handed to the worker directly.
+    fifo = tmp_path / "ckpt_000200.pt"
+    os.mkfifo(fifo)
+    fmt.verify_timeout_s = 1.5
+    assert fmt._probe(fifo) == {"error": "the probe did not finish within 1.5 s (killed)"}
+    assert not pid_alive(first) and fmt.worker_pid is None
+    fmt.verify_timeout_s = 120.0
+    assert fmt.verify(save(tmp_path / "ckpt_000300.pt", good_state(300))).step == 300
+    assert fmt.worker_pid not in (None, first)
+    fmt.close()
+
+
+@pytest.mark.parametrize("wait_for_death", [False, True], ids=["at-once", "after-death"])
+def test_a_worker_killed_from_outside_between_verifications_changes_no_verdict(
+    tmp_path: Path, wait_for_death: bool
+):
+    fmt = TorchPt({})
+    assert fmt.verify(save(tmp_path / "ckpt_000100.pt", good_state(100))).step == 100
+    first = fmt.worker_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    if wait_for_death:
+        deadline = time.monotonic() + 10
+        while pid_alive(first) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert fmt.verify(save(tmp_path / "ckpt_000200.pt", good_state(200))).step == 200
+    second = fmt.worker_pid
+    assert second not in (None, first)
+    os.kill(second, signal.SIGKILL)  # type: ignore[arg-type]
+    assert "step value 7 " in invalid(fmt, save(tmp_path / "ckpt_000300.pt", good_state(7)))
+    fmt.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            "sys.stdin.readline(); os.kill(os.getpid(), signal.SIGSEGV)",
+            "the probe died of signal 11",
+        ),
+        (
+            "sys.stdin.readline(); sys.stderr.write('boom\\n'); sys.exit(4)",
+            "the probe exited 4: boom",
+        ),
+    ],
+    ids=["signal", "exit-status"],
+)
+def test_a_worker_that_dies_on_a_file_says_how_and_the_next_one_is_fresh(
+    tmp_path: Path, body: str, expected: str
+):
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    fmt = TorchPt({"python": str(fake_python(tmp_path, body))})
+    (tmp_path / "pids").unlink()  # the construction's check for torch ran it once
+    assert expected in invalid(fmt, path)
+    assert fmt.worker_pid is None
+    assert expected in invalid(fmt, path)
+    first, second = started_pids(tmp_path)  # a fresh worker's death is the verdict: no retry
+    assert first != second and not pid_alive(first) and not pid_alive(second)
+
+
+def test_a_malicious_pickle_leaves_the_worker_serving_and_never_runs(tmp_path: Path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    fmt = TorchPt({})
+    assert fmt.verify(save(tmp_path / "ckpt_000100.pt", good_state(100))).step == 100
+    pid = fmt.worker_pid
+    hostile = save(tmp_path / "ckpt_000200.pt", {"model": Payload(), "optimizer": {}, "step": 200})
+    assert "weights_only refused it" in invalid(fmt, hostile)
+    assert fmt.verify(save(tmp_path / "ckpt_000300.pt", good_state(300))).step == 300
+    assert fmt.worker_pid == pid
+    assert not marker.exists()
+    fmt.close()
+
+
+def test_close_ends_the_worker_and_a_collected_format_leaves_none(tmp_path: Path):
+    fmt = TorchPt({})
+    assert fmt.verify(save(tmp_path / "ckpt_000100.pt", good_state(100))).step == 100
+    pid = fmt.worker_pid
+    assert pid is not None and pid_alive(pid)
+    fmt.close()
+    assert fmt.worker_pid is None and not pid_alive(pid)
+    fmt.close()  # twice is harmless
+    # A later verification starts a new worker; dropping the format ends that one too.
+    assert fmt.verify(save(tmp_path / "ckpt_000200.pt", good_state(200))).step == 200
+    again = fmt.worker_pid
+    assert again not in (None, pid)
+    del fmt
+    gc.collect()
+    assert not pid_alive(again)  # type: ignore[arg-type]
+
+
+def test_the_worker_keeps_no_checkpoint_mapped_after_checking_it(tmp_path: Path):
+    fmt = TorchPt({})
+    path = save(tmp_path / "ckpt_000100.pt", good_state(100))
+    assert fmt.verify(path).step == 100
+    # A mapping left behind would hold a checkpoint that retention deleted on the disk.
+    assert str(path) not in Path(f"/proc/{fmt.worker_pid}/maps").read_text()
+    fmt.close()
