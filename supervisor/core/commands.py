@@ -51,6 +51,8 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
         return state
     actions.append(SignalTrainer("SIGUSR1", "operator save"))
     target = (state.last_step or 0) if state.last_step is not None else (state.resume_step or 0)
+    # The step the checkpoint must reach: its reply names the first one at or after it.
+    actions.append(Record("save_requested", {"step": target, "wait": ev.command.wait}))
     if ev.command.wait:
         timeout = ev.command.timeout_s or rules.save_wait_timeout_s
         waiter = Waiter(ev.request_id, "save", target, ev.t + timeout)

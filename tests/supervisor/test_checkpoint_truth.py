@@ -113,3 +113,73 @@ def test_changes_made_while_no_daemon_ran_are_caught_at_start_up(tmp_path: Path)
         view = daemon.request("checkpoints")
         assert [c["step"] for c in view["checkpoints"]] == [10, 20]
         daemon.request("shutdown", timeout=60)
+
+
+SLOW_PROBE = """#!{python}
+# The torch-pt verifier's interpreter, slowed: each torch.load takes {delay} s longer, so
+# verifications lag behind commits as they do for large files on a busy machine.
+import sys
+import time
+
+code = sys.argv[sys.argv.index("-c") + 1]
+if "torch.load" in code:
+    import torch
+
+    real_load = torch.load
+
+    def slow_load(*args, **kwargs):
+        time.sleep({delay})
+        return real_load(*args, **kwargs)
+
+    torch.load = slow_load
+sys.argv = ["-c"]
+exec(compile(code, "<verifier>", "exec"), {{"__name__": "__main__"}})
+"""
+
+
+def torch_pt_steps(directory: Path) -> list[int]:
+    return sorted(int(p.name[5:11]) for p in directory.glob("ckpt_*.pt"))
+
+
+@pytest.mark.timeout(300)
+def test_torch_pt_stop_start_and_save_name_the_checkpoint_actually_written(tmp_path: Path):
+    """Commits every 0.4 s, each verification 0.6 s: replies still name what is on disk."""
+    from tests.support import PYTHON, make_run
+
+    slow = tmp_path / "slow-python"
+    slow.write_text(SLOW_PROBE.format(python=PYTHON, delay=0.6))
+    slow.chmod(0o755)
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, str(Path(__file__).parents[1] / "format_trainer.py"),
+         "--format", "torch-pt", "--steps", "100000", "--save-every", "20", "--dt", "0.02"],
+        run={"name": "lagging"},
+        trainer={"stop_timeout_s": 30.0},
+        checkpoints={"format": "torch-pt", "keep_last": 3, "options": {"python": str(slow)}},
+        restart={"backoff_initial_s": 0.0, "stall_timeout_s": 120.0},
+    )  # fmt: skip
+    directory = run_dir / "checkpoints"
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: len(records(run_dir, "checkpoint")) >= 2, 120, what="two commits")
+        stopped = daemon.request("stop", timeout=120)
+        on_disk = torch_pt_steps(directory)
+        assert stopped["checkpoint"]["step"] == on_disk[-1], (stopped, on_disk)
+        assert "unverified" not in stopped
+
+        started = daemon.request("start", timeout=120)
+        assert started["resume_step"] == on_disk[-1], (started, on_disk)
+        spawn = records(run_dir, "spawn")[-1]
+        assert spawn["resume"]["step"] == on_disk[-1]
+
+        wait_for(lambda: (daemon.status().get("step") or 0) > on_disk[-1] + 5, 60, what="steps")
+        asked = len(journal(run_dir))
+        saved = daemon.request("save", timeout=120, wait=True)
+        since = journal(run_dir)[asked:]
+        (target,) = [r["step"] for r in since if r["kind"] == "save_requested"]
+        later = [r["step"] for r in since if r["kind"] == "checkpoint"]
+        # The first checkpoint at or after the save's step, whatever verified first.
+        assert saved["step"] == min(s for s in later if s >= target), (saved, target, later)
+        assert (directory / saved["name"]).exists() or saved["step"] < torch_pt_steps(directory)[0]
+        daemon.request("shutdown", timeout=120)
+    commits = [r["name"] for r in records(run_dir, "checkpoint")]
+    assert len(commits) == len(set(commits))  # each checkpoint counted once
