@@ -3,8 +3,8 @@
 A checkpoint counts when it appears under its final name by a rename (IN_MOVED_TO, the
 commit point of the contract, also from another folder), when a file written in place
 under its final name is closed after writing (IN_CLOSE_WRITE), or when a final name is
-created whole: anything but a regular file (a link, a FIFO, never written in place), or a
-regular file that already verifies (a hard link). The create of a file still being
+created whole: anything but a regular file (a link, a FIFO, never written in place), a
+regular file that already verifies, or a hard link to a file (judged at once, good or bad). The create of a file still being
 written is not judged until it is closed, so a half-copied file never is.
 
 A write to a name already committed (a file rewritten in place, a file inside a committed
@@ -306,12 +306,15 @@ class CheckpointWatcher:
         if name is None:
             return None
         try:
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                return name, None
+            st = os.lstat(path)
         except OSError:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            return name, None
         verdict = self.store.verify(name)
-        return (name, verdict) if verdict.info is not None else None
+        # A second link to a file is a file written elsewhere: judged now, good or bad.
+        whole = verdict.info is not None or st.st_nlink > 1
+        return (name, verdict) if whole else None
 
     def _writing(self, path: Path | None) -> None:
         """A write of `path` (None: of something in flight), reported at most once a second."""

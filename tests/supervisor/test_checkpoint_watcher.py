@@ -314,3 +314,46 @@ async def test_the_directory_removed_and_made_again_is_still_watched(tmp_path: P
         await w.until(lambda: w.committed == [checkpoint_name(50)])
     finally:
         w.watcher.stop()
+
+
+async def test_a_hard_linked_bad_file_is_judged_at_once_and_a_rewrite_is_reported(
+    tmp_path: Path,
+):
+    """A hard link arrives whole (IN_CREATE, never closed after a write here): its verdict,
+    even a bad one, is reported at once rather than at the next rescan. A write to a
+    committed name is reported as a touch."""
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    verdicts: list[tuple[str, bool]] = []
+    touched: list[str] = []
+    loop = asyncio.get_running_loop()
+    watcher = CheckpointWatcher(
+        store,
+        loop,
+        on_committed=lambda name: None,
+        on_writing=lambda: None,
+        on_touched=touched.append,
+        on_verified=lambda name, verdict: verdicts.append((name, verdict.info is not None)),
+    )
+    watcher.start()
+    try:
+        outside = tmp_path / "elsewhere.bin"
+        outside.write_bytes(struct.pack("<ii", 30, 4) + struct.pack("<f", float("nan")) * 12)
+        await asyncio.to_thread(os.link, outside, store.dir / checkpoint_name(30))
+        deadline = loop.time() + 0.9  # well before a rescan could find it
+        while not verdicts and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        assert verdicts == [(checkpoint_name(30), False)]
+
+        committed = store.dir / checkpoint_name(40)
+        committed.write_bytes(andrea_bin(40))
+        await asyncio.sleep(0.2)
+        touched.clear()
+        with open(committed, "r+b") as f:
+            f.seek(8)
+            f.write(struct.pack("<f", 2.0))
+            f.flush()
+            await asyncio.sleep(0.3)  # still open: the write alone is reported
+            assert checkpoint_name(40) in touched
+    finally:
+        watcher.stop()
