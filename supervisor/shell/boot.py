@@ -26,8 +26,22 @@ LINK_CHECK_S = 2.0
 """How often the watched paths are resolved again, to report a link that changed target."""
 
 
+VERIFY_MARGIN_S = 30.0
+"""How much longer than a format's own verify_timeout_s a decision waits for a verdict."""
+DEFAULT_VERIFY_WAIT_S = 180.0
+"""How long a decision waits for a verification when the format sets no timeout."""
+
+
+def verify_wait_s(cfg: Config) -> float:
+    timeout = cfg.checkpoints.options.get("verify_timeout_s")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+        return float(timeout) + VERIFY_MARGIN_S
+    return DEFAULT_VERIFY_WAIT_S
+
+
 def rules_from(cfg: Config) -> core.Rules:
     return core.Rules(
+        verify_timeout_s=verify_wait_s(cfg),
         keep_last=cfg.checkpoints.keep_last,
         backoff_initial_s=cfg.restart.backoff_initial_s,
         backoff_max_s=cfg.restart.backoff_max_s,

@@ -266,3 +266,17 @@ def test_no_decision_names_a_checkpoint_older_than_one_verifiable_before_its_tri
             pid += 1
             state, _ = p.decide(state, p.TrainerSpawned(t, pid), rules)
         assert not (set(c.step for c in state.checkpoints) & quarantined)
+
+
+def test_decisions_wait_a_little_longer_than_the_format_s_own_verify_timeout(tmp_path):
+    from trainwarden.supervisor.config import load_config
+    from trainwarden.supervisor.shell.boot import DEFAULT_VERIFY_WAIT_S, verify_wait_s
+
+    def config(options: str) -> object:
+        (tmp_path / "trainwarden.toml").write_text(
+            f'[trainer]\ncommand = ["python", "train.py"]\n[checkpoints]\noptions = {{{options}}}\n'
+        )
+        return load_config(tmp_path, check_plugins=False)
+
+    assert verify_wait_s(config("verify_timeout_s = 20")) == 50.0  # type: ignore[arg-type]
+    assert verify_wait_s(config("")) == DEFAULT_VERIFY_WAIT_S  # type: ignore[arg-type]
