@@ -128,7 +128,7 @@ class Daemon:
             self.hub,
             report=self.queue.put_nowait,
             trainer_pid=lambda: self.state.trainer_pid,
-            known_commits=self.reports.known,
+            forget_commit=self.reports.forget,
             on_trainer_exit=self._trainer_exited,
         )
         self.hub.load_history(seg=self.state.seg)

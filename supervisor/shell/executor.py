@@ -47,7 +47,7 @@ class Executor:
         hub: TelemetryHub,
         report: Callable[[core.Event], None],
         trainer_pid: Callable[[], int | None],
-        known_commits: dict[str, Any],
+        forget_commit: Callable[[str], None],
         on_trainer_exit: Callable[[], None],
     ) -> None:
         self.cfg = cfg
@@ -58,7 +58,8 @@ class Executor:
         self.report = report
         """Queue an event for the policy."""
         self.trainer_pid = trainer_pid
-        self.known_commits = known_commits
+        self.forget_commit = forget_commit
+        """Drop a name from the registry of commits once its files are gone from the directory."""
         self.on_trainer_exit = on_trainer_exit
         self.replies: dict[int, asyncio.Future[core.Reply]] = {}
         self.exit_code: int | None = None
@@ -86,13 +87,13 @@ class Executor:
                 "delete", {"step": action.step, "name": action.name, "reason": action.reason}
             )
             await self._file_op(self.store.delete, action.name, "delete_failed")
-            self.known_commits.pop(action.name, None)
+            self.forget_commit(action.name)
         elif isinstance(action, core.Quarantine):
             journal.append(
                 "quarantine", {"step": action.step, "name": action.name, "reason": action.reason}
             )
             await self._file_op(self.store.quarantine, action.name, "quarantine_failed")
-            self.known_commits.pop(action.name, None)
+            self.forget_commit(action.name)
             if action.retract_mirror and self.mirror is not None and action.step is not None:
                 self.in_background(self._retract(self.mirror, action.step))
         elif isinstance(action, core.Reply):

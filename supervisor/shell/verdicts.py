@@ -4,7 +4,7 @@ Each committed checkpoint is verified (the format's check) and digested (store.d
 in a worker thread, and reported once: as the start-up scan's verdicts, or as
 CheckpointSeen followed by exactly one outcome event. The registry (`known`) holds, per
 committed name, its files' stat signature and its digest; the executor drops a name once
-it deletes or quarantines it.
+it deletes or quarantines it (`forget`).
 
 A name the watcher reports again (a second event for the same commit, a write to a
 committed file, a file renamed over it) is looked at again: the same signature is the
@@ -52,6 +52,9 @@ class CheckpointReports:
         self.hub = hub
         self.report = report
         self.known: dict[str, Commit] = {}
+        self.changed: set[str] = set()
+        """Names found changed since their commit, until their files are quarantined: what
+        the watcher says of them meanwhile (the rewrite's own close) is no new commit."""
         self._checking: set[str] = set()
         self._again: dict[str, Verdict | None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -132,7 +135,14 @@ class CheckpointReports:
         if name in self.known or name in self._checking:
             self._look(name, None)
 
+    def forget(self, name: str) -> None:
+        """`name` was deleted or quarantined: a checkpoint saved under it later is new."""
+        self.known.pop(name, None)
+        self.changed.discard(name)
+
     def _look(self, name: str, verdict: Verdict | None) -> None:
+        if name in self.changed:
+            return
         if name in self._checking:
             self._again.setdefault(name, verdict)
             return
@@ -160,6 +170,8 @@ class CheckpointReports:
                 if name not in self._again:
                     return
                 verdict, seen = self._again.pop(name), False
+                if name in self.changed:
+                    return  # what else was written to it changes nothing
         finally:
             self._checking.discard(name)
 
@@ -184,6 +196,7 @@ class CheckpointReports:
                 self.report(core.CheckpointUnchanged(now, name))
                 return
             del self.known[name]
+            self.changed.add(name)
             self.report(core.CheckpointChanged(now, step, name, _change(known, result)))
             return
         if info is not None and result.digest is not None:
