@@ -89,8 +89,16 @@ def test_full_pivot(tmp_path: Path):
         assert orjson.loads(old_state)["arms"]["docs"]["cap"] == 1.0
         pivot_ckpt = run_dir / "checkpoints" / checkpoint_name(step)
         pinned_hash = sha(pivot_ckpt)
+        # The pivot's reply comes before the new trainer's start (its checkpoint's digest
+        # is checked first).
+        spawn = wait_for(
+            lambda: next(
+                (r for r in journal(run_dir) if r["kind"] == "spawn" and r["pivot"]), None
+            ),
+            60,
+            what="the trainer started after the pivot",
+        )
         records = journal(run_dir)
-        spawn = [r for r in records if r["kind"] == "spawn"][-1]
         assert spawn["resume"]["step"] == step and spawn["pivot"] is True
         assert [r["stage"] for r in records if r["kind"] == "pivot_stage"] == [
             "saving",

@@ -154,7 +154,13 @@ def test_power_cut_recovery(tmp_path: Path):
         recovery = next(r for r in records if r["kind"] == "boot_recovery")
         assert recovery["resume_step"] == newest
         assert recovery["steps_lost"] == last_logged - newest
-        assert [r for r in records if r["kind"] == "spawn"][-1]["resume"]["step"] == newest
+        started = max(i for i, r in enumerate(records) if r["kind"] == "daemon_start")
+        spawns = wait_for(
+            lambda: [r for r in journal(run_dir)[started:] if r["kind"] == "spawn"],
+            60,
+            what="the trainer started again",
+        )
+        assert spawns[-1]["resume"]["step"] == newest
     finally:
         daemon.cleanup()
 
