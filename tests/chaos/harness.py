@@ -708,9 +708,9 @@ class Soak:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        # The fault's time is the rename's start: the daemon may react before it returns.
         fault = self.record("plant_future", None, name=name, copy_of=good[-1].name, during=while_)
         os.replace(staging, self.ckpt / name)
-        fault.t = time.time()
         return fault
 
     def do_plant_future(self, event: Event, status: dict[str, Any]) -> None:
@@ -719,12 +719,13 @@ class Soak:
             self.await_quarantine(fault)
 
     def daemon_verified(self) -> list[Path]:
-        """Committed checkpoints the running daemon has journaled as verified (so it holds
-        their digest) and not deleted or quarantined since, oldest first."""
+        """Committed checkpoints the running daemon has journaled as verified (its
+        `checkpoint` record: it holds their digest) and not deleted or quarantined since,
+        oldest first."""
         live: dict[str, float] = {}
         for record in self.journal.read():
             kind, name = record.get("kind"), record.get("name")
-            if kind == "checkpoint" and record.get("digest"):
+            if kind == "checkpoint":
                 live[name] = record["t"]
             elif kind in ("delete", "quarantine"):
                 live.pop(name, None)
@@ -750,6 +751,7 @@ class Soak:
             with open(target, "r+b") as f:
                 original = f.read()
                 changed = doubled_weights(original, self.rng)
+                # From the first write: the daemon may see it before the fsync returns.
                 fault = self.record("corrupt_committed", status.get("step"), name=target.name)
                 f.seek(0)
                 f.write(changed)
@@ -758,7 +760,6 @@ class Soak:
         except FileNotFoundError:
             self.notes.append(f"corrupt_committed@{event.step}: {target.name} vanished; skipped")
             return
-        fault.t = time.time()
         fault.detail["bytes_changed"] = sum(a != b for a, b in zip(original, changed, strict=True))
         self.await_quarantine(fault)
 

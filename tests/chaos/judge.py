@@ -559,6 +559,13 @@ class Judge:
             deleted = self.after("delete", f.t - 0.01, name=name)
             if deleted is not None and deleted["t"] <= quarantine["t"]:
                 problems.append(f"{f.kind} {name}: deleted instead of quarantined")
+        plan = self.soak.plan
+        for kind, planned in (
+            ("corrupt_committed", plan.corruptions),
+            ("plant_future", plan.future_plants),
+        ):
+            if planned and not checked[kind]:
+                problems.append(f"no {kind} fault was injected (see the notes for why)")
         windows = self.bad_windows()
         for w in (w for w in self.watch if w["kind"] == "gone" and not w["quarantined"]):
             bad = {step for _, step, a, b in windows if a <= w["t"] <= b}
