@@ -4,8 +4,8 @@ One `Soak` drives one run: it writes the config, optionally puts the checkpoint 
 on a small tmpfs in a private mount namespace (so a full disk can be staged), starts the
 watcher process (tests/chaos/watcher.py) and the daemon, then walks a seeded schedule of
 faults and operator commands keyed to training steps. When the run has finished it shuts
-the daemon down and tests/chaos/judge.py checks the six invariants from the journal, the watcher's
-records, the files and the reference runs, and builds the summary.
+the daemon down and tests/chaos/judge.py checks the seven invariants from the journal, the
+watcher's records, the files and the reference runs, and builds the summary.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from tests.support import (
     trainer_argv,
     wait_for,
 )
+from trainwarden.supervisor.contract import checkpoint_name
 from trainwarden.supervisor.errors import CommandRefused, ProtocolError
 from trainwarden.supervisor.protocol import Client
 
@@ -44,10 +45,16 @@ STEP_LINE = re.compile(r"^step: (\d+), loss: ([^,]+),")
 CKPT_NAME = re.compile(r"^step_(\d{6,})\.bin$")
 HEADER = struct.Struct("<ii")
 NEW_POLICY: dict[str, Any] = {"caps": {"docs": 0.5}, "floors": {"tests": 0.2}}
-PLANTS = ("truncate", "flip_step", "flip_n_params")
-"""Corruptions planted while the daemon is down. Bit flips go in the header (step or
-n_params): andrea-bin verification checks size and header only, so a flip in the weights
-region would pass it and cannot be caught by the daemon."""
+PLANTS = ("truncate", "flip_step", "flip_n_params", "nan_weight", "double_weights")
+"""Corruptions planted in the newest checkpoint while the daemon is down, in turn. The
+size, header and NaN ones fail andrea-bin verification at the next start-up; doubled
+weights stay finite and pass it, and only the digest the previous daemon persisted for
+that name (its `state` record) shows the change."""
+FUTURE_STEP = 99_999_999
+"""Far-future plants are named for this step (one less for each further plant): valid
+header, finite contents, far beyond anything the run logs."""
+DOUBLED_WEIGHTS = 2000
+"""How many weights a corruption in place doubles."""
 TMPFS_SIZE = "160m"
 # Command outcomes that are answers, not failures: another command held the operator
 # lock, or the state did not allow it (a kill landed while a save waited).
@@ -67,12 +74,18 @@ class SoakPlan:
     trainer_kills: int
     kills_in_write: int
     daemon_kills: int
-    """Each one plants a corrupt newest checkpoint while the daemon is down; every
+    """Each one plants a corrupt newest checkpoint while the daemon is down (the next of
+    PLANTS), and every other one, from the first, a far-future checkpoint too; every
     second one is a double kill (restart, SIGKILL again at once, restart)."""
     enospc: int
     save_pairs: int
     stop_starts: int
     save_kills: int
+    corruptions: int = 1
+    """Committed checkpoints the daemon has verified, rewritten in place (same size,
+    doubled weights: still finite) while it runs."""
+    future_plants: int = 1
+    """Far-future checkpoints planted while the daemon runs."""
     pivot: bool = True
     keep_last: int = 3
     stall_timeout_s: float = 15.0
@@ -94,12 +107,20 @@ def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
     kinds: list[Event] = []
     kinds += [Event(0, "trainer_kill") for _ in range(plan.trainer_kills)]
     kinds += [Event(0, "trainer_kill_in_write") for _ in range(plan.kills_in_write)]
+    planted = 0
     for i in range(plan.daemon_kills):
-        kinds.append(Event(0, "daemon_kill", {"plant": PLANTS[i % 3], "double": i % 2 == 1}))
+        double = i % 2 == 1
+        plants = [PLANTS[(planted + k) % len(PLANTS)] for k in range(1 + double)]
+        planted += len(plants)
+        kinds.append(
+            Event(0, "daemon_kill", {"plants": plants, "double": double, "future": i % 2 == 0})
+        )
     kinds += [Event(0, "enospc") for _ in range(plan.enospc)]
     kinds += [Event(0, "save_pair") for _ in range(plan.save_pairs)]
     kinds += [Event(0, "stop_start") for _ in range(plan.stop_starts)]
     kinds += [Event(0, "save_kill") for _ in range(plan.save_kills)]
+    kinds += [Event(0, "corrupt_committed") for _ in range(plan.corruptions)]
+    kinds += [Event(0, "plant_future") for _ in range(plan.future_plants)]
     kinds += [Event(0, "nan"), Event(0, "hang")]
     rng.shuffle(kinds)
     if plan.pivot:
@@ -191,6 +212,21 @@ def verify_bytes(path: Path) -> bool:
         return False
     step, n_params = HEADER.unpack(head)
     return n_params > 0 and step == int(match.group(1)) and size == 8 + 12 * n_params
+
+
+def doubled_weights(data: bytes, rng: random.Random) -> bytes:
+    """`data` (an andrea-bin file) with DOUBLED_WEIGHTS consecutive weights doubled: the
+    same size and header, every value still finite, so only a digest can tell."""
+    n_params = HEADER.unpack_from(data)[1]
+    count = min(DOUBLED_WEIGHTS, n_params)
+    first = rng.randrange(n_params - count + 1)
+    start = HEADER.size + 4 * first
+    weights = struct.unpack_from(f"<{count}f", data, start)
+    # A zero doubles to itself and a huge value to infinity: those change another way.
+    changed = [w * 2.0 if 0.0 < abs(w) < 1e30 else (w / 2.0 if w else 1.0) for w in weights]
+    out = bytearray(data)
+    struct.pack_into(f"<{count}f", out, start, *changed)
+    return bytes(out)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -616,6 +652,10 @@ class Soak:
     def plant(self, how: str) -> dict[str, Any] | None:
         """Corrupt the newest verified checkpoint in place (while the daemon is down)."""
         good = self.verified()
+        if how == "double_weights":
+            # Only a change to a file whose digest the killed daemon persisted can be seen.
+            digested = self.persisted_digests()
+            good = [p for p in good if p.name in digested]
         if len(good) < 2:
             self.notes.append(f"plant {how}: fewer than two verified checkpoints; skipped")
             return None
@@ -625,8 +665,14 @@ class Soak:
             data = data[: len(data) // 2]
         elif how == "flip_step":
             data[0] ^= 1 << self.rng.randrange(8)
-        else:
+        elif how == "flip_n_params":
             data[4 + self.rng.randrange(4)] ^= 1 << self.rng.randrange(8)
+        elif how == "nan_weight":
+            n_params = HEADER.unpack_from(data)[1]
+            offset = HEADER.size + 4 * self.rng.randrange(n_params)
+            data[offset : offset + 4] = struct.pack("<f", math.nan)
+        else:
+            data = bytearray(doubled_weights(bytes(data), self.rng))
         with open(target, "r+b") as f:
             f.write(data)
             f.truncate(len(data))
@@ -634,22 +680,119 @@ class Soak:
             os.fsync(f.fileno())
         return {"name": target.name, "how": how}
 
+    def persisted_digests(self) -> dict[str, str]:
+        """The per-name digests in the daemon's newest `state` journal record."""
+        for record in reversed(self.journal.read()):
+            if record.get("kind") == "state":
+                digests = (record.get("state") or {}).get("digests") or {}
+                return dict(digests) if isinstance(digests, dict) else {}
+        return {}
+
+    def plant_future(self, while_: str) -> Fault | None:
+        """A copy of the newest verified checkpoint renamed into place as a far-future
+        step, its header patched to match: it passes andrea-bin verification."""
+        good = self.verified()
+        if not good:
+            self.notes.append(f"plant_future ({while_}): no verified checkpoint to copy")
+            return None
+        step = FUTURE_STEP - sum(1 for f in self.faults if f.kind == "plant_future")
+        name = checkpoint_name(step)
+        try:
+            data = bytearray(good[-1].read_bytes())
+        except FileNotFoundError:
+            self.notes.append(f"plant_future ({while_}): {good[-1].name} vanished; skipped")
+            return None
+        HEADER.pack_into(data, 0, step, HEADER.unpack_from(data)[1])
+        staging = self.ckpt / "planted.partial"
+        with open(staging, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # The fault's time is the rename's start: the daemon may react before it returns.
+        fault = self.record("plant_future", None, name=name, copy_of=good[-1].name, during=while_)
+        os.replace(staging, self.ckpt / name)
+        return fault
+
+    def do_plant_future(self, event: Event, status: dict[str, Any]) -> None:
+        fault = self.plant_future("running")
+        if fault is not None:
+            self.await_quarantine(fault)
+
+    def daemon_verified(self) -> list[Path]:
+        """Committed checkpoints the running daemon has journaled as verified (its
+        `checkpoint` record: it holds their digest) and not deleted or quarantined since,
+        oldest first."""
+        live: dict[str, float] = {}
+        for record in self.journal.read():
+            kind, name = record.get("kind"), record.get("name")
+            if kind == "checkpoint":
+                live[name] = record["t"]
+            elif kind in ("delete", "quarantine"):
+                live.pop(name, None)
+        return [p for p in self.verified() if p.name in live]
+
+    def do_corrupt_committed(self, event: Event, status: dict[str, Any]) -> None:
+        spawned = [r for r in self.journal.read() if r.get("kind") == "spawn"]
+        resumed = ((spawned[-1].get("resume") or {}) if spawned else {}).get("name")
+        pinned = (self.pivot_result or {}).get("step")
+        # Not the file the live trainer may still be loading, nor the pivot's pinned one
+        # (the continuation reference is copied from it); one of the two newest, so that
+        # retention cannot delete it while it is rewritten.
+        candidates = [
+            p
+            for p in self.daemon_verified()
+            if p.name != resumed and (pinned is None or p.name != checkpoint_name(pinned))
+        ][-2:]
+        if not candidates:
+            self.notes.append(f"corrupt_committed@{event.step}: no daemon-verified checkpoint")
+            return
+        target = self.rng.choice(candidates)
+        try:
+            with open(target, "r+b") as f:
+                original = f.read()
+                changed = doubled_weights(original, self.rng)
+                # From the first write: the daemon may see it before the fsync returns.
+                fault = self.record("corrupt_committed", status.get("step"), name=target.name)
+                f.seek(0)
+                f.write(changed)
+                f.flush()
+                os.fsync(f.fileno())
+        except FileNotFoundError:
+            self.notes.append(f"corrupt_committed@{event.step}: {target.name} vanished; skipped")
+            return
+        fault.detail["bytes_changed"] = sum(a != b for a, b in zip(original, changed, strict=True))
+        self.await_quarantine(fault)
+
+    def await_quarantine(self, fault: Fault) -> None:
+        """Let the daemon react before the next fault (its reaction is judged later)."""
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: self.journal.find("quarantine", fault.t - 1, name=fault.detail["name"]),
+                30,
+                0.05,
+                what=f"the quarantine of {fault.detail['name']}",
+            )
+
     def do_daemon_kill(self, event: Event, status: dict[str, Any]) -> None:
         time.sleep(self.rng.uniform(0.0, 1.0))
         down = [time.time(), math.inf]
         self.downtimes.append(down)
-        fault = self.record("daemon_kill", status.get("step"), double=event.args["double"])
+        double = event.args["double"]
+        fault = self.record("daemon_kill", status.get("step"), double=double)
         self.kill_daemon("test: SIGKILL")
         fault.t = time.time()
-        planted = self.plant(event.args["plant"])
+        plants = list(event.args["plants"])
+        planted = self.plant(plants.pop(0))
         if planted is not None:
             self.record(f"plant_{planted['how']}", None, name=planted["name"])
-        if event.args["double"]:
+        if event.args["future"]:
+            self.plant_future("down")
+        if double:
             self.launch_daemon()
             time.sleep(self.rng.uniform(0.05, 0.8))
             self.kill_daemon("test: SIGKILL (second, in quick succession)")
             # Down again: corrupt the (new) newest one too, the next way round.
-            again = self.plant(PLANTS[(PLANTS.index(event.args["plant"]) + 1) % len(PLANTS)])
+            again = self.plant(plants.pop(0))
             if again is not None:
                 self.record(f"plant_{again['how']}", None, name=again["name"])
         fault.detail["relaunch_t"] = time.time()

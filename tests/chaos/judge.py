@@ -1,4 +1,4 @@
-"""Judging a chaos soak: the six invariants and the summary, from the outside.
+"""Judging a chaos soak: the seven invariants and the summary, from the outside.
 
 Everything here reads what the run left behind: the daemon's journal, the watcher
 process's records, the files in the run directory and the reference runs (the straight,
@@ -96,6 +96,10 @@ class Judge:
                 self.react_trainer_kill(fault)
             elif fault.kind == "daemon_kill":
                 self.react_daemon_kill(fault)
+            elif fault.kind == "corrupt_committed":
+                self.react_corrupt_committed(fault)
+            elif fault.kind == "plant_future":
+                self.react_plant_future(fault)
             elif fault.kind.startswith("plant_"):
                 self.react_plant(fault)
             elif fault.kind == "enospc":
@@ -160,6 +164,65 @@ class Judge:
         if spawn is not None and (spawn.get("resume") or {}).get("name") == name:
             fault.problem = f"resumed from the planted {name}"
             fault.survived = False
+
+    def resumed_from_after(self, name: str, t: float) -> dict[str, Any] | None:
+        """The first spawn after `t` that resumes from `name` before a new commit of that
+        name (a replay may write the same step again, and resuming from that is fine)."""
+        for record in self.records:
+            if record.get("t", 0) < t:
+                continue
+            if record["kind"] == "checkpoint" and record.get("name") == name:
+                return None
+            if record["kind"] == "spawn" and (record.get("resume") or {}).get("name") == name:
+                return record
+        return None
+
+    def react_corrupt_committed(self, fault: Fault) -> None:
+        name = fault.detail["name"]
+        record = self.after("quarantine", fault.t - 0.01, name=name)
+        if record is None:
+            fault.problem = f"{name}, rewritten in place after its commit, was never quarantined"
+            return
+        changed = self.after("checkpoint_changed", fault.t - 0.01, name=name)
+        fault.reaction = {
+            "quarantine": record["reason"],
+            "checkpoint_changed": (changed or {}).get("reason"),
+        }
+        fault.latency_s = record["t"] - fault.t
+        fault.survived = True
+        if not record["reason"].startswith("content changed since commit"):
+            fault.problem = f"{name} quarantined for another reason: {record['reason']!r}"
+        elif self.resumed_from_after(name, fault.t) is not None:
+            fault.problem = f"resumed from {name} after it was rewritten"
+        elif not self.in_quarantine(name):
+            fault.problem = f"{name} is not in quarantine/"
+        fault.survived = fault.problem is None
+
+    def react_plant_future(self, fault: Fault) -> None:
+        name = fault.detail["name"]
+        record = self.after("quarantine", fault.t - 0.01, name=name)
+        if record is None:
+            fault.problem = f"planted far-future {name} was never quarantined"
+            return
+        fault.reaction = {"quarantine": record["reason"]}
+        started = [
+            r["t"] for r in self.records if r["kind"] == "daemon_start" and r["t"] <= record["t"]
+        ]
+        since = fault.t if fault.detail["during"] == "running" else (started or [fault.t])[-1]
+        fault.latency_s = record["t"] - since
+        counted = self.after("checkpoint", fault.t - 0.01, name=name)
+        if "max_step_jump" not in record["reason"]:
+            fault.problem = f"{name} quarantined for another reason: {record['reason']!r}"
+        elif counted is not None:
+            fault.problem = f"{name} was counted as a commit: {counted}"
+        elif self.resumed_from_after(name, fault.t) is not None:
+            fault.problem = f"resumed from the planted {name}"
+        elif not self.in_quarantine(name):
+            fault.problem = f"{name} is not in quarantine/"
+        fault.survived = fault.problem is None
+
+    def in_quarantine(self, name: str) -> bool:
+        return any(q == name or q.startswith(name + ".") for q in self.quarantine_listing())
 
     def react_enospc(self, fault: Fault) -> None:
         crash = self.after("crash", fault.t)
@@ -323,7 +386,8 @@ class Judge:
                 exempt += 1
                 continue
             allowed = keep + 1 + self.pinned_at(t)
-            steps = sorted(int(n[5:-4]) for n in w["names"])
+            # A planted far-future file is there until the daemon moves it: not a commit.
+            steps = sorted(int(n[5:-4]) for n in w["names"] if n not in self.planted_names())
             if len(steps) > allowed:
                 problems.append(
                     f"{len(steps)} committed files > {allowed} allowed at {t}: {w['names']}"
@@ -437,6 +501,96 @@ class Judge:
             },
         )
 
+    def planted_names(self) -> set[str]:
+        return {f.detail["name"] for f in self.soak.faults if f.kind == "plant_future"}
+
+    def bad_windows(self) -> list[tuple[str, int, float, float]]:
+        """(name, step, from, until) for each checkpoint the test made bad while the
+        daemon ran or before it started: from the fault to the daemon's quarantine of it."""
+        windows = []
+        for f in self.soak.faults:
+            if f.kind not in ("corrupt_committed", "plant_future") and not f.kind.startswith(
+                "plant_"
+            ):
+                continue
+            name = f.detail["name"]
+            quarantine = self.after("quarantine", f.t - 0.01, name=name)
+            until = quarantine["t"] if quarantine is not None else math.inf
+            windows.append((name, int(name[5:-4]), f.t, until))
+        return windows
+
+    def check_bad_checkpoints(self) -> Verdict:
+        """Quarantined checkpoints are never resumed from; a checkpoint rewritten in place
+        is quarantined as changed, a far-future one as implausible; neither is ever
+        counted as a commit, deleted, or counted by retention as a newer good one."""
+        problems = []
+        for r in (r for r in self.records if r["kind"] == "quarantine"):
+            spawn = self.resumed_from_after(r.get("name", ""), r["t"])
+            if spawn is not None:
+                problems.append(
+                    f"spawn at {spawn['t']} resumed from {r.get('name')}, quarantined at"
+                    f" {r['t']} ({r.get('reason')})"
+                )
+        expected = {
+            "corrupt_committed": "content changed since commit",
+            "plant_double_weights": "content changed since commit",
+            "plant_future": "max_step_jump",
+        }
+        checked: dict[str, int] = defaultdict(int)
+        for f in self.soak.faults:
+            if f.kind not in expected:
+                continue
+            name = f.detail["name"]
+            checked[f.kind] += 1
+            quarantine = self.after("quarantine", f.t - 0.01, name=name)
+            if quarantine is None:
+                problems.append(f"{f.kind} {name}: never quarantined")
+                continue
+            if expected[f.kind] not in quarantine["reason"]:
+                problems.append(
+                    f"{f.kind} {name}: quarantined as {quarantine['reason']!r}, expected a"
+                    f" reason naming {expected[f.kind]!r}"
+                )
+            spawn = self.resumed_from_after(name, f.t)
+            if spawn is not None:
+                problems.append(f"{f.kind} {name}: resumed from at {spawn['t']}")
+            if f.kind == "plant_future" and self.after("checkpoint", f.t - 0.01, name=name):
+                problems.append(f"{f.kind} {name}: counted as a commit")
+            deleted = self.after("delete", f.t - 0.01, name=name)
+            if deleted is not None and deleted["t"] <= quarantine["t"]:
+                problems.append(f"{f.kind} {name}: deleted instead of quarantined")
+        plan = self.soak.plan
+        for kind, planned in (
+            ("corrupt_committed", plan.corruptions),
+            ("plant_future", plan.future_plants),
+        ):
+            if planned and not checked[kind]:
+                problems.append(f"no {kind} fault was injected (see the notes for why)")
+        windows = self.bad_windows()
+        for w in (w for w in self.watch if w["kind"] == "gone" and not w["quarantined"]):
+            bad = {step for _, step, a, b in windows if a <= w["t"] <= b}
+            newer_good = [s for s in w["newer_verified"] if s not in bad]
+            if bad & set(w["newer_verified"]) and not newer_good:
+                problems.append(
+                    f"{w['name']} deleted with only bad checkpoints newer: {w['newer_verified']}"
+                )
+        return Verdict(
+            "7 bad checkpoints quarantined, never resumed from, never counted",
+            not problems,
+            {
+                "checked": dict(checked),
+                "quarantine_records": sum(1 for r in self.records if r["kind"] == "quarantine"),
+                "deleted_while_a_bad_one_was_newer": sum(
+                    1
+                    for w in self.watch
+                    if w["kind"] == "gone"
+                    and not w["quarantined"]
+                    and any(a <= w["t"] <= b and s in w["newer_verified"] for _, s, a, b in windows)
+                ),
+                "problems": problems,
+            },
+        )
+
     def judge(self) -> list[Verdict]:
         self.reactions()
         self.verdicts = [
@@ -446,6 +600,7 @@ class Judge:
             self.check_losses(),
             self.check_reactions(),
             self.check_daemon_and_trainers(),
+            self.check_bad_checkpoints(),
         ]
         return self.verdicts
 
@@ -496,6 +651,10 @@ class Judge:
             "plant_truncate": "daemon start -> quarantine record",
             "plant_flip_step": "daemon start -> quarantine record",
             "plant_flip_n_params": "daemon start -> quarantine record",
+            "plant_nan_weight": "daemon start -> quarantine record",
+            "plant_double_weights": "daemon start -> quarantine record (digest)",
+            "plant_future": "rename into place (or daemon start) -> quarantine record",
+            "corrupt_committed": "rewrite in place -> quarantine record (digest)",
             "nan": "NaN step line -> SIGKILL",
             "hang": "injected-hang line -> stall record (about stall_timeout_s)",
             "enospc": "disk full -> crash record (includes waiting for the next save)",

@@ -1,6 +1,8 @@
 """The chaos soak: the real daemon and the reference trainer through a seeded storm of
-trainer and daemon SIGKILLs, corrupt checkpoints, a NaN, a hang, a full disk and two
-operators at once, then six invariants checked from outside (see harness.Judge).
+trainer and daemon SIGKILLs, corrupt checkpoints (planted while the daemon is down, or a
+committed one rewritten in place while it runs), far-future checkpoints planted, a NaN, a
+hang, a full disk and two operators at once, then seven invariants checked from outside
+(see judge.Judge).
 
 The fast variant (2,000 steps) runs in the default suite; the long one (20,000 steps)
 only with `--run-slow`. TRAINWARDEN_CHAOS_SEED picks another schedule and
@@ -46,6 +48,8 @@ LONG = SoakPlan(
     save_pairs=4,
     stop_starts=3,
     save_kills=3,
+    corruptions=4,
+    future_plants=2,
 )
 
 
@@ -66,6 +70,8 @@ def scaled(plan: SoakPlan, steps: int) -> SoakPlan:
         save_pairs=n(plan.save_pairs),
         stop_starts=n(plan.stop_starts),
         save_kills=n(plan.save_kills),
+        corruptions=n(plan.corruptions),
+        future_plants=n(plan.future_plants),
     )
 
 
