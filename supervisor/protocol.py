@@ -322,6 +322,8 @@ class HelloResult(TypedDict):
     run_dir: str
     log: str
     """The run log's path on the daemon's machine."""
+    pid: int
+    """The daemon's pid (what `daemon --detach` checks it started)."""
 
 
 class StatusResult(StateView, Telemetry, CheckpointsView):

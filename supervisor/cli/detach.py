@@ -45,19 +45,30 @@ def start_detached(cfg: Config, timeout_s: float = 60.0) -> int:
     finally:
         os.close(log_fd)
     deadline = time.monotonic() + timeout_s
+    other: int | None = None
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
+            reason = _tail(files.daemon_log)
+            if other is not None:
+                raise TrainwardenError(
+                    f"a daemon already runs for {cfg.run_dir} (pid {other}); the new one exited "
+                    f"with status {code}: {reason} (full log: {files.daemon_log})"
+                )
             raise TrainwardenError(
-                f"the daemon exited with status {code}: {_tail(files.daemon_log)} "
-                f"(full log: {files.daemon_log})"
+                f"the daemon exited with status {code}: {reason} (full log: {files.daemon_log})"
             )
         try:
             with Client(cfg.socket_path, timeout=2.0) as client:
-                client.request("hello")
-            return proc.pid
+                hello = client.request("hello")
         except (DaemonNotRunning, ProtocolError, CommandRefused, OSError):
             time.sleep(0.05)
+            continue
+        if hello.get("pid") == proc.pid:
+            return proc.pid
+        # Another daemon answers (it holds the run's lock): ours is about to fail; say why.
+        other = hello.get("pid")
+        time.sleep(0.05)
     raise TrainwardenError(
         f"the daemon (pid {proc.pid}) did not answer within {timeout_s:.0f} s; see {files.daemon_log}"
     )

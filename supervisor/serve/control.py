@@ -321,6 +321,7 @@ class ControlServer:
             "run": self.daemon.cfg.run.name,
             "run_dir": str(self.daemon.cfg.run_dir),
             "log": str(self.daemon.cfg.log_path),
+            "pid": os.getpid(),
         }
 
     def cmd_status(self, conn: Connection, args: dict[str, Any]) -> Any:

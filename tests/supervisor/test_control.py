@@ -381,6 +381,18 @@ def test_stop_start_shutdown_and_detach(tmp_path: Path):
         daemon.cleanup()
 
 
+def test_detach_beside_a_running_daemon_exits_1_naming_it(tmp_path: Path):
+    """The old daemon answers hello, but it is not the child just started: no success."""
+    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000)
+    with running_daemon(run_dir) as daemon:
+        again = cli("daemon", "--detach", str(run_dir))
+        assert again.returncode == 1, again.stdout
+        assert "started" not in again.stdout
+        assert f"a daemon already runs for {run_dir} (pid {daemon.pid})" in again.stderr
+        assert len(again.stderr.strip().splitlines()) == 1
+        assert daemon.alive
+
+
 def test_events_follow_streams_new_events(daemon: DaemonProcess):
     follower = subprocess.Popen(
         [
