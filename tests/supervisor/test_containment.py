@@ -75,9 +75,10 @@ def test_a_crashed_trainers_helper_is_gone_before_the_next_start(tmp_path: Path)
             assert first in killed_pids(run_dir)
             kinds = [r["kind"] for r in journal(run_dir)]
             # The helper was stopped (and journaled) before the second start's spawn.
-            assert kinds.index("leftover_processes") < [
-                i for i, k in enumerate(kinds) if k == "spawn"
-            ][1]
+            assert (
+                kinds.index("leftover_processes")
+                < [i for i, k in enumerate(kinds) if k == "spawn"][1]
+            )
             assert second != first
     finally:
         kill_helpers(run_dir)
@@ -156,12 +157,12 @@ def dying_at(point: str) -> dict[str, str]:
 
 def run_trainers(run_dir: Path) -> list[int]:
     """Live trainer processes of the run (the scripted trainer's main processes)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and any(a.endswith(SCRIPTED) for a in argv_of(int(name))[:2]):
-            if belongs_to_run(int(name), run_dir):
-                found.append(int(name))
-    return found
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [
+        pid
+        for pid in pids
+        if any(a.endswith(SCRIPTED) for a in argv_of(pid)[:2]) and belongs_to_run(pid, run_dir)
+    ]
 
 
 def test_a_daemon_killed_anywhere_around_a_spawn_never_leaves_two_trainers(tmp_path: Path):
@@ -183,7 +184,7 @@ def test_a_daemon_killed_anywhere_around_a_spawn_never_leaves_two_trainers(tmp_p
             normal = DaemonProcess(run_dir)
             daemons.append(normal)
             normal.start()
-            started = wait_for(lambda: normal.status().get("trainer_pid"), 60, what="a trainer")
+            started = wait_for(lambda d=normal: d.status().get("trainer_pid"), 60, what="a trainer")
             seen.update(run_trainers(run_dir))
             trainers = run_trainers(run_dir)
             assert trainers == [started], f"killed at {case}: trainers {trainers}"

@@ -32,7 +32,7 @@ def _die() -> None:
 
 
 def _at(point: str) -> None:
-    if POINT == point:
+    if point == POINT:
         _die()
 
 
