@@ -2,10 +2,12 @@
 would be: a real process tree for the containment tests.
 
 Usage: python tests/forking_trainer.py [--crash-at STEP] [--stubborn-helper] [--dt SECONDS]
+  [--helper-lifetime SECONDS]
 It forks a child that calls setsid and forks the helper, then exits at once, so the helper
 has lost its parent and sits in a session of its own. The helper writes its pid to
-helpers/seg<SEG>.pid (TRAINWARDEN_SEG) and sleeps forever (ignoring SIGTERM with
---stubborn-helper). The trainer prints step lines, exits 0 on SIGTERM and 1 at --crash-at.
+helpers/seg<SEG>.pid (TRAINWARDEN_SEG) and its parent's pid to helpers/seg<SEG>.ppid
+once it has lost its own, then sleeps forever or --helper-lifetime seconds (ignoring
+SIGTERM with --stubborn-helper). The trainer prints step lines, exits 0 on SIGTERM and 1 at --crash-at.
 """
 
 from __future__ import annotations
@@ -18,21 +20,32 @@ import time
 from pathlib import Path
 
 
-def start_helper(pid_file: Path, stubborn: bool) -> None:
+def start_helper(pid_file: Path, stubborn: bool, lifetime: float | None) -> None:
     child = os.fork()
     if child:
         os.waitpid(child, 0)  # the middle process exits at once: the helper is an orphan
         return
     os.setsid()
+    middle = os.getpid()
     if os.fork():
         os._exit(0)
     if stubborn:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    tmp = pid_file.with_name(pid_file.name + ".tmp")
-    tmp.write_text(str(os.getpid()))
-    os.replace(tmp, pid_file)
+    write(pid_file, os.getpid())
+    while os.getppid() == middle:
+        time.sleep(0.01)
+    write(pid_file.with_suffix(".ppid"), os.getppid())
+    if lifetime is not None:
+        time.sleep(lifetime)
+        os._exit(0)
     while True:
         time.sleep(3600)
+
+
+def write(path: Path, number: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(number))
+    os.replace(tmp, path)
 
 
 def main() -> int:
@@ -40,10 +53,12 @@ def main() -> int:
     parser.add_argument("--crash-at", type=int, default=None)
     parser.add_argument("--stubborn-helper", action="store_true")
     parser.add_argument("--dt", type=float, default=0.05)
+    parser.add_argument("--helper-lifetime", type=float, default=None)
     args = parser.parse_args()
     helpers = Path.cwd() / "helpers"
     helpers.mkdir(exist_ok=True)
-    start_helper(helpers / f"seg{os.environ.get('TRAINWARDEN_SEG', '0')}.pid", args.stubborn_helper)
+    seg = os.environ.get("TRAINWARDEN_SEG", "0")
+    start_helper(helpers / f"seg{seg}.pid", args.stubborn_helper, args.helper_lifetime)
     stop = {"asked": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
     step = 0

@@ -84,6 +84,21 @@ def test_a_crashed_trainers_helper_is_gone_before_the_next_start(tmp_path: Path)
         kill_helpers(run_dir)
 
 
+def test_an_orphaned_helper_is_adopted_by_the_daemon_and_reaped_when_it_exits(tmp_path: Path):
+    run_dir = forking_run(tmp_path / "run", "--helper-lifetime", "1")
+    try:
+        with running_daemon(run_dir) as daemon:
+            helper = helper_pid(run_dir, 1)
+            ppid = run_dir / "helpers" / "seg1.ppid"
+            adopter = wait_for(lambda: ppid.exists() and int(ppid.read_text()), 30, what="ppid")
+            assert adopter == daemon.pid, "the subreaper adopts the trainer's orphans"
+            # Exited on its own: reaped by the daemon, not left as its zombie.
+            wait_for(lambda: not os.path.exists(f"/proc/{helper}"), 30, what="the helper reaped")
+            assert daemon.status()["trainer_pid"], "the trainer itself runs on"
+    finally:
+        kill_helpers(run_dir)
+
+
 def test_stop_leaves_no_helper(tmp_path: Path):
     run_dir = forking_run(tmp_path / "run")
     try:
