@@ -48,3 +48,89 @@ def descendants(pid: int) -> list[int]:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+START_ENV = "TRAINWARDEN_START"
+"""The variable that marks every process of one trainer start: `<seg>-<random>`."""
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""  # gone, a zombie (its environ reads empty) or not ours to read
+
+
+def start_marker_of(pid: int) -> str | None:
+    """The start marker in a process's environment (None: not a trainer start's)."""
+    prefix = f"{START_ENV}=".encode()
+    for entry in _environ(pid).split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def run_dir_of(pid: int) -> str | None:
+    prefix = b"TRAINWARDEN_RUN_DIR="
+    for entry in _environ(pid).split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def marked_processes(run_dir: str) -> list[int]:
+    """Every process on the machine that some start of the run in `run_dir` began: it carries
+    a start marker and names the run. A full /proc scan, for a daemon's start-up (the old
+    daemon's trainer and its orphans are nobody's children now)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == os.getpid():
+            continue
+        if start_marker_of(pid) is not None and run_dir_of(pid) == run_dir:
+            found.append(pid)
+    return found
+
+
+def zombie_children(pid: int) -> list[tuple[int, int]]:
+    """(pid, session id) of each direct child of `pid` that has exited and is not yet reaped."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                listed = f.read().split()
+        except OSError:
+            continue
+        for child in map(int, listed):
+            stat = _stat_fields(child)
+            if stat is not None and stat[0] == "Z":
+                found.append((child, int(stat[3])))
+    return found
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return raw.rsplit(b") ", 1)[-1].decode().split()
+
+
+def is_exited(pid: int) -> bool:
+    """Gone, or a zombie waiting for its parent."""
+    stat = _stat_fields(pid)
+    return stat is None or stat[0] in ("Z", "X")
+
+
+def session_of(pid: int) -> int | None:
+    stat = _stat_fields(pid)
+    return int(stat[3]) if stat is not None else None

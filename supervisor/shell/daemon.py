@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.inputs.proctree import descendants, marked_processes
 from trainwarden.supervisor.shell import views
 from trainwarden.supervisor.shell.boot import (
     journal_links,
@@ -30,15 +32,20 @@ from trainwarden.supervisor.shell.boot import (
     watched_paths,
     with_resolved_log,
 )
+from trainwarden.supervisor.shell.containment import Reaper, become_subreaper, stop_processes
 from trainwarden.supervisor.shell.executor import Executor
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
-from trainwarden.supervisor.shell.process import TrainerIdentity, stop_leftover
+from trainwarden.supervisor.shell.process import TrainerIdentity
 from trainwarden.supervisor.shell.verdicts import CheckpointReports
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_atomic
+
+log = logging.getLogger("trainwarden.daemon")
+
+REAP_INTERVAL_S = 1.0
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.serve.metrics import MetricsServer
@@ -111,6 +118,11 @@ class Daemon:
             {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
         )
         journal_links(self.journal, self.watched)
+        not_subreaper = become_subreaper()
+        if not_subreaper is not None:
+            # Orphans of the trainer's tree then go to init: still found by their marker.
+            self.journal.append("containment", {"subreaper": False, "reason": not_subreaper})
+            log.warning("not a child subreaper: %s", not_subreaper)
         # Decided but not journaled: this is the state the journal already holds.
         event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
         self.state, _ = core.decide(self.state, event, self.rules)
@@ -134,12 +146,9 @@ class Daemon:
         self.hub.load_history(seg=self.state.seg)
         self.hub.start_follower()
 
-        leftover = TrainerIdentity.load(self.files.trainer_pid)
-        if leftover is not None and leftover.alive():
-            self.journal.append("leftover_trainer", {"pid": leftover.pid, "action": "stopping"})
-            await asyncio.to_thread(stop_leftover, leftover, self.cfg.trainer.stop_timeout_s)
-            self.journal.append("leftover_trainer_stopped", {"pid": leftover.pid})
-            await self.hub.drain_log()
+        await self._stop_leftovers()
+        # No start runs yet: lines the log gains until the first one are nobody's.
+        self.hub.end_segment()
         with contextlib.suppress(FileNotFoundError):
             self.files.trainer_pid.unlink()
 
@@ -182,11 +191,15 @@ class Daemon:
         )
         watchdog_task = loop.create_task(self._watchdog_pings())
         links_task = loop.create_task(report_moved_links(self.watched, self.journal))
+        reaper_task = loop.create_task(self._reap_adopted())
         try:
             await self._event_loop()
         finally:
             watchdog_task.cancel()
             links_task.cancel()
+            reaper_task.cancel()
+            # The trainer's helpers and orphaned workers end with the start, before the daemon.
+            await self.executor.finish_containment()
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
@@ -208,6 +221,45 @@ class Daemon:
             with contextlib.suppress(FileNotFoundError):
                 self.files.daemon_pid.unlink()
         return self.exit_code or 0
+
+    async def _stop_leftovers(self) -> None:
+        """Stop what an earlier daemon left running: the trainer trainer.pid names and every
+        process of any start of this run, found by marker, so also a trainer whose pid the
+        old daemon never recorded (it was killed between the fork and the pid file)."""
+        assert self.journal is not None and self.hub is not None
+        identity = TrainerIdentity.load(self.files.trainer_pid)
+        main = identity if identity is not None and identity.alive() else None
+        run_dir = str(self.cfg.run_dir)
+
+        def find() -> list[int]:
+            found = set(marked_processes(run_dir))
+            if main is not None and main.alive():
+                found.add(main.pid)
+                found.update(descendants(main.pid))
+            return sorted(found)
+
+        leftovers = await asyncio.to_thread(find)
+        if not leftovers:
+            return
+        pid = main.pid if main is not None else None
+        self.journal.append(
+            "leftover_trainer", {"pid": pid, "processes": leftovers, "action": "stopping"}
+        )
+        ended = await asyncio.to_thread(stop_processes, find, self.cfg.trainer.stop_timeout_s)
+        self.journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
+        await self.hub.drain_log()
+
+    async def _reap_adopted(self) -> None:
+        """Reap the orphans the subreaper adopted once they exit (see containment.Reaper)."""
+
+        def trainer() -> set[int]:
+            proc = self.executor.proc if self.executor is not None else None
+            return {proc.pid} if proc is not None and proc.returncode is None else set()
+
+        reaper = Reaper(trainer)
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            reaper.sweep()
 
     async def _watchdog_pings(self) -> None:
         """WATCHDOG=1 from the event loop itself, so a wedged loop gets the unit restarted."""

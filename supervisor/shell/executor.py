@@ -15,6 +15,7 @@ from typing import Any
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.shell import pivot_files
+from trainwarden.supervisor.shell.containment import new_marker, start_processes, stop_processes
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn
 from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
@@ -70,6 +71,8 @@ class Executor:
         """While a spawn is under way: step lines logged meanwhile, reported after it."""
         self.drain_commits: Callable[[], None] = lambda: None
         """Have every checkpoint event queued now reported (the watcher's drain)."""
+        self.containing: asyncio.Task[None] | None = None
+        """The ended start's remaining processes being stopped: awaited before any spawn."""
 
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
@@ -151,8 +154,15 @@ class Executor:
                 step, name = action.resume.step, action.resume.name
                 self.report(core.ResumeRefused(time.monotonic(), step, name, refusal))
                 return
+        # Nothing of the previous start may run beside the new one, nor its lines count as
+        # the new start's: its last processes are gone and their lines read (as stray) first.
+        await self.finish_containment()
+        await self.hub.drain_log()
+        marker = new_marker(action.seg)
         argv = trainer_argv(self.cfg, self.store.dir, action)
-        env = trainer_env(self.cfg, self.store.dir, action)
+        env = trainer_env(self.cfg, self.store.dir, action, marker)
+        # The intent, durable before the fork: a daemon killed at any instant after it finds
+        # this start's processes by the marker even if it never learned the trainer's pid.
         self.journal.append(
             "spawn",
             {
@@ -160,7 +170,9 @@ class Executor:
                 "resume": core.ckpt_json(action.resume),
                 "pivot": action.pivot,
                 "argv": argv,
+                "marker": marker,
             },
+            sync=True,
         )
         self.hub.begin_segment(
             action.seg, action.resume.step if action.resume else None, pivot=action.pivot
@@ -175,14 +187,16 @@ class Executor:
             self._release_held_steps()
             return
         self.proc = proc
-        self.journal.append("trainer_started", {"pid": proc.pid, "seg": action.seg})
+        self.journal.append(
+            "trainer_started", {"pid": proc.pid, "seg": action.seg, "marker": marker}
+        )
         self.report(core.TrainerSpawned(time.monotonic(), proc.pid))
         self._release_held_steps()
-        asyncio.get_running_loop().create_task(self._await_exit(proc))
+        asyncio.get_running_loop().create_task(self._await_exit(proc, marker))
         try:
             # In a thread: while the child is still inside execve its cmdline reads empty,
             # and TrainerIdentity.of waits (sleeping) for it.
-            identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid)
+            identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid, marker)
             await asyncio.to_thread(identity.save, self.files.trainer_pid)
         except Exception as exc:  # it may already have died; its exit is reported anyway
             log.warning("could not record the trainer's identity: %s", exc)
@@ -192,17 +206,42 @@ class Executor:
         for event in held:
             self.report(event)
 
-    async def _await_exit(self, proc: asyncio.subprocess.Process) -> None:
+    async def _await_exit(self, proc: asyncio.subprocess.Process, marker: str) -> None:
         returncode = await proc.wait()
         # The trainer's last lines (its final checkpoint, its last steps) are in the log
         # before its exit, and its last commits in the watcher's queue: read them first so
         # the policy sees them in order.
         await self.hub.drain_log()
+        self.hub.end_segment()
         self.drain_commits()
         self.report(
             core.TrainerExited(time.monotonic(), proc.pid, returncode, signal_name(returncode))
         )
+        # Created before the policy can act on the exit: a spawn or a shutdown awaits it.
+        self.containing = asyncio.get_running_loop().create_task(self._contain(marker))
         self.on_trainer_exit()
+
+    async def _contain(self, marker: str) -> None:
+        """Stop whatever the ended start left running and journal what that was."""
+        run_dir = str(self.cfg.run_dir)
+        try:
+            ended = await asyncio.to_thread(
+                stop_processes,
+                lambda: start_processes(marker, run_dir),
+                self.cfg.trainer.stop_timeout_s,
+            )
+        except Exception as exc:  # never fatal to the loop: the next daemon looks again
+            self.journal.append("containment_failed", {"marker": marker, "error": repr(exc)})
+            log.exception("could not stop the processes of start %s", marker)
+            return
+        if ended:
+            self.journal.append("leftover_processes", {"marker": marker, "processes": ended})
+            log.warning("stopped %d leftover processes of start %s", len(ended), marker)
+
+    async def finish_containment(self) -> None:
+        if self.containing is not None:
+            await self.containing
+            self.containing = None
 
     # ------------------------------------------------------------------ the mirror
 

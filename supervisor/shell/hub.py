@@ -29,6 +29,8 @@ log = logging.getLogger("trainwarden.telemetry")
 
 PUBLISH_INTERVAL_S = 0.2
 OFFSET_SAVE_INTERVAL_S = 1.0
+STRAY_INTERVAL_S = 5.0
+"""At most one `stray_output` record per this many seconds while lines keep coming."""
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
 
 
@@ -75,6 +77,10 @@ class TelemetryHub:
         self._file_mtimes: dict[str, float] = {}
         self.gpu_sampler: Any = None
         self.host_sampler: Any = None
+        self.accepting = True
+        """Lines belong to a start whose main process runs (or the one it just left)."""
+        self._stray: dict[str, Any] | None = None
+        self._stray_handle: asyncio.TimerHandle | None = None
 
     # -------------------------------------------------------------- history and log
 
@@ -115,6 +121,10 @@ class TelemetryHub:
             self.follower.read_new()
 
     def _on_lines(self, lines: list[str]) -> None:
+        if not self.accepting:
+            self._note_stray(lines)
+            self._save_offset()
+            return
         parse = self.parser.parse
         rows = []
         for line in lines:
@@ -147,12 +157,40 @@ class TelemetryHub:
         text = f"{self.follower.offset}\n".encode()
         os.pwrite(self._offset_fd, text.ljust(24), 0)
 
+    def end_segment(self) -> None:
+        """The start's main process is gone and its last lines are read: what the log gains
+        until the next start (a leftover helper's, an orphaned worker's) is stray output,
+        journaled, never decided on."""
+        self.accepting = False
+
+    def _note_stray(self, lines: list[str]) -> None:
+        lines = [line for line in lines if line.strip()]
+        if not lines:
+            return
+        if self._stray is None:
+            self._stray = {"seg": self.seg, "lines": 0, "step_lines": 0, "first": lines[0][:500]}
+            self._stray_handle = self.loop.call_later(STRAY_INTERVAL_S, self.flush_stray)
+        self._stray["lines"] += len(lines)
+        self._stray["step_lines"] += sum(self.parser.parse(line) is not None for line in lines)
+
+    def flush_stray(self) -> None:
+        """Journal the stray lines counted so far (one record for many lines)."""
+        if self._stray_handle is not None:
+            self._stray_handle.cancel()
+            self._stray_handle = None
+        stray, self._stray = self._stray, None
+        if stray is not None:
+            self.journal.append("stray_output", stray)
+            log.warning("%d stray log lines after seg %s ended", stray["lines"], stray["seg"])
+
     def begin_segment(self, seg: int, resume_step: int | None, pivot: bool = False) -> None:
         """A trainer starts: its lines belong to `seg`; audit the steps it replays.
 
         After a pivot the bandit starts fresh, so replayed steps see other data by design:
         there is nothing to audit.
         """
+        self.flush_stray()
+        self.accepting = True
         if self.audit is not None:
             result = self.audit.finish()
             if result is not None:
@@ -347,6 +385,7 @@ class TelemetryHub:
         if self.follower is not None:
             self.follower.read_new()
             self.follower.stop()
+            self.flush_stray()
             if self._offset_fd is not None:
                 os.pwrite(self._offset_fd, f"{self.follower.offset}\n".encode().ljust(24), 0)
         if self._offset_fd is not None:

@@ -24,9 +24,11 @@ class TrainerIdentity:
     pid: int
     create_time: float
     cmdline: list[str]
+    marker: str = ""
+    """The start's TRAINWARDEN_START marker ("" in a file from before markers)."""
 
     @classmethod
-    def of(cls, pid: int) -> TrainerIdentity:
+    def of(cls, pid: int, marker: str = "") -> TrainerIdentity:
         proc = psutil.Process(pid)
         cmdline = proc.cmdline()
         deadline = time.monotonic() + 2.0
@@ -34,17 +36,27 @@ class TrainerIdentity:
             # Right after fork the child may still be inside execve: its cmdline reads empty.
             time.sleep(0.01)
             cmdline = proc.cmdline()
-        return cls(pid, proc.create_time(), cmdline)
+        return cls(pid, proc.create_time(), cmdline, marker)
 
     def save(self, path: Path) -> None:
-        data = {"pid": self.pid, "create_time": self.create_time, "cmdline": self.cmdline}
+        data = {
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "cmdline": self.cmdline,
+            "marker": self.marker,
+        }
         write_atomic(path, orjson.dumps(data))
 
     @classmethod
     def load(cls, path: Path) -> TrainerIdentity | None:
         try:
             data = orjson.loads(path.read_bytes())
-            return cls(int(data["pid"]), float(data["create_time"]), list(data["cmdline"]))
+            return cls(
+                int(data["pid"]),
+                float(data["create_time"]),
+                list(data["cmdline"]),
+                str(data.get("marker", "")),
+            )
         except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError):
             return None
 
@@ -114,21 +126,3 @@ async def spawn(
         )
     finally:
         os.close(log_fd)
-
-
-def stop_leftover(identity: TrainerIdentity, timeout_s: float) -> bool:
-    """Stop a trainer an earlier daemon left running: SIGTERM its group, then SIGKILL.
-
-    Blocking (the daemon calls it before its loop supervises anything). True if one ran.
-    """
-    if not identity.alive():
-        return False
-    send_signal(identity.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and identity.alive():
-        time.sleep(0.05)
-    if identity.alive():
-        send_signal(identity.pid, signal.SIGKILL)
-        while identity.alive():
-            time.sleep(0.02)
-    return True

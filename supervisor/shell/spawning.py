@@ -8,6 +8,7 @@ from pathlib import Path
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.contract import ENV_PIVOT, ENV_RESUME, ENV_RUN_DIR, ENV_SEG
 from trainwarden.supervisor.core.policy import Spawn
+from trainwarden.supervisor.inputs.proctree import START_ENV
 from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS
 
 
@@ -23,8 +24,9 @@ def trainer_argv(cfg: Config, checkpoint_dir: Path, action: Spawn) -> list[str]:
     return argv
 
 
-def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn) -> dict[str, str]:
-    """The daemon's environment, [trainer] env, and the contract's variables for this start."""
+def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn, marker: str) -> dict[str, str]:
+    """The daemon's environment, [trainer] env, the contract's variables for this start, and
+    the start's marker, which every process the trainer starts inherits (see containment)."""
     env = {**os.environ, **cfg.trainer.env}
     env.pop(ENV_RESUME, None)
     env.pop(ENV_PIVOT, None)
@@ -33,6 +35,7 @@ def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn) -> dict[str, s
         env.pop(key, None)
     env[ENV_RUN_DIR] = str(cfg.run_dir)
     env[ENV_SEG] = str(action.seg)
+    env[START_ENV] = marker
     if action.resume is not None:
         env[ENV_RESUME] = str(checkpoint_dir / action.resume.name)
     if action.pivot:

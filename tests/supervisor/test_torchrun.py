@@ -5,7 +5,7 @@ only SIGTERM, SIGINT, SIGHUP and SIGQUIT. So:
 - "children" (use this for torchrun): SIGUSR1 and SIGTERM go straight to the workers; a
   save reaches every rank, and the agent carries on untouched;
 - "main": the agent gets SIGUSR1, which it does not handle: it dies of it, the daemon
-  records a crash, and the workers it leaves behind keep running, orphaned;
+  records a crash, and stops the workers it leaves behind (they are the dead start's);
 - "group" (the default) is no better for SIGUSR1: the workers are not in the agent's group.
 """
 
@@ -50,7 +50,11 @@ if (reason := _distributed_unavailable()) is not None:
 
 
 def torchrun_run(
-    run_dir: Path, signal_target: str, *extra: str, stop_timeout_s: float = 60.0
+    run_dir: Path,
+    signal_target: str,
+    *extra: str,
+    stop_timeout_s: float = 60.0,
+    backoff_s: float = 300.0,
 ) -> Path:
     command = [
         PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -61,7 +65,11 @@ def torchrun_run(
         command,
         run={"name": run_dir.name},
         trainer={"signal_target": signal_target, "stop_timeout_s": stop_timeout_s},
-        restart={"backoff_initial_s": 300.0, "backoff_max_s": 300.0, "stall_timeout_s": 120.0},
+        restart={
+            "backoff_initial_s": backoff_s,
+            "backoff_max_s": backoff_s,
+            "stall_timeout_s": 120.0,
+        },
     )
 
 
@@ -135,9 +143,9 @@ def test_main_target_reaches_only_the_agent_which_dies_of_sigusr1(tmp_path: Path
             assert crash["pid"] == agent and crash["returncode"] == -signal.SIGUSR1
             assert crash["cause"] == "killed by SIGUSR1"
             assert daemon.status()["state"] == "backoff"
-            # The workers never saw the signal, and nothing stopped them: orphans.
-            assert signals_seen(run_dir, 0) == signals_seen(run_dir, 1) == ""
-            assert all(pid_alive(pid) for pid in workers)
+            # The workers never saw SIGUSR1; the agent's death ends them (containment: SIGTERM).
+            assert not any("SIGUSR1" in signals_seen(run_dir, rank) for rank in (0, 1))
+            wait_for(lambda: not any(pid_alive(pid) for pid in workers), 90, what="workers gone")
     finally:
         kill_workers(run_dir)
 
@@ -154,3 +162,53 @@ def test_sigkill_after_the_grace_period_leaves_no_worker_behind(tmp_path: Path):
             wait_for(lambda: not any(pid_alive(pid) for pid in workers), 10, what="workers gone")
     finally:
         kill_workers(run_dir)
+
+
+def test_a_killed_agents_workers_are_gone_before_the_next_start_and_their_lines_not_counted(
+    tmp_path: Path,
+):
+    # Workers that ignore SIGTERM keep training (and logging) until the daemon SIGKILLs them.
+    run_dir = torchrun_run(
+        tmp_path / "run", "children", "--ignore-term", stop_timeout_s=3.0, backoff_s=20.0
+    )
+    workers: list[int] = []
+    try:
+        with running_daemon(run_dir) as daemon:
+            wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 120, 0.2, what="steps")
+            agent = daemon.status()["trainer_pid"]
+            workers = wait_for(lambda: len(pids := worker_pids(run_dir)) == 2 and pids, 30)
+            assert belongs_to_run(agent, run_dir)
+            kill_quietly(agent, group=False)
+            crash = wait_for(lambda: next(iter(kinds(run_dir, "crash")), None), 60, what="crash")
+            (leftovers,) = wait_for(
+                lambda: kinds(run_dir, "leftover_processes"), 60, what="the workers stopped"
+            )
+            ended = {p["pid"]: p for p in leftovers["processes"]}
+            assert set(workers) <= set(ended)
+            assert all(ended[pid]["signal"] == "SIGKILL" for pid in workers)
+            assert not any(pid_alive(pid) for pid in workers)
+            # The orphans kept logging for the grace period: journaled, never decided on.
+            status = daemon.status()
+            assert status["state"] == "backoff"
+            assert status["step"] == crash["last_step"]
+            (stray,) = wait_for(lambda: kinds(run_dir, "stray_output"), 60, what="stray_output")
+            assert stray["step_lines"] > 0
+            new = wait_for(
+                lambda: (pids := worker_pids(run_dir)) and not set(pids) & set(workers) and pids,
+                120,
+                what="the new start's workers",
+            )
+            assert len(new) == 2
+            records = [r["kind"] for r in journal(run_dir)]
+            assert records.index("leftover_processes") < len(records) - 1 - records[::-1].index(
+                "trainer_started"
+            )
+    finally:
+        kill_workers(run_dir)
+        for pid in workers:  # the old start's, whose pid files the new start overwrote
+            if belongs_to_run(pid, run_dir):
+                kill_quietly(pid, group=False)
+
+
+def kinds(run_dir: Path, kind: str) -> list[dict]:
+    return [r for r in journal(run_dir) if r["kind"] == kind]

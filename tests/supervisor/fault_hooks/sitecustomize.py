@@ -3,6 +3,12 @@
 With TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE=STAGE, the process SIGKILLs itself right after
 the journal has durably recorded a `state` whose pivot reached STAGE, before that
 stage's effects start: a restarted daemon must then finish or undo the pivot.
+
+With TRAINWARDEN_TEST_DIE_AT=POINT it SIGKILLs itself at a named point around a trainer's
+spawn: `journal:KIND:before` / `journal:KIND:after` (a journal record of KIND, `spawn` or
+`trainer_started`), `spawn:before` / `spawn:after` (the fork and exec of the trainer),
+`identity:before` / `identity:after` (writing trainer.pid). POINT `delay:SECONDS` kills
+it that long after the `spawn` record instead, wherever the daemon is by then.
 """
 
 from __future__ import annotations
@@ -12,47 +18,90 @@ import importlib.machinery
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 STAGE = os.environ.get("TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE")
+POINT = os.environ.get("TRAINWARDEN_TEST_DIE_AT")
 JOURNAL_MODULE = "trainwarden.supervisor.store.journal"
+PROCESS_MODULE = "trainwarden.supervisor.shell.process"
 
 
-def _wrap(module: Any) -> None:
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _at(point: str) -> None:
+    if point == POINT:
+        _die()
+
+
+def _wrap_journal(module: Any) -> None:
     original = module.Journal.append
 
     def append(self: Any, kind: str, fields: Any = None, *args: Any, **kwargs: Any) -> Any:
+        _at(f"journal:{kind}:before")
         result = original(self, kind, fields, *args, **kwargs)
-        if kind == "state" and isinstance(fields, dict):
+        _at(f"journal:{kind}:after")
+        if kind == "spawn" and POINT and POINT.startswith("delay:"):
+            timer = threading.Timer(float(POINT.split(":", 1)[1]), _die)
+            timer.daemon = True
+            timer.start()
+        if STAGE and kind == "state" and isinstance(fields, dict):
             pivot = (fields.get("state") or {}).get("pivot") or {}
             if pivot.get("stage") == STAGE:
-                os.kill(os.getpid(), signal.SIGKILL)
+                _die()
         return result
 
     module.Journal.append = append
 
 
+def _wrap_process(module: Any) -> None:
+    spawn = module.spawn
+
+    async def wrapped_spawn(*args: Any, **kwargs: Any) -> Any:
+        _at("spawn:before")
+        proc = await spawn(*args, **kwargs)
+        _at("spawn:after")
+        return proc
+
+    module.spawn = wrapped_spawn
+    save = module.TrainerIdentity.save
+
+    def wrapped_save(self: Any, path: Any) -> None:
+        _at("identity:before")
+        save(self, path)
+        _at("identity:after")
+
+    module.TrainerIdentity.save = wrapped_save
+
+
+WRAPPERS = {JOURNAL_MODULE: _wrap_journal, PROCESS_MODULE: _wrap_process}
+
+
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, wrap: Any) -> None:
         self.inner = inner
+        self.wrap = wrap
 
     def create_module(self, spec: Any) -> Any:
         return self.inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self.inner.exec_module(module)
-        _wrap(module)
+        self.wrap(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != JOURNAL_MODULE:
+        wrap = WRAPPERS.get(name)
+        if wrap is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _Loader(spec.loader, wrap)
         return spec
 
 
-if STAGE:
+if STAGE or POINT:
     sys.meta_path.insert(0, _Finder())
