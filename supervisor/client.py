@@ -15,7 +15,7 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,14 +106,22 @@ class Client:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return decode(line)
 
-    def request(self, cmd: str, **args: Any) -> Any:
-        """Send one command; its result, or CommandRefused with the daemon's error."""
+    def request(
+        self, cmd: str, on_progress: Callable[[str], None] | None = None, **args: Any
+    ) -> Any:
+        """Send one command; its result, or CommandRefused with the daemon's error.
+        `on_progress` gets each progress line the daemon sends before the reply."""
         rid = next(self.ids)
         self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
         while True:
             message = self.read_message()
-            if message.get("id") == rid:
-                return result_of(message)
+            if message.get("id") != rid:
+                continue
+            if "progress" in message:
+                if on_progress is not None:
+                    on_progress(str(message["progress"]))
+                continue
+            return result_of(message)
 
 
 def result_of(message: dict[str, Any]) -> Any:
@@ -132,6 +140,7 @@ class AsyncClient:
         self.writer: asyncio.StreamWriter | None = None
         self.ids = itertools.count(1)
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.progress: dict[int, Callable[[str], None]] = {}
         self.pushes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.reader_task: asyncio.Task[None] | None = None
 
@@ -162,6 +171,11 @@ class AsyncClient:
                 if "topic" in message:
                     self.pushes.put_nowait(message)
                     continue
+                if "progress" in message:
+                    tell = self.progress.get(message.get("id", -1))
+                    if tell is not None:
+                        tell(str(message["progress"]))
+                    continue
                 future = self.pending.pop(message.get("id", -1), None)
                 if future is not None and not future.done():
                     future.set_result(message)
@@ -174,15 +188,26 @@ class AsyncClient:
             self.pending.clear()
             self.pushes.put_nowait({"topic": CLOSED, "data": None})
 
-    async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
+    async def request(
+        self,
+        cmd: str,
+        timeout: float | None = 30.0,
+        on_progress: Callable[[str], None] | None = None,
+        **args: Any,
+    ) -> Any:
         if self.writer is None:
             raise ProtocolError("not connected")
         rid = next(self.ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[rid] = future
-        self.writer.write(encode({"id": rid, "cmd": cmd, **args}))
-        await self.writer.drain()
-        message = await asyncio.wait_for(future, timeout)
+        if on_progress is not None:
+            self.progress[rid] = on_progress
+        try:
+            self.writer.write(encode({"id": rid, "cmd": cmd, **args}))
+            await self.writer.drain()
+            message = await asyncio.wait_for(future, timeout)
+        finally:
+            self.progress.pop(rid, None)
         return result_of(message)
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:

@@ -41,6 +41,9 @@ class TrainerConfig:
     """Extra environment variables for the trainer."""
     stop_timeout_s: float = 120.0
     """Seconds a stopping trainer gets to save and exit before SIGKILL."""
+    save_wait_timeout_s: float = 600.0
+    """Seconds a waiting save (save --wait, a pivot's save) waits for its checkpoint at
+    most; a request's timeout_s may not exceed it."""
     total_steps: int | None = None
     """Planned number of steps (ETA and progress); optional."""
     signal_target: Literal["group", "main", "children"] = "group"
@@ -335,6 +338,8 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         )
     if not cfg.trainer.stop_timeout_s > 0:
         raise bad("trainer.stop_timeout_s", cfg.trainer.stop_timeout_s, "a number > 0")
+    if not cfg.trainer.save_wait_timeout_s > 0:
+        raise bad("trainer.save_wait_timeout_s", cfg.trainer.save_wait_timeout_s, "a number > 0")
     if cfg.trainer.total_steps is not None and cfg.trainer.total_steps < 1:
         raise bad("trainer.total_steps", cfg.trainer.total_steps, "an integer >= 1")
     if not cfg.telemetry.max_loss > 0:

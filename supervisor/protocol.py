@@ -3,6 +3,7 @@
 Unix stream socket, newline-delimited JSON, one object per line, at most MAX_LINE bytes.
 
     request   {"id": 7, "cmd": "save", ...args}                        Request
+    progress  {"id": 7, "progress": "sent SIGTERM to pid 42"}          ProgressLine
     reply     {"id": 7, "ok": true, "result": {...}}                   OkReply
               {"id": 7, "ok": false, "error": {"code", "message"}}     ErrorReply
     push      {"topic": "telemetry", "data": {...}}  (after subscribe) Push
@@ -69,6 +70,8 @@ ErrorCode = Literal[
     "timeout",
     "forbidden",
     "too_large",
+    "unsupported",
+    "superseded",
     "internal",
 ]
 ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)
@@ -77,6 +80,9 @@ unknown_command; bad_argument: a known command with an unusable argument;
 wrong_state: not possible in the run's current phase; busy: another operator command is
 in progress, or too many connections; timeout: no checkpoint came in time;
 forbidden: a peer uid not in [control] allow_uids; too_large: a line over MAX_LINE;
+unsupported: the trainer does not catch the signal the command sends (save without a
+SIGUSR1 handler; stop or shutdown without a SIGTERM handler, unless `force`);
+superseded: a waiting save answered by a stop or shutdown that pre-empted it;
 internal: the daemon failed (its log says why)."""
 
 # ----------------------------------------------------------------------------- envelopes
@@ -112,6 +118,14 @@ class ErrorReply(TypedDict):
 Reply = OkReply | ErrorReply
 
 
+class ProgressLine(TypedDict):
+    """Sent for an acting request (stop, shutdown) before its reply, any number of times."""
+
+    id: int | str | None
+    progress: str
+    """One line for a person: what just happened ("checkpoint step 40 committed")."""
+
+
 class Push(TypedDict):
     topic: Topic
     data: Any
@@ -143,6 +157,13 @@ class SaveArgs(TypedDict, total=False):
     wait: bool
     """Reply once the checkpoint is committed (SaveCommitted) instead of at once."""
     timeout_s: float
+    """How long a waiting save may take; at most the run's save_wait_timeout_s (more is
+    refused as bad_argument)."""
+
+
+class StopArgs(TypedDict, total=False):
+    force: bool
+    """Stop a trainer that does not catch SIGTERM anyway (killed, its unsaved steps lost)."""
 
 
 class PinArgs(TypedDict):
@@ -334,6 +355,9 @@ class StatusResult(StateView, Telemetry, CheckpointsView):
     daemon_pid: int
     daemon_started_at: float
     total_steps: int | None
+    handles: list[str] | None
+    """Of SIGTERM and SIGUSR1, those the trainer's signal target catches (None: unknown,
+    or no trainer)."""
     gpu: GpuSample | None
     gpu_status: str
     """"ok", or why there are no GPU figures."""
@@ -398,11 +422,24 @@ class SaveCommitted(TypedDict):
     name: str
 
 
+StopOutcome = Literal["saved", "exited_without_saving", "killed", "not_running"]
+
+
 class StopResult(TypedDict):
-    """stop and shutdown: the trainer is gone; the newest verified checkpoint."""
+    """stop and shutdown: the trainer is gone; what came of it; the newest verified checkpoint."""
 
     state: Literal[Phase.STOPPED]
     checkpoint: CheckpointRef | None
+    outcome: StopOutcome
+    """saved: nothing logged is lost (a checkpoint at its last logged step); exited
+    without saving; killed after stop_timeout_s; not_running: there was no trainer."""
+    steps_lost: int
+    """Last logged step minus the newest verified checkpoint's (0: nothing lost)."""
+    last_step: int | None
+    exit: str | None
+    """How the trainer ended: "exited 0", "killed by SIGTERM", "killed after 10 s"."""
+    message: str
+    """The outcome in one line."""
 
 
 class StartResult(TypedDict):

@@ -2,6 +2,11 @@
 
 Usage: python tests/scripted_trainer.py --steps N [--save-every K] [--format step-line|llmc]
   [--nan-at S] [--drift-per-seg X] [--dt SECONDS] [--n-params P]
+  [--usr1 save|ignore] [--term save|ignore|default]
+Signals: by default SIGTERM saves and exits and SIGUSR1 is not handled (its default action
+kills the trainer). --usr1 save checkpoints at the next step on SIGUSR1, --usr1 ignore
+catches it and does nothing; --term ignore catches SIGTERM and keeps training, --term
+default installs no handler (SIGTERM kills it).
 Losses are 5 - 0.001 * step (+ X * (seg - 1) with --drift-per-seg, seg from TRAINWARDEN_SEG).
 Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
 """
@@ -38,6 +43,8 @@ def main() -> int:
     parser.add_argument("--drift-per-seg", type=float, default=0.0)
     parser.add_argument("--dt", type=float, default=0.01)
     parser.add_argument("--n-params", type=int, default=1000)
+    parser.add_argument("--usr1", choices=["none", "save", "ignore"], default="none")
+    parser.add_argument("--term", choices=["save", "ignore", "default"], default="save")
     args = parser.parse_args()
     run_dir = Path.cwd()
     seg = int(os.environ.get("TRAINWARDEN_SEG", "1"))
@@ -47,12 +54,22 @@ def main() -> int:
         with open(resume, "rb") as f:
             start, _ = struct.unpack("<ii", f.read(8))
     stop = False
+    save_asked = False
 
     def on_term(*_: object) -> None:
         nonlocal stop
         stop = True
 
-    signal.signal(signal.SIGTERM, on_term)
+    def on_usr1(*_: object) -> None:
+        nonlocal save_asked
+        save_asked = args.usr1 == "save"
+
+    if args.term == "save":
+        signal.signal(signal.SIGTERM, on_term)
+    elif args.term == "ignore":
+        signal.signal(signal.SIGTERM, lambda *_: None)
+    if args.usr1 != "none":
+        signal.signal(signal.SIGUSR1, on_usr1)
     print(f"scripted trainer: seg {seg}, from step {start}", flush=True)
     step = start
     while step < args.steps and not stop:
@@ -68,7 +85,8 @@ def main() -> int:
             )
         else:
             print(f"step: {step}, loss: {text}, dt: {args.dt}, tokens: 512", flush=True)
-        if step % args.save_every == 0 or step == args.steps:
+        if step % args.save_every == 0 or step == args.steps or save_asked:
+            save_asked = False
             save(run_dir, step, args.n_params)
     if stop:
         save(run_dir, step, args.n_params)

@@ -9,7 +9,14 @@ from typing import Any, get_args
 
 import pytest
 
-from tests.support import PYTHON, make_run, running_daemon, wait_for
+from tests.support import (
+    PYTHON,
+    belongs_to_run,
+    kill_quietly,
+    make_run,
+    running_daemon,
+    wait_for,
+)
 from trainwarden.supervisor import client as client_module
 from trainwarden.supervisor import protocol, wire
 from trainwarden.supervisor.core import phases
@@ -91,7 +98,7 @@ def test_protocol_reexports_the_framing_the_clients_and_the_phases():
 def scripted_run(run_dir: Path) -> Path:
     return make_run(
         run_dir,
-        [PYTHON, SCRIPTED, "--steps", "1000000", "--save-every", "20"],
+        [PYTHON, SCRIPTED, "--steps", "1000000", "--save-every", "20", "--usr1", "save"],
         trainer={"stop_timeout_s": 10.0, "total_steps": 1_000_000},
         restart={"backoff_initial_s": 0.0, "backoff_max_s": 0.5},
         telemetry={"tokens_per_step": 512, "n_params": "auto", "vocab_size": 256},
@@ -207,9 +214,12 @@ def test_the_types_match_what_a_live_daemon_sends(tmp_path: Path):
             assert_shape(daemon.request("pin", step=step), PinResult, "pin")
             assert_shape(daemon.request("unpin", step=step), PinResult, "unpin")
 
-            # The scripted trainer does not catch SIGUSR1: the save ends it, and the restart
-            # from its newest checkpoint replays steps, so a resume audit follows.
             assert_shape(daemon.request("save"), SaveRequested, "save")
+            # A trainer killed from outside restarts from its newest checkpoint and replays
+            # steps, so a resume audit follows.
+            pid = daemon.status()["trainer_pid"]
+            assert belongs_to_run(pid, daemon.run_dir)
+            kill_quietly(pid)
             status = wait_for(
                 lambda: (s := daemon.status())["resume_audit"] and s["state"] == "running" and s,
                 60,

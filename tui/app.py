@@ -254,21 +254,42 @@ class TrainwardenApp(App[int]):
     def action_stop(self) -> None:
         if self.refused_read_only("stop"):
             return
+        handles = self.model.handles
+        force = handles is not None and "SIGTERM" not in handles
+        title, yes_label = "Stop the trainer?", "Stop"
         body = Text(
             "The trainer finishes its step, saves a checkpoint and exits. The daemon keeps "
             "running; press r to start the trainer again."
         )
+        if force:
+            lost = self.model.unsaved_steps()
+            losing = f", losing the {lost} steps since the newest checkpoint" if lost else ""
+            title, yes_label = "Kill the trainer without saving?", "Kill"
+            body = Text(
+                "The trainer does not handle SIGTERM: stopping kills it without a save"
+                f"{losing}. The daemon keeps running; press r to start the trainer again "
+                "from the newest checkpoint."
+            )
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self.tell("stopping the trainer…", timeout=3)
-                self.run_worker(self._stop(), group="actions")
+                self.run_worker(self._stop(force), group="actions")
 
-        self.push_screen(ConfirmScreen("Stop the trainer?", body, yes_label="Stop"), answered)
+        self.push_screen(ConfirmScreen(title, body, yes_label=yes_label), answered)
 
-    async def _stop(self) -> None:
-        result = await self.send("stop", "stop")
+    async def _stop(self, force: bool = False) -> None:
+        result = await (
+            self.send("stop", "stop", force=True) if force else self.send("stop", "stop")
+        )
         if result is None:
+            return
+        message = result.get("message")
+        if isinstance(message, str):
+            lost = result.get("outcome") not in ("saved", "not_running")
+            self.tell(
+                f"trainer stopped: {clean(message, 160)}", "warning" if lost else "information"
+            )
             return
         ckpt = result.get("checkpoint")
         if isinstance(ckpt, dict):

@@ -64,6 +64,8 @@ class RunModel:
     history: dict[str, Any] | None = None
     saving: bool = False
     """A save the operator asked for is waiting for its checkpoint."""
+    handles: list[str] | None = None
+    """Of SIGTERM and SIGUSR1, those the trainer catches (status; None: unknown)."""
     versions: Counter[str] = field(default_factory=Counter)
 
     # -------------------------------------------------------------- updates
@@ -110,6 +112,10 @@ class RunModel:
         if isinstance(status.get("host"), dict):
             self.host = status["host"]
         self.disk_low = status.get("disk_low") is True
+        handles = status.get("handles")
+        self.handles = (
+            [h for h in handles if isinstance(h, str)] if isinstance(handles, list) else None
+        )
         if isinstance(status.get("checkpoints"), list):
             self.checkpoints = {
                 "checkpoints": status["checkpoints"],
@@ -193,6 +199,16 @@ class RunModel:
         if not isinstance(age, int | float):
             return None
         return age + (self.since(self.telemetry) if self.connected else 0.0)
+
+    def unsaved_steps(self) -> int | None:
+        """Steps logged since the newest verified checkpoint (what a kill would lose)."""
+        step = (self.telemetry.value or {}).get("step")
+        if not isinstance(step, int):
+            return None
+        listed = (self.checkpoints or {}).get("checkpoints") or []
+        steps = [c.get("step") for c in listed if isinstance(c, dict)]
+        newest = max((s for s in steps if isinstance(s, int)), default=0)
+        return max(step - newest, 0)
 
     def retry_in_s(self) -> float | None:
         if self.retry_at is None:

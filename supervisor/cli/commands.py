@@ -15,7 +15,9 @@ from trainwarden.supervisor.cli.output import (
     format_status,
     print_event,
     print_json,
+    print_progress,
     size_text,
+    stop_status,
 )
 from trainwarden.supervisor.errors import UsageError
 
@@ -123,13 +125,14 @@ def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         payload = {k: getattr(args, k) for k in extra}
         timeout = None if cmd in ("stop", "shutdown") or getattr(args, "wait", False) else 30.0
+        as_json = getattr(args, "json", False)
         with _client(args, timeout=timeout) as client:
-            result = client.request(cmd, **payload)
-        if getattr(args, "json", False):
+            result = client.request(cmd, on_progress=None if as_json else print_progress, **payload)
+        if as_json:
             print_json(result)
         else:
             print(describe_result(cmd, result))
-        return 0
+        return stop_status(result) if cmd in ("stop", "shutdown") else 0
 
     return run
 

@@ -78,9 +78,25 @@ def build_parser() -> Parser:
         json=True,
     )
     p.add_argument("--wait", action="store_true", help="return once the checkpoint is committed")
-    add("stop", acting("stop"), "stop the trainer (it saves first); the daemon stays", json=True)
+    force_help = (
+        "stop a trainer that does not handle SIGTERM anyway: it is killed and its steps"
+        " since the newest checkpoint are lost"
+    )
+    p = add(
+        "stop",
+        acting("stop", force=True),
+        "stop the trainer (it saves first); the daemon stays; exit 1 if steps were lost",
+        json=True,
+    )
+    p.add_argument("--force", action="store_true", help=force_help)
     add("start", acting("start"), "start the trainer again after stop or a halt", json=True)
-    add("shutdown", acting("shutdown"), "stop the trainer, then the daemon", json=True)
+    p = add(
+        "shutdown",
+        acting("shutdown", force=True),
+        "stop the trainer, then the daemon; exit 1 if steps were lost",
+        json=True,
+    )
+    p.add_argument("--force", action="store_true", help=force_help)
     for name in ("pin", "unpin"):
         p = add(
             name,

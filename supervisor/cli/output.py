@@ -40,6 +40,7 @@ def format_status(s: StatusResult) -> str:
         f"run       {s.get('run')}  ({s.get('run_dir')})",
         f"state     {s.get('state')}{extra}",
         f"trainer   pid {_fmt(s.get('trainer_pid'))}, restarts {s.get('restarts', 0)}",
+        f"handles   {handles_text(s.get('handles'))}",
         f"step      {step}   loss {_fmt(s.get('loss'), '.4f')}   ema {_fmt(s.get('loss_ema'), '.4f')}",
         f"speed     {_fmt(s.get('tokens_per_s'), ',.0f')} tok/s   {_fmt(s.get('steps_per_min'), '.1f')} steps/min   "
         f"eta {_fmt(s.get('eta_s'), '.0f', ' s')}",
@@ -57,6 +58,19 @@ def format_status(s: StatusResult) -> str:
     if quarantined:
         lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
     return "\n".join(lines)
+
+
+def handles_text(handles: list[str] | None) -> str:
+    """Which of SIGTERM (stop) and SIGUSR1 (save) the trainer catches, and what a missing
+    one means."""
+    if handles is None:
+        return "unknown"
+    missing = [
+        f"no {sig}: {what}"
+        for sig, what in (("SIGTERM", "stop kills it unsaved"), ("SIGUSR1", "save is refused"))
+        if sig not in handles
+    ]
+    return ", ".join([*handles, *missing]) or "none"
 
 
 def size_text(n: int) -> str:
@@ -83,16 +97,33 @@ def describe_result(cmd: str, result: dict[str, Any]) -> str:
             return f"checkpoint committed at step {result['step']} ({result['name']})"
         return f"save requested (trainer at step {result.get('step')}); `trainwarden checkpoints` shows it"
     if cmd in ("stop", "shutdown"):
-        ckpt = result.get("checkpoint")
-        where = f"; newest checkpoint: step {ckpt['step']}" if ckpt else ""
-        suffix = " and the daemon is exiting" if cmd == "shutdown" else ""
-        return f"trainer stopped{suffix}{where}"
+        suffix = "; the daemon is exiting" if cmd == "shutdown" else ""
+        message = result.get("message")
+        if message is None:  # a daemon from before stop outcomes
+            ckpt = result.get("checkpoint")
+            where = f"; newest checkpoint: step {ckpt['step']}" if ckpt else ""
+            return f"trainer stopped{where}{suffix}"
+        what = "run" if result.get("outcome") == "not_running" else "trainer"
+        return f"{what} stopped: {message}{suffix}"
     if cmd == "start":
         resume = result.get("resume_step")
         return f"trainer starting from {'step ' + str(resume) if resume is not None else 'scratch'}"
     if cmd in ("pin", "unpin"):
         return f"step {result['step']} {'pinned' if result['pinned'] else 'unpinned'}"
     return orjson.dumps(result).decode()
+
+
+def print_progress(message: str) -> None:
+    """A progress line of a request still under way (a stop's steps), as it comes."""
+    sys.stdout.write(f"{message}\n")
+    sys.stdout.flush()
+
+
+def stop_status(result: dict[str, Any]) -> int:
+    """A stop's exit status: 0 only when it stopped as asked and lost nothing (it saved
+    at its last logged step, or there was no trainer to stop); 1 when it exited without
+    saving or was killed (a daemon from before outcomes: 0)."""
+    return 0 if result.get("outcome") in ("saved", "not_running", None) else 1
 
 
 def print_event(record: JournalRecord, as_json: bool) -> None:

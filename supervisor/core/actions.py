@@ -55,6 +55,14 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """A line for the client of a request still in progress (a stop's steps)."""
+
+    request_id: int
+    message: str
+
+
+@dataclass(frozen=True)
 class Exit:
     code: int = 0
 
@@ -100,6 +108,7 @@ Action = (
     | Quarantine
     | Record
     | Reply
+    | Progress
     | Exit
     | Archive
     | WritePolicy

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from trainwarden.supervisor.core import pivot
-from trainwarden.supervisor.core.actions import Action, Record, Reply, SignalTrainer
-from trainwarden.supervisor.core.events import Operator
+from trainwarden.supervisor.core.actions import Action, Progress, Record, Reply, SignalTrainer
+from trainwarden.supervisor.core.events import Operator, RequestAbandoned
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.requests import (
     Pin,
@@ -22,10 +22,22 @@ from trainwarden.supervisor.core.requests import (
 )
 from trainwarden.supervisor.core.retention import apply_retention
 from trainwarden.supervisor.core.state import Rules, State, Waiter
-from trainwarden.supervisor.core.transitions import finish_stop, reply_error, spawn, stop_trainer
+from trainwarden.supervisor.core.transitions import (
+    finish_stop,
+    reply_error,
+    spawn,
+    steps_lost,
+    stop_trainer,
+    supersede_saves,
+)
 
 STOP_GRACE_S = 60.0
 """How much longer than stop_timeout_s a stop or shutdown request waits for the exit."""
+
+NO_SAVE_HANDLER = (
+    "the trainer does not handle SIGUSR1 (a save request would kill it); add a handler:"
+    " see README, 'Saving on request'"
+)
 
 
 def on_operator(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
@@ -36,11 +48,67 @@ def on_operator(state: State, ev: Operator, rules: Rules, actions: list[Action])
             {"cmd": command_name(command), "args": command_args(command), "uid": ev.uid},
         )
     )
+    if isinstance(command, Pivot) and _lacks(ev, "SIGUSR1"):
+        # The pivot's own checks come first; refused only where it would send SIGUSR1.
+        tried: list[Action] = []
+        after = pivot.cmd_pivot(state, ev, rules, tried)
+        if any(isinstance(a, SignalTrainer) and a.signal == "SIGUSR1" for a in tried):
+            reply_error(actions, ev.request_id, "unsupported", NO_SAVE_HANDLER)
+            return state
+        actions.extend(tried)
+        return after
     return COMMANDS[type(command)](state, ev, rules, actions)
+
+
+def on_abandoned(state: State, ev: RequestAbandoned, rules: Rules, actions: list[Action]) -> State:
+    """Its client has gone: nobody waits for the answer, so nothing may wait on it."""
+    gone = [w for w in state.waiters if w.request_id == ev.request_id]
+    for w in gone:
+        actions.append(Record("request_abandoned", {"request_id": w.request_id, "command": w.kind}))
+    if not gone:
+        return state
+    return replace(state, waiters=tuple(w for w in state.waiters if w not in gone))
+
+
+def _lacks(ev: Operator, signal: str) -> bool:
+    """The trainer is known not to catch `signal` (unknown: assume it does)."""
+    return ev.handles is not None and signal not in ev.handles
+
+
+def _unforced_kill(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> bool:
+    """Refuse a stop (or shutdown) that would kill a trainer without SIGTERM handler and
+    lose steps, unless forced; True if refused."""
+    command = ev.command
+    assert isinstance(command, Stop | Shutdown)
+    lost = steps_lost(state)
+    if command.force or not state.trainer_alive or not _lacks(ev, "SIGTERM") or lost == 0:
+        return False
+    newest = state.newest
+    name = command_name(command)
+    reply_error(
+        actions,
+        ev.request_id,
+        "unsupported",
+        f"the trainer does not handle SIGTERM: {name} would have it killed without saving,"
+        f" losing {lost} steps since the newest checkpoint"
+        f" ({f'step {newest.step}' if newest else 'none'}); save first if it handles"
+        f" SIGUSR1, or `trainwarden {name} --force` to lose them",
+    )
+    return True
 
 
 def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
     assert isinstance(ev.command, Save)
+    timeout = ev.command.timeout_s
+    if timeout is not None and timeout > rules.save_wait_timeout_s:
+        reply_error(
+            actions,
+            ev.request_id,
+            "bad_argument",
+            f"'timeout_s' may be at most save_wait_timeout_s = {rules.save_wait_timeout_s:g} s"
+            f" ([trainer] in the run's config), got {timeout:g}",
+        )
+        return state
     if state.phase not in (Phase.RUNNING, Phase.SAVING) or not state.trainer_alive:
         reply_error(
             actions,
@@ -49,12 +117,15 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
             f"cannot save while the run is {state.phase}: a save needs a running trainer",
         )
         return state
+    if _lacks(ev, "SIGUSR1"):
+        reply_error(actions, ev.request_id, "unsupported", NO_SAVE_HANDLER)
+        return state
     actions.append(SignalTrainer("SIGUSR1", "operator save"))
     target = (state.last_step or 0) if state.last_step is not None else (state.resume_step or 0)
     # The step the checkpoint must reach: its reply names the first one at or after it.
     actions.append(Record("save_requested", {"step": target, "wait": ev.command.wait}))
     if ev.command.wait:
-        timeout = ev.command.timeout_s or rules.save_wait_timeout_s
+        timeout = timeout or rules.save_wait_timeout_s
         waiter = Waiter(ev.request_id, "save", target, ev.t + timeout)
         return replace(state, phase=Phase.SAVING, waiters=(*state.waiters, waiter))
     actions.append(Reply(ev.request_id, ok=True, result={"requested": True, "step": target}))
@@ -62,6 +133,8 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
 
 
 def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    if _unforced_kill(state, ev, rules, actions):
+        return state
     if state.phase == Phase.BACKOFF or state.spawn_due:
         actions.append(Record("restart_cancelled", {}))
         state = replace(
@@ -82,8 +155,25 @@ def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
         )
         return state
     waiter = Waiter(ev.request_id, "stop", 0, ev.t + rules.stop_timeout_s + STOP_GRACE_S)
+    state = supersede_saves(state, actions, "stop")
     state = stop_trainer(state, ev.t, rules, "operator", actions)
-    return replace(state, waiters=(*state.waiters, waiter))
+    state = replace(state, waiters=(*state.waiters, waiter))
+    _tell_stopping(state, ev, rules, actions)
+    return state
+
+
+def _tell_stopping(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> None:
+    rid = ev.request_id
+    actions.append(Progress(rid, f"sent SIGTERM to pid {state.trainer_pid}"))
+    if _lacks(ev, "SIGTERM"):
+        actions.append(Progress(rid, "the trainer does not handle SIGTERM: it dies without saving"))
+    actions.append(
+        Progress(
+            rid,
+            "waiting for the trainer to save and exit"
+            f" (stop_timeout_s = {rules.stop_timeout_s:g} s)",
+        )
+    )
 
 
 def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
@@ -149,13 +239,21 @@ def unpin(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
 
 
 def shutdown(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    if state.stop_reason is None and _unforced_kill(state, ev, rules, actions):
+        return state
     state = replace(state, shutdown=True)
+    state = supersede_saves(state, actions, "shutdown")
     if state.trainer_alive:
         waiter = Waiter(ev.request_id, "stop", 0, ev.t + rules.stop_timeout_s + STOP_GRACE_S)
         if state.stop_reason is None:
             state = stop_trainer(state, ev.t, rules, "shutdown", actions)
-        else:
-            state = replace(state, stop_reason="shutdown")
+            state = replace(state, waiters=(*state.waiters, waiter))
+            _tell_stopping(state, ev, rules, actions)
+            return state
+        actions.append(
+            Progress(ev.request_id, f"the trainer is already stopping ({state.stop_reason})")
+        )
+        state = replace(state, stop_reason="shutdown")
         return replace(state, waiters=(*state.waiters, waiter))
     state = replace(
         state,

@@ -172,6 +172,17 @@ class Operator:
     uid: int | None = None
     pivot: PivotContext | None = None
     """For a Pivot command: what the run's files said when it was asked for."""
+    handles: frozenset[str] | None = None
+    """Of SIGTERM and SIGUSR1, those the trainer's signal target catches, read from
+    /proc just before (None: unknown, or no trainer)."""
+
+
+@dataclass(frozen=True)
+class RequestAbandoned:
+    """The client of a request still waiting for its reply has gone."""
+
+    t: float
+    request_id: int
 
 
 @dataclass(frozen=True)
@@ -233,6 +244,7 @@ Event = (
     | TrainerExited
     | Tick
     | Operator
+    | RequestAbandoned
     | ShutdownRequested
     | PivotProgress
     | MirrorPointer

@@ -38,11 +38,13 @@ from trainwarden.supervisor.core.state import (
 )
 from trainwarden.supervisor.core.transitions import (
     describe_exit,
+    exit_text,
     fail_waiters,
     finish_stop,
     reply_error,
     spawn,
     stop_trainer,
+    tell,
 )
 
 TRAINER_WORKING = frozenset({Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.PIVOTING})
@@ -134,7 +136,9 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
     if ev.pid != state.trainer_pid:
         return state
     reason = state.stop_reason
-    state = replace(state, trainer_pid=None, kill_at=None)
+    # The SIGKILL at stop_timeout_s said so when it was sent.
+    ended = state.stop_exit or exit_text(ev.returncode, ev.signal_name)
+    state = replace(state, trainer_pid=None, kill_at=None, stop_exit=None)
     exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
     if reason == "pivot" and state.pivot is not None:
         actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
@@ -145,8 +149,13 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         )
     if reason in ("operator", "shutdown"):
         actions.append(Record("trainer_stopped", exit_fields))
+        tell(state, actions, ended)
         state = replace(
-            state, phase=Phase.STOPPED, stop_reason=None, halt_reason="stopped by operator"
+            state,
+            phase=Phase.STOPPED,
+            stop_reason=None,
+            halt_reason="stopped by operator",
+            stop_exit=ended,
         )
         if reason == "shutdown":
             state = replace(state, shutdown=True)
@@ -315,7 +324,12 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
         return spawn(state, t, actions)
     if state.kill_at is not None and t >= state.kill_at and state.trainer_alive:
         actions.append(SignalTrainer("SIGKILL", f"did not exit within {rules.stop_timeout_s:g} s"))
-        return replace(state, kill_at=None)
+        tell(
+            state,
+            actions,
+            f"no exit within stop_timeout_s = {rules.stop_timeout_s:g} s: sent SIGKILL",
+        )
+        return replace(state, kill_at=None, stop_exit=f"killed after {rules.stop_timeout_s:g} s")
     if (
         state.phase in TRAINER_WORKING
         and state.stop_reason is None

@@ -36,7 +36,7 @@ from trainwarden.supervisor.core.state import (
     with_failures,
     without_checkpoints,
 )
-from trainwarden.supervisor.core.transitions import fail_waiters
+from trainwarden.supervisor.core.transitions import fail_waiters, tell
 
 
 def is_divergent(loss: float, max_loss: float) -> bool:
@@ -70,6 +70,7 @@ def on_committed(
     known_before = state.checkpoints
     others = tuple(c for c in state.checkpoints if c.step != ev.step)
     state = replace(state, checkpoints=tuple(sorted((*others, ckpt), key=lambda c: c.step)))
+    tell(state, actions, f"checkpoint step {ev.step} committed")
     state = replace(state, last_activity_t=max(state.last_activity_t, ev.t))
     if state.trainer_alive and (state.resume_step is None or ev.step > state.resume_step):
         state = replace(state, progress_since_start=True)

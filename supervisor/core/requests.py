@@ -3,7 +3,8 @@
 `parse_command(cmd, args)` turns a request off the control socket into one of the
 dataclasses below, or a `BadRequest` that says what is wrong (the reply's error code
 and message). What a command needs from the run's files (a pivot's arms and policies)
-arrives separately, as a `PivotContext` the shell reads before the policy decides.
+arrives separately, as a `PivotContext` the shell reads before the policy decides;
+likewise which signals the trainer catches (the Operator event's `handles`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ class Save:
 
     wait: bool = False
     timeout_s: float | None = None
-    """How long a waiting save may take (None: the rules' save_wait_timeout_s)."""
+    """How long a waiting save may take (None: the rules' save_wait_timeout_s, also its
+    upper bound)."""
 
 
 @dataclass(frozen=True)
 class Stop:
     """Stop the trainer (SIGTERM) and keep it stopped."""
+
+    force: bool = False
+    """Stop a trainer that does not catch SIGTERM anyway, losing its steps since the
+    newest checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class Unpin:
 @dataclass(frozen=True)
 class Shutdown:
     """Stop the trainer, then the daemon."""
+
+    force: bool = False
+    """As Stop's: kill a trainer that does not catch SIGTERM, losing its unsaved steps."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,8 @@ def command_args(command: Command) -> dict[str, Any]:
         if command.timeout_s is not None:
             args["timeout_s"] = command.timeout_s
         return args
+    if isinstance(command, Stop | Shutdown):
+        return {"force": True} if command.force else {}
     if isinstance(command, Pin | Unpin):
         return {"step": command.step}
     if isinstance(command, Pivot):
@@ -125,12 +136,13 @@ def parse_command(cmd: str, args: dict[str, Any]) -> Command | BadRequest:
     """The typed command for a request (`args`: its fields other than id and cmd)."""
     if cmd == "save":
         return _save(args)
-    if cmd == "stop":
-        return Stop()
+    if cmd in ("stop", "shutdown"):
+        force = args.get("force", False)
+        if not isinstance(force, bool):
+            return BadRequest("bad_argument", "'force' must be true or false")
+        return Stop(force) if cmd == "stop" else Shutdown(force)
     if cmd == "start":
         return Start()
-    if cmd == "shutdown":
-        return Shutdown()
     if cmd in ("pin", "unpin"):
         step = args.get("step")
         if step is not None and not (_is_int(step, low=0) and step <= MAX_STEP):

@@ -138,6 +138,9 @@ class State:
     """Last step line, trainer start or checkpoint write: what stall detection measures."""
     stop_reason: StopReason | None = None
     kill_at: float | None = None
+    stop_exit: str | None = None
+    """How a trainer stopped on request ended ("exited 0", "killed after 10 s"), until
+    the stop's replies are given."""
     backoff_until: float | None = None
     next_backoff_s: float | None = None
     """Delay before the next restart; None means backoff_initial_s."""

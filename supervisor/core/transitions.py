@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core.actions import Action, Exit, Record, Reply, SignalTrainer, Spawn
+from trainwarden.supervisor.core.actions import (
+    Action,
+    Exit,
+    Progress,
+    Record,
+    Reply,
+    SignalTrainer,
+    Spawn,
+)
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.state import Rules, State, StopReason, ckpt_json
 
@@ -29,6 +37,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
             last_activity_t=t,
             stop_reason=None,
             kill_at=None,
+            stop_exit=None,
             backoff_until=None,
             halt_reason=None,
         )
@@ -51,6 +60,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         last_activity_t=t,
         stop_reason=None,
         kill_at=None,
+        stop_exit=None,
         backoff_until=None,
         progress_since_start=False,
         poisoned_from=None,
@@ -68,15 +78,89 @@ def stop_trainer(
     )
 
 
+def last_logged(state: State) -> int | None:
+    """The trainer's last logged step (none logged since it started: its resume step)."""
+    return state.last_step if state.last_step is not None else state.resume_step
+
+
+def steps_lost(state: State) -> int:
+    """Steps logged beyond the newest verified checkpoint: what a stop now would lose."""
+    last = last_logged(state)
+    if last is None:
+        return 0
+    return max(0, last - (state.newest.step if state.newest else 0))
+
+
+def stop_result(state: State) -> dict[str, Any]:
+    """What a stop came to: saved and exited, exited without saving, killed after
+    stop_timeout_s (each with the steps lost), or no trainer was running."""
+    newest = state.newest
+    lost = steps_lost(state)
+    ended = state.stop_exit
+    where = f"checkpoint step {newest.step}" if newest else "no checkpoint"
+    if ended is None:
+        outcome, message = "not_running", f"no trainer was running; newest {where}"
+    elif ended.startswith("killed after"):
+        outcome, message = "killed", f"{ended} (steps lost: {lost}); newest {where}"
+    elif lost == 0:
+        outcome, message = "saved", f"saved and exited ({ended}); {where}"
+    else:
+        outcome = "exited_without_saving"
+        message = f"exited without saving (steps lost: {lost}): {ended}; newest {where}"
+    return {
+        "outcome": outcome,
+        "steps_lost": lost,
+        "last_step": last_logged(state),
+        "exit": ended,
+        "message": message,
+    }
+
+
 def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> State:
-    """The trainer is stopped: answer stop and shutdown requests with the newest verified
-    checkpoint (and `extra`), fail the other waiters, and exit after a shutdown."""
-    result = {"state": "stopped", "checkpoint": ckpt_json(state.newest), **extra}
+    """The trainer is stopped: answer stop and shutdown requests with what happened (see
+    stop_result), the newest verified checkpoint and `extra`; journal the same as
+    `stop_outcome`; fail the other waiters, and exit after a shutdown."""
+    outcome = stop_result(state)
+    result = {"state": "stopped", "checkpoint": ckpt_json(state.newest), **outcome, **extra}
+    newest = state.newest
+    actions.append(
+        Record(
+            "stop_outcome",
+            {
+                **{k: v for k, v in outcome.items() if k != "message"},
+                "checkpoint_step": newest.step if newest else None,
+            },
+        )
+    )
     state = settle_waiters(state, actions, kind="stop", result=result)
     state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
     if state.shutdown:
         actions.append(Exit(0))
-    return replace(state, stop_due=False)
+    return replace(state, stop_due=False, stop_exit=None)
+
+
+def tell(state: State, actions: list[Action], message: str, kind: str = "stop") -> None:
+    """A progress line for every request of `kind` still waiting."""
+    for w in state.waiters:
+        if w.kind == kind:
+            actions.append(Progress(w.request_id, message))
+
+
+def supersede_saves(state: State, actions: list[Action], by: str) -> State:
+    """A stop or shutdown pre-empts a waiting save: answer it, never leave it blocking."""
+    saves = [w for w in state.waiters if w.kind == "save"]
+    for w in saves:
+        reply_error(actions, w.request_id, "superseded", f"superseded by {by}")
+    if not saves:
+        return state
+    return replace(state, waiters=tuple(w for w in state.waiters if w.kind != "save"))
+
+
+def exit_text(returncode: int, signal_name: str | None = None) -> str:
+    """A stopped trainer's end for the operator: "exited 0", "killed by SIGTERM"."""
+    if returncode < 0:
+        return describe_exit(returncode, signal_name)
+    return f"exited {returncode}"
 
 
 def reply_error(actions: list[Action], request_id: int, code: str, message: str) -> None:

@@ -4,6 +4,11 @@ Each connection has an outbox drained by its own writer task, so the daemon only
 appends to outboxes and never waits for a client. Telemetry-like topics keep only the
 newest frame; replies, events and checkpoint lists are kept in order up to a bound,
 past which the connection is dropped (a stuck subscriber costs the daemon nothing).
+
+Each connection's lines are read ahead by a reader task, so a client that hangs up while
+its request waits (a save --wait, a stop) is noticed at once and its request abandoned.
+Acting commands run one at a time, except that stop and shutdown pre-empt a waiting save
+(the policy answers the save "superseded").
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import struct
 from collections import deque
@@ -36,6 +42,12 @@ log = logging.getLogger("trainwarden.control")
 
 MAX_QUEUED = 2000
 MAX_CONNECTIONS = 256
+READ_AHEAD = 64
+"""Request lines read ahead of the one being answered, per connection."""
+TOO_LARGE = b"\0too large"
+"""What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
+PRE_EMPT = {"stop": ("save",), "shutdown": ("save",)}
+"""Acting commands that may start while another waits, and whose waits they end."""
 
 
 async def _discard_briefly(reader: asyncio.StreamReader) -> None:
@@ -102,6 +114,10 @@ class Connection:
         self.finishing = False
         """No more requests (EOF or daemon exit): flush what is queued, then close."""
         self.pump_task: asyncio.Task[None] | None = None
+        self.lines: asyncio.Queue[bytes | None] = asyncio.Queue(READ_AHEAD)
+        """Request lines read ahead; None: no more (EOF or a read error)."""
+        self.gone = asyncio.Event()
+        """The client hung up (or the connection closed): nobody reads a reply any more."""
 
     async def pump(self) -> None:
         """Send the outbox until the connection closes; drops it when it overflows."""
@@ -124,9 +140,43 @@ class Connection:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.gone.set()
             self.outbox.wake.set()
             with contextlib.suppress(Exception):
                 self.writer.close()
+
+
+def hung_up(writer: asyncio.StreamWriter) -> bool:
+    """The peer closed its end entirely (POLLHUP), not merely its writing half: a client
+    that half-closes after its request still reads the reply."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP)
+    return any(mask & (select.POLLHUP | select.POLLERR) for _fd, mask in poller.poll(0))
+
+
+async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
+    """Queue the connection's request lines; at its end, None (and `gone` if it hung up)."""
+    try:
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                await conn.lines.put(TOO_LARGE)
+                return
+            except (ConnectionError, OSError):
+                conn.gone.set()
+                return
+            if not line:
+                if hung_up(conn.writer):
+                    conn.gone.set()
+                return
+            if line.strip():
+                await conn.lines.put(line)
+    finally:
+        await conn.lines.put(None)  # after the lines before it, however many wait
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
@@ -147,6 +197,10 @@ class ControlServer:
         self.server: asyncio.AbstractServer | None = None
         self.acting = asyncio.Lock()
         self.acting_cmd: str | None = None
+        self.pre_empting: str | None = None
+        """A stop or shutdown that started while a save waited (see PRE_EMPT)."""
+        self.answering: set[asyncio.Task[None]] = set()
+        """Requests being answered, up to their reply's place in the outbox."""
 
     # -------------------------------------------------------------- socket setup
 
@@ -184,7 +238,10 @@ class ControlServer:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
-        # Replies to the last commands (shutdown's own) must reach their clients first.
+        # Replies to the last commands (shutdown's own) must reach their clients first:
+        # into their outboxes, then out.
+        if self.answering:
+            await asyncio.wait(self.answering, timeout=2.0)
         pumps = []
         for conn in list(self.connections):
             conn.finishing = True
@@ -233,22 +290,25 @@ class ControlServer:
             return
         conn = Connection(writer, uid)
         self.connections.add(conn)
-        pump = conn.pump_task = asyncio.get_running_loop().create_task(conn.pump())
+        loop = asyncio.get_running_loop()
+        pump = conn.pump_task = loop.create_task(conn.pump())
+        lines = loop.create_task(read_lines(reader, conn))
         try:
             while not conn.closed:
-                try:
-                    line = await reader.readline()
-                except (ValueError, asyncio.LimitOverrunError):
+                line = await conn.lines.get()
+                if line is None:
+                    break
+                if line == TOO_LARGE:
                     conn.outbox.put(_error(None, "too_large", f"line exceeds {MAX_LINE} bytes"))
                     break
-                except (ConnectionError, OSError):
-                    break
-                if not line:
-                    break
-                if not line.strip():
-                    continue
-                await self._request(conn, line)
+                answer = loop.create_task(self._request(conn, line))
+                self.answering.add(answer)
+                try:
+                    await asyncio.shield(answer)
+                finally:
+                    self.answering.discard(answer)
         finally:
+            lines.cancel()
             self.connections.discard(conn)
             # Let the pump flush what is queued, then close.
             conn.finishing = True
@@ -274,7 +334,7 @@ class ControlServer:
         args = {k: v for k, v in message.items() if k not in ("id", "cmd")}
         try:
             if cmd in ACTING:
-                result = await self._acting(conn, cmd, args)
+                result = await self._acting(conn, rid, cmd, args)
             else:
                 handler = getattr(self, f"cmd_{cmd}", None)
                 if handler is None:
@@ -293,24 +353,58 @@ class ControlServer:
             return
         conn.outbox.put({"id": rid, "ok": True, "result": result})
 
-    async def _acting(self, conn: Connection, cmd: str, args: dict[str, Any]) -> Any:
+    async def _acting(self, conn: Connection, rid: Any, cmd: str, args: dict[str, Any]) -> Any:
         command = parse_command(cmd, args)
         if isinstance(command, BadRequest):
             raise CommandError(command.code, command.message)
-        if self.acting.locked():
-            raise CommandError(
-                "busy",
-                f"another operator command ({self.acting_cmd}) is in progress; try again when it finishes",
-            )
-        async with self.acting:
-            self.acting_cmd = cmd
-            try:
-                reply = await self.daemon.operator(command, conn.uid)
-            finally:
-                self.acting_cmd = None
+        if self.acting.locked() or self.pre_empting is not None:
+            if self.pre_empting is None and self.acting_cmd in PRE_EMPT.get(cmd, ()):
+                # A waiting save must not hold a stop off: the policy answers it.
+                self.pre_empting = cmd
+                try:
+                    reply = await self._operate(conn, rid, command)
+                finally:
+                    self.pre_empting = None
+            else:
+                running = self.pre_empting or self.acting_cmd
+                raise CommandError(
+                    "busy",
+                    f"another operator command ({running}) is in progress; try again when it finishes",
+                )
+        else:
+            async with self.acting:
+                self.acting_cmd = cmd
+                try:
+                    reply = await self._operate(conn, rid, command)
+                finally:
+                    self.acting_cmd = None
         if not reply.ok:
             raise CommandError(reply.code, reply.message)
         return reply.result
+
+    async def _operate(self, conn: Connection, rid: Any, command: Any) -> Any:
+        """The daemon's reply to `command`, its progress lines sent as they come; abandoned
+        as soon as the client hangs up."""
+
+        def progress(message: str) -> None:
+            conn.outbox.put({"id": rid, "progress": message})
+
+        loop = asyncio.get_running_loop()
+        reply = loop.create_task(self.daemon.operator(command, conn.uid, progress))
+        gone = loop.create_task(conn.gone.wait())
+        try:
+            await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            reply.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if not reply.done():
+            reply.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reply
+            raise CommandError("abandoned", "the client hung up before the reply")
+        return reply.result()
 
     # -------------------------------------------------------------- read commands
 

@@ -14,8 +14,11 @@ class Supervised(Protocol):
     cfg: Config
     files: RunFiles
 
-    async def operator(self, command: Command, uid: int | None) -> Reply:
-        """Have the policy decide on an operator command; its reply."""
+    async def operator(
+        self, command: Command, uid: int | None, progress: Callable[[str], None] | None = None
+    ) -> Reply:
+        """Have the policy decide on an operator command; its reply. `progress` gets its
+        progress lines; cancelling the call abandons the request."""
         ...
 
     def add_journal_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:

@@ -20,6 +20,7 @@ from trainwarden.supervisor import __version__
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
+from trainwarden.supervisor.inputs import signals
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.inputs.proctree import descendants, marked_processes
 from trainwarden.supervisor.shell import views
@@ -393,24 +394,49 @@ class Daemon:
 
     # ------------------------------------------------------------------ the control server
 
-    async def operator(self, command: core.Command, uid: int | None) -> core.Reply:
-        """Queue an operator command and wait for the policy's reply."""
+    async def operator(
+        self,
+        command: core.Command,
+        uid: int | None,
+        progress: Callable[[str], None] | None = None,
+    ) -> core.Reply:
+        """Queue an operator command and wait for the policy's reply; `progress` gets the
+        policy's progress lines meanwhile. Cancelled (its client gone): the policy is told,
+        so that nothing waits on the reply any more."""
         assert self.executor is not None
         context = None
         if isinstance(command, core.Pivot):
             context = await asyncio.to_thread(pivot_context, self.files, command)
+        handles = None
+        pid = self.state.trainer_pid
+        if pid is not None and isinstance(
+            command, core.Save | core.Stop | core.Shutdown | core.Pivot
+        ):
+            # Right before deciding: a trainer installs its handlers once, early.
+            target = self.cfg.trainer.signal_target
+            handles = await asyncio.to_thread(signals.handled, pid, target)
         if self.watcher is not None:
             self.watcher.drain()  # commits made before the request are decided with it
         request_id = next(self.request_ids)
         future: asyncio.Future[core.Reply] = asyncio.get_running_loop().create_future()
         self.executor.replies[request_id] = future
+        if progress is not None:
+            self.executor.progress[request_id] = progress
         self.queue.put_nowait(
-            core.Operator(time.monotonic(), request_id, command, uid, pivot=context)
+            core.Operator(
+                time.monotonic(), request_id, command, uid, pivot=context, handles=handles
+            )
         )
         try:
             return await future
+        except asyncio.CancelledError:
+            # Cancelling this call cancels the future too; a reply given pops it.
+            if request_id in self.executor.replies:
+                self.queue.put_nowait(core.RequestAbandoned(time.monotonic(), request_id))
+            raise
         finally:
             self.executor.replies.pop(request_id, None)
+            self.executor.progress.pop(request_id, None)
 
     def add_journal_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
         assert self.journal is not None
@@ -473,6 +499,9 @@ class Daemon:
 
     def status_view(self) -> dict[str, Any]:
         assert self.hub is not None
+        pid = self.state.trainer_pid
+        # A file read per status: cheap, and a trainer's handlers may come after its start.
+        handles = signals.handled(pid, self.cfg.trainer.signal_target) if pid else None
         return views.status_view(
-            self.cfg, self.started_t, self.state_view(), self.checkpoints_view(), self.hub
+            self.cfg, self.started_t, self.state_view(), self.checkpoints_view(), self.hub, handles
         )

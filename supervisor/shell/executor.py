@@ -63,6 +63,8 @@ class Executor:
         """Drop a name from the registry of commits once its files are gone from the directory."""
         self.on_trainer_exit = on_trainer_exit
         self.replies: dict[int, asyncio.Future[core.Reply]] = {}
+        self.progress: dict[int, Callable[[str], None]] = {}
+        """Where a request still in progress has its progress lines sent (its client)."""
         self.exit_code: int | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.mirror: Mirror | None = None
@@ -103,6 +105,10 @@ class Executor:
             future = self.replies.pop(action.request_id, None)
             if future is not None and not future.done():
                 future.set_result(action)
+        elif isinstance(action, core.Progress):
+            tell = self.progress.get(action.request_id)
+            if tell is not None:
+                tell(action.message)
         elif isinstance(action, core.Exit):
             self.exit_code = action.code
         elif isinstance(action, core.Archive):

@@ -65,8 +65,10 @@ def status_view(
     state: dict[str, Any],
     checkpoints: dict[str, Any],
     hub: TelemetryHub,
+    handles: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """The `status` command's answer: the run, the state view, telemetry and checkpoints."""
+    """The `status` command's answer: the run, the state view, which of SIGTERM and
+    SIGUSR1 the trainer catches (`handles`, None: unknown), telemetry and checkpoints."""
     view: dict[str, Any] = {
         "protocol": PROTOCOL_VERSION,
         "version": __version__,
@@ -76,6 +78,7 @@ def status_view(
         "daemon_started_at": started_t,
         "total_steps": cfg.trainer.total_steps,
         **state,
+        "handles": sorted(handles) if handles is not None else None,
     }
     view.update(hub.status_fields())
     view["step"] = hub.last_step

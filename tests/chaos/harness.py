@@ -57,8 +57,9 @@ DOUBLED_WEIGHTS = 2000
 """How many weights a corruption in place doubles."""
 TMPFS_SIZE = "160m"
 # Command outcomes that are answers, not failures: another command held the operator
-# lock, or the state did not allow it (a kill landed while a save waited).
-ACCEPTED_REFUSALS = {"busy", "wrong_state"}
+# lock, the state did not allow it (a kill landed while a save waited), or a stop
+# pre-empted a waiting save.
+ACCEPTED_REFUSALS = {"busy", "wrong_state", "superseded"}
 
 
 # ----------------------------------------------------------------------------- plan

@@ -11,7 +11,6 @@ only SIGTERM, SIGINT, SIGHUP and SIGQUIT. So:
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from tests.support import (
     running_daemon,
     wait_for,
 )
+from trainwarden.supervisor.errors import CommandRefused
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -125,7 +125,7 @@ def test_children_target_saves_on_every_rank_and_spares_the_agent(tmp_path: Path
         kill_workers(run_dir)
 
 
-def test_main_target_reaches_only_the_agent_which_dies_of_sigusr1(tmp_path: Path):
+def test_main_target_save_is_refused_since_the_agent_would_die_of_sigusr1(tmp_path: Path):
     run_dir = torchrun_run(tmp_path / "run", "main")
     try:
         with running_daemon(run_dir) as daemon:
@@ -134,18 +134,17 @@ def test_main_target_reaches_only_the_agent_which_dies_of_sigusr1(tmp_path: Path
             )
             agent = daemon.status()["trainer_pid"]
             workers = wait_for(lambda: len(pids := worker_pids(run_dir)) == 2 and pids, 30)
-            daemon.request("save")
-            crash = wait_for(
-                lambda: next((r for r in journal(run_dir) if r["kind"] == "crash"), None),
-                60,
-                what="the agent's death",
-            )
-            assert crash["pid"] == agent and crash["returncode"] == -signal.SIGUSR1
-            assert crash["cause"] == "killed by SIGUSR1"
-            assert daemon.status()["state"] == "backoff"
-            # The workers never saw SIGUSR1; the agent's death ends them (containment: SIGTERM).
-            assert not any("SIGUSR1" in signals_seen(run_dir, rank) for rank in (0, 1))
-            wait_for(lambda: not any(pid_alive(pid) for pid in workers), 90, what="workers gone")
+            # The agent catches SIGTERM but not SIGUSR1, whose default action would kill it.
+            assert daemon.status()["handles"] == ["SIGTERM"]
+            with pytest.raises(CommandRefused) as refused:
+                daemon.request("save")
+            assert refused.value.code == "unsupported"
+            assert "does not handle SIGUSR1" in str(refused.value)
+            step = daemon.status()["step"]
+            wait_for(lambda: daemon.status()["step"] >= step + 3, 60, what="training continues")
+            assert not [r for r in journal(run_dir) if r["kind"] in ("signal", "crash")]
+            assert signals_seen(run_dir, 0) == signals_seen(run_dir, 1) == ""
+            assert pid_alive(agent) and all(pid_alive(pid) for pid in workers)
     finally:
         kill_workers(run_dir)
 
@@ -156,7 +155,9 @@ def test_sigkill_after_the_grace_period_leaves_no_worker_behind(tmp_path: Path):
         with running_daemon(run_dir) as daemon:
             wait_for(lambda: (daemon.status().get("step") or 0) >= 3, 120, 0.2, what="steps")
             workers = wait_for(lambda: len(pids := worker_pids(run_dir)) == 2 and pids, 30)
-            daemon.request("stop", timeout=60)
+            # The workers ignore SIGTERM (not caught): only a forced stop goes ahead.
+            result = daemon.request("stop", timeout=60, force=True)
+            assert result["outcome"] == "killed"
             signals = [r["signal"] for r in journal(run_dir) if r["kind"] == "signal"]
             assert signals == ["SIGTERM", "SIGKILL"]
             wait_for(lambda: not any(pid_alive(pid) for pid in workers), 10, what="workers gone")
