@@ -39,6 +39,7 @@ REQUIRED_KEYS: Mapping[str, str | None] = {
     "ExecStart": None,
     "WatchdogSec": None,
     "KillMode": "mixed",
+    "Delegate": "yes",
     "TimeoutStopSec": None,
     "Restart": "on-failure",
     "NoNewPrivileges": "yes",
@@ -94,6 +95,10 @@ WatchdogSec=60
 # step, save, exit); SIGKILL goes to whatever is left. If the daemon itself dies, the
 # trainer is killed with it instead of being left holding the GPU.
 KillMode=mixed
+# The daemon puts each trainer start in a cgroup of its own below the unit's: whatever a
+# start leaves behind (a data-loader process, a stuck CUDA child) is found and ended
+# through it, even after it left the trainer's session or cleared its environment.
+Delegate=yes
 # Stopping includes the trainer's last checkpoint. A 124M-parameter model's andrea-bin file
 # is 8 + 12 x 124e6 bytes, about 1.5 GB: about 7.5 s at 200 MB/s, plus the fsync, plus
 # finishing one slow step. 300 s covers that many times over on a slow disk; keep it above

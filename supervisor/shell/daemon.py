@@ -33,6 +33,7 @@ from trainwarden.supervisor.shell.boot import (
     watched_paths,
     with_resolved_log,
 )
+from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import Reaper, become_subreaper, stop_processes
 from trainwarden.supervisor.shell.executor import Executor
 from trainwarden.supervisor.shell.hub import TelemetryHub
@@ -95,6 +96,7 @@ class Daemon:
         self.ready_sent = False
         self.metrics: MetricsServer | None = None
         self.watcher: CheckpointWatcher | None = None
+        self.cgroups: StartCgroups | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -120,10 +122,18 @@ class Daemon:
         )
         journal_links(self.journal, self.watched)
         not_subreaper = become_subreaper()
+        self.cgroups, no_cgroups = StartCgroups.find(self.cfg.run_dir)
+        containment: dict[str, Any] = {
+            "subreaper": not_subreaper is None,
+            "cgroups": str(self.cgroups.base) if self.cgroups is not None else None,
+        }
         if not_subreaper is not None:
             # Orphans of the trainer's tree then go to init: still found by their marker.
-            self.journal.append("containment", {"subreaper": False, "reason": not_subreaper})
+            containment["subreaper_error"] = not_subreaper
             log.warning("not a child subreaper: %s", not_subreaper)
+        if self.cgroups is None:
+            containment["cgroups_error"] = no_cgroups
+        self.journal.append("containment", containment)
         # Decided but not journaled: this is the state the journal already holds.
         event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
         self.state, _ = core.decide(self.state, event, self.rules)
@@ -144,6 +154,7 @@ class Daemon:
             forget_commit=self.reports.forget,
             on_trainer_exit=self._trainer_exited,
         )
+        self.executor.cgroups = self.cgroups
         self.hub.load_history(seg=self.state.seg)
         self.hub.start_follower()
 
@@ -232,21 +243,34 @@ class Daemon:
         main = identity if identity is not None and identity.alive() else None
         run_dir = str(self.cfg.run_dir)
 
+        cgroups = self.cgroups
+        old_starts = cgroups.markers() if cgroups is not None else []
+
         def find() -> list[int]:
             found = set(marked_processes(run_dir))
             if main is not None and main.alive():
                 found.add(main.pid)
                 found.update(descendants(main.pid))
+            if cgroups is not None:
+                for marker in old_starts:
+                    found.update(cgroups.procs(marker))
             return sorted(found)
 
         leftovers = await asyncio.to_thread(find)
         if not leftovers:
+            if cgroups is not None:
+                for marker in old_starts:
+                    await asyncio.to_thread(cgroups.end, marker)
             return
         pid = main.pid if main is not None else None
         self.journal.append(
             "leftover_trainer", {"pid": pid, "processes": leftovers, "action": "stopping"}
         )
         ended = await asyncio.to_thread(stop_processes, find, self.cfg.trainer.stop_timeout_s)
+        if cgroups is not None:
+            for marker in old_starts:
+                killed = await asyncio.to_thread(cgroups.end, marker)
+                ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed]
         self.journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
         await self.hub.drain_log()
 

@@ -15,6 +15,7 @@ from typing import Any
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.shell import pivot_files
+from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import new_marker, start_processes, stop_processes
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn
@@ -71,6 +72,8 @@ class Executor:
         self._background: set[asyncio.Task[Any]] = set()
         self.steps_held: list[core.Event] | None = None
         """While a spawn is under way: step lines logged meanwhile, reported after it."""
+        self.cgroups: StartCgroups | None = None
+        """Each start's cgroup, where the daemon may make them (see shell.cgroups)."""
         self.drain_commits: Callable[[], None] = lambda: None
         """Have every checkpoint event queued now reported (the watcher's drain)."""
         self.containing: asyncio.Task[None] | None = None
@@ -193,9 +196,14 @@ class Executor:
             self._release_held_steps()
             return
         self.proc = proc
-        self.journal.append(
-            "trainer_started", {"pid": proc.pid, "seg": action.seg, "marker": marker}
-        )
+        started: dict[str, Any] = {"pid": proc.pid, "seg": action.seg, "marker": marker}
+        if self.cgroups is not None:
+            # Now, before the trainer forks anything: all it starts later is inside.
+            refused = self.cgroups.join(marker, proc.pid)
+            started["cgroup"] = str(self.cgroups.path(marker)) if refused is None else None
+            if refused is not None:
+                started["cgroup_error"] = refused
+        self.journal.append("trainer_started", started)
         self.report(core.TrainerSpawned(time.monotonic(), proc.pid))
         self._release_held_steps()
         asyncio.get_running_loop().create_task(self._await_exit(proc, marker))
@@ -230,12 +238,19 @@ class Executor:
     async def _contain(self, marker: str) -> None:
         """Stop whatever the ended start left running and journal what that was."""
         run_dir = str(self.cfg.run_dir)
+        cgroups = self.cgroups
+
+        def find() -> list[int]:
+            found = set(start_processes(marker, run_dir))
+            if cgroups is not None:
+                found.update(cgroups.procs(marker))  # whatever they did to their environment
+            return sorted(found)
+
         try:
-            ended = await asyncio.to_thread(
-                stop_processes,
-                lambda: start_processes(marker, run_dir),
-                self.cfg.trainer.stop_timeout_s,
-            )
+            ended = await asyncio.to_thread(stop_processes, find, self.cfg.trainer.stop_timeout_s)
+            if cgroups is not None:
+                killed = await asyncio.to_thread(cgroups.end, marker)
+                ended += [{"pid": pid, "ended": "cgroup.kill"} for pid in killed]
         except Exception as exc:  # never fatal to the loop: the next daemon looks again
             self.journal.append("containment_failed", {"marker": marker, "error": repr(exc)})
             log.exception("could not stop the processes of start %s", marker)
