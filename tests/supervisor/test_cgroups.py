@@ -60,7 +60,7 @@ def test_a_helper_without_the_marker_is_ended_through_the_start_s_cgroup(
             30,
             what="the helper",
         )
-        assert not (b"TRAINWARDEN_START" in Path(f"/proc/{helper}/environ").read_bytes())
+        assert b"TRAINWARDEN_START" not in Path(f"/proc/{helper}/environ").read_bytes()
         daemon.wait_state("backoff", timeout=60)  # it crashed at step 20
         wait_for(lambda: not pid_alive(helper), 30, what="the helper ended with its start")
         started = next(r for r in journal(run_dir) if r["kind"] == "trainer_started")
