@@ -36,10 +36,10 @@ def test_a_checkpoint_rewritten_in_place_is_quarantined_and_the_mirror_keeps_its
     backup = tmp_path / "backup"
     run_dir = scripted_run(
         tmp_path / "run",
-        "--steps", "400", "--save-every", "10", "--dt", "0.1",
+        "--steps", "400", "--save-every", "10", "--dt", "0.2",
         "--n-params", str(N_PARAMS),
-        checkpoints={"keep_last": 3},
-        mirror={"path": str(backup), "keep_last": 3},
+        checkpoints={"keep_last": 5},
+        mirror={"path": str(backup), "keep_last": 5},
     )  # fmt: skip
     with running_daemon(run_dir) as daemon:
         mirrored = wait_for(
@@ -47,7 +47,7 @@ def test_a_checkpoint_rewritten_in_place_is_quarantined_and_the_mirror_keeps_its
             120,
             what="a checkpoint mirrored",
         )
-        step = mirrored[0]["step"]
+        step = mirrored[-1]["step"]  # the newest: retention keeps it for 10 s at least
         path = run_dir / "checkpoints" / f"step_{step:06d}.bin"
         original = path.read_bytes()
         # 2,000 weights doubled, or here: zeros become 2.0 (finite: only the digest can tell).

@@ -310,7 +310,8 @@ def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_pat
     assert not [r for r in journal(run_dir) if r["kind"] == "mirror_failed"]
     pointer = read_pointer(backup)
     assert pointer.step == 30 and pointer.format == "andrea-bin"
-    assert Mirror(backup, run_dir=run_dir).steps() == [20, 30]
+    # The prune after the last copy runs in the background, after its `mirrored` record.
+    wait_for(lambda: Mirror(backup, run_dir=run_dir).steps() == [20, 30], 30, what="pruned")
     local = run_dir / "checkpoints" / "step_000030.bin"
     copy = backup / step_dir_name(30) / "checkpoint" / "step_000030.bin"
     assert copy.read_bytes() == local.read_bytes()
