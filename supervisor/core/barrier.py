@@ -8,6 +8,10 @@ unchanged. Until then the checkpoint is pending, and what would name a checkpoin
 - a trainer start (`spawn_due`): it resumes from the newest good checkpoint, not the
   newest one verified so far;
 - the replies of stop and shutdown, and the daemon's exit after a shutdown (`stop_due`);
+
+and the first two also wait while the last start's other processes are being stopped
+(`containing`): what they commit meanwhile (a worker's save on SIGTERM) is seen, verified
+and resumed from, never counted as the next start's;
 - a waiting save's reply: it names the first checkpoint at or after the save's step
   committed since the request, never one beyond a checkpoint still pending.
 
@@ -87,7 +91,7 @@ def release(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
     if not (state.waiters or state.stop_due or state.spawn_due):
         return state  # the common case, every step line
     state = _answer_saves(state, actions)
-    if state.pending:
+    if state.pending or state.containing:
         return state
     if state.stop_due:
         state = finish_stop(state, actions, unverified(state))

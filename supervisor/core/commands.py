@@ -268,7 +268,7 @@ def _reply_stopped(state: State, ev: Operator, rules: Rules, actions: list[Actio
     shutdown) once no checkpoint is still being verified."""
     waiter = Waiter(ev.request_id, "stop", 0, ev.t + rules.verify_timeout_s + STOP_GRACE_S)
     state = replace(state, waiters=(*state.waiters, waiter))
-    if state.pending:
+    if state.pending or state.containing:
         return replace(state, stop_due=True)
     return finish_stop(state, actions, {})
 

@@ -157,6 +157,16 @@ class TrainerExited:
     """Negative: killed by that signal (as subprocess reports it)."""
     signal_name: str | None = None
     """That signal's name (SIGKILL), when the returncode is negative and names one."""
+    contained: bool = True
+    """False: other processes of the start may still run (and commit); a StartContained
+    follows once they are gone."""
+
+
+@dataclass(frozen=True)
+class StartContained:
+    """Every process of the start whose main process exited is gone (see shell.containment)."""
+
+    t: float
 
 
 @dataclass(frozen=True)
@@ -242,6 +252,7 @@ Event = (
     | TrainerSpawned
     | SpawnFailed
     | TrainerExited
+    | StartContained
     | Tick
     | Operator
     | RequestAbandoned

@@ -20,6 +20,7 @@ from trainwarden.supervisor.core.events import (
     ResumeRefused,
     ShutdownRequested,
     SpawnFailed,
+    StartContained,
     Startup,
     Tick,
     TrainerExited,
@@ -124,6 +125,10 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
     return spawn(state, ev.t, actions)
 
 
+def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[Action]) -> State:
+    return replace(state, containing=False)
+
+
 def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
     return replace(state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t)
 
@@ -138,7 +143,9 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
     reason = state.stop_reason
     # The SIGKILL at stop_timeout_s said so when it was sent.
     ended = state.stop_exit or exit_text(ev.returncode, ev.signal_name)
-    state = replace(state, trainer_pid=None, kill_at=None, stop_exit=None)
+    state = replace(
+        state, trainer_pid=None, kill_at=None, stop_exit=None, containing=not ev.contained
+    )
     exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
     if reason == "pivot" and state.pivot is not None:
         actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
@@ -159,7 +166,7 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         )
         if reason == "shutdown":
             state = replace(state, shutdown=True)
-        if state.pending:
+        if state.pending or state.containing:
             # Its last checkpoint may be among them: the replies name it once verified.
             return replace(state, stop_due=True)
         return finish_stop(state, actions, {})

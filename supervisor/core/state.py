@@ -153,6 +153,9 @@ class State:
     """Checkpoints seen committed whose verification is still running (see core.barrier)."""
     spawn_due: bool = False
     """A trainer start waits for the verifications pending when it was decided."""
+    containing: bool = False
+    """The last start's other processes are being stopped: nothing new starts meanwhile, and
+    what they commit is verified before a trainer is started from the newest checkpoint."""
     stop_due: bool = False
     """The trainer stopped: the stop replies (and a shutdown's exit) wait for them too."""
     unverified: tuple[str, ...] = ()

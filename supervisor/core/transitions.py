@@ -21,8 +21,8 @@ from trainwarden.supervisor.core.state import Rules, State, StopReason, ckpt_jso
 def spawn(state: State, t: float, actions: list[Action]) -> State:
     """Start a trainer from the newest verified checkpoint (none: from scratch), once no
     checkpoint committed before now is still being verified (see core.barrier)."""
-    if state.pending:
-        if not state.spawn_due:
+    if state.pending or state.containing:
+        if not state.spawn_due and state.pending:
             actions.append(
                 Record(
                     "awaiting_verification",

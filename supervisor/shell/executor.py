@@ -229,14 +229,24 @@ class Executor:
         self.hub.end_segment()
         self.drain_commits()
         self.report(
-            core.TrainerExited(time.monotonic(), proc.pid, returncode, signal_name(returncode))
+            core.TrainerExited(
+                time.monotonic(), proc.pid, returncode, signal_name(returncode), contained=False
+            )
         )
         # Created before the policy can act on the exit: a spawn or a shutdown awaits it.
         self.containing = asyncio.get_running_loop().create_task(self._contain(marker))
         self.on_trainer_exit()
 
     async def _contain(self, marker: str) -> None:
-        """Stop whatever the ended start left running and journal what that was."""
+        """Stop whatever the ended start left running, journal what that was, and report it
+        (after its last commits, so they are verified before anything new starts)."""
+        try:
+            await self._stop_start(marker)
+        finally:
+            self.drain_commits()
+            self.report(core.StartContained(time.monotonic()))
+
+    async def _stop_start(self, marker: str) -> None:
         run_dir = str(self.cfg.run_dir)
         cgroups = self.cgroups
 

@@ -280,3 +280,30 @@ def test_decisions_wait_a_little_longer_than_the_format_s_own_verify_timeout(tmp
 
     assert verify_wait_s(config("verify_timeout_s = 20")) == 50.0  # type: ignore[arg-type]
     assert verify_wait_s(config("")) == DEFAULT_VERIFY_WAIT_S  # type: ignore[arg-type]
+
+
+def test_nothing_starts_while_the_last_start_s_processes_are_stopped_and_their_commit_counts():
+    """The main process died; its worker saves on the SIGTERM containment sends it. The next
+    trainer starts after that, from the worker's checkpoint, not from the older one."""
+    rules = replace(RULES, backoff_initial_s=0.0)
+    state, _ = run(
+        [p.Startup(0.0), p.TrainerSpawned(0.0, 7), p.StepLogged(0.5, 1, 3.0)], rules=rules
+    )
+    state, _ = run([seen(500, 1.0), commit(500, 1.1)], state, rules)
+    state, actions = run([p.TrainerExited(2.0, 7, -9, "SIGKILL", contained=False)], state, rules)
+    assert not kinds(actions, p.Spawn) and state.spawn_due and state.containing
+    state, actions = run([seen(550, 2.5), commit(550, 2.7)], state, rules)
+    assert not kinds(actions, p.Spawn)
+    state, actions = run([p.StartContained(3.0)], state, rules)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 550 and not state.containing
+
+
+def test_a_stop_is_answered_once_the_start_s_other_processes_are_gone():
+    state = running()
+    state, _ = run([seen(40, 1.0), commit(40, 1.1), p.Operator(2.0, 1, p.Stop())], state)
+    state, actions = run([p.TrainerExited(3.0, 7, 0, contained=False)], state)
+    assert not kinds(actions, p.Reply)
+    state, actions = run([p.StartContained(4.0)], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.ok and reply.result is not None and reply.result["checkpoint"]["step"] == 40
