@@ -553,8 +553,26 @@ class Judge:
         return Verdict(
             "5 every fault journaled with the daemon's reaction",
             not problems,
-            {"problems": problems},
+            {"problems": problems, "unexplained_exits": self.unexplained_exits()},
         )
+
+    def unexplained_exits(self) -> list[dict[str, Any]]:
+        """Trainer crashes by an exit status that no fault explains (only a full disk makes
+        the trainer exit 1). Reported, not judged: a start resumed from a step older than a
+        checkpoint its predecessor's orphan committed during containment replays that step
+        and rewrites the committed name, which the daemon quarantines mid-save."""
+        disks = [
+            (f.t - 1.0, f.detail.get("cleared_t", math.inf) + 5.0)
+            for f in self.soak.faults
+            if f.kind == "enospc"
+        ]
+        return [
+            {k: r.get(k) for k in ("t", "pid", "cause", "last_step")}
+            for r in self.records
+            if r.get("kind") == "crash"
+            and str(r.get("cause", "")).startswith("exit status")
+            and not any(a <= r["t"] <= b for a, b in disks)
+        ]
 
     def check_daemon_and_trainers(self) -> Verdict:
         problems = []
