@@ -4,7 +4,7 @@ One `Soak` drives one run: it writes the config, optionally puts the checkpoint 
 on a small tmpfs in a private mount namespace (so a full disk can be staged), starts the
 watcher process (tests/chaos/watcher.py) and the daemon, then walks a seeded schedule of
 faults and operator commands keyed to training steps. When the run has finished it shuts
-the daemon down and tests/chaos/judge.py checks the seven invariants from the journal, the
+the daemon down and tests/chaos/judge.py checks the ten invariants from the journal, the
 watcher's records, the files and the reference runs, and builds the summary.
 """
 
@@ -27,8 +27,10 @@ from typing import Any
 
 import orjson
 
+from tests.chaos.watcher import run_processes
 from tests.support import (
     PYTHON,
+    REFERENCE_TRAINER,
     REPO,
     DaemonProcess,
     belongs_to_run,
@@ -37,6 +39,7 @@ from tests.support import (
     trainer_argv,
     wait_for,
 )
+from tests.support.procs import argv_of
 from trainwarden.supervisor.contract import checkpoint_name
 from trainwarden.supervisor.errors import CommandRefused, ProtocolError
 from trainwarden.supervisor.protocol import Client
@@ -57,9 +60,11 @@ DOUBLED_WEIGHTS = 2000
 """How many weights a corruption in place doubles."""
 TMPFS_SIZE = "160m"
 # Command outcomes that are answers, not failures: another command held the operator
-# lock, the state did not allow it (a kill landed while a save waited), or a stop
-# pre-empted a waiting save.
-ACCEPTED_REFUSALS = {"busy", "wrong_state", "superseded"}
+# lock, the state did not allow it (a kill landed while a save waited), a stop pre-empted
+# a waiting save, or the trainer does not catch SIGUSR1 so a save is refused rather than sent.
+ACCEPTED_REFUSALS = {"busy", "wrong_state", "superseded", "unsupported"}
+WRAPPER = Path(__file__).resolve().parent / "forking_wrapper.py"
+"""The trainer wrapper that double-forks a long-lived helper (see its docstring)."""
 
 
 # ----------------------------------------------------------------------------- plan
@@ -90,6 +95,11 @@ class SoakPlan:
     pivot: bool = True
     keep_last: int = 3
     stall_timeout_s: float = 15.0
+    wrapper: tuple[str, ...] | None = None
+    """Run the trainer behind tests/chaos/forking_wrapper.py with these options (None: the
+    reference trainer alone). The wrapper leaves a helper per start that only the daemon's
+    containment ends; with "--stay" it is the main process and ignores SIGUSR1."""
+    signal_target: str = "group"
     stop_timeout_s: float = 4.0
     slow_save_s: float = 0.15
     train_seed: int = 1337
@@ -136,6 +146,17 @@ def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
     nan_step = next(e.step for e in kinds if e.kind == "nan")
     hang_step = next(e.step for e in kinds if e.kind == "hang")
     return kinds, nan_step, hang_step
+
+
+def trainer_command(plan: SoakPlan, *extra: str) -> list[str]:
+    """The soak's trainer command: the reference trainer, behind the wrapper if the plan
+    says so (the module passed by name, so the wrapper's command line is not a trainer's)."""
+    command = trainer_argv(plan.steps, plan.save_every, *extra, seed=plan.train_seed)
+    if plan.wrapper is None:
+        return command
+    assert command[: len(REFERENCE_TRAINER)] == REFERENCE_TRAINER
+    module, args = REFERENCE_TRAINER[-1], command[len(REFERENCE_TRAINER) :]
+    return [PYTHON, str(WRAPPER), *plan.wrapper, "--python-module", module, "--", *args]
 
 
 # ----------------------------------------------------------------------------- records
@@ -312,6 +333,9 @@ class Soak:
         self.notes: list[str] = []
         self.skipped: list[str] = []
         self.pivot_result: dict[str, Any] | None = None
+        self.left_after_exit: list[dict[str, Any]] | None = None
+        """The run's marked processes alive once the daemon had exited after its shutdown."""
+        self.left_later: list[dict[str, Any]] | None = None
         self.halts: list[dict[str, Any]] = []
         self.started_t = 0.0
         self.finished_t = 0.0
@@ -331,17 +355,17 @@ class Soak:
 
     def write_config(self) -> None:
         plan = self.plan
+        faults = ("--nan-at-step", str(self.nan_step), "--hang-at-step", str(self.hang_step))
         reference_run(
             self.run_dir,
             plan.steps,
             plan.save_every,
-            "--nan-at-step",
-            str(self.nan_step),
-            "--hang-at-step",
-            str(self.hang_step),
+            *faults,
             trainer={
+                "command": trainer_command(plan, *faults),
                 "env": {"TRAINER_TEST_SLOW_SAVE_S": str(plan.slow_save_s)},
                 "stop_timeout_s": plan.stop_timeout_s,
+                "signal_target": plan.signal_target,
             },
             restart={
                 "stall_timeout_s": plan.stall_timeout_s,
@@ -573,6 +597,10 @@ class Soak:
         assert reply is not None, "shutdown got no answer"
         code = self.daemon.wait_exit(60)
         self.daemon_exits.append({"pid": self.daemon.pid, "code": code, "cause": "shutdown"})
+        self.left_after_exit = run_processes(str(self.run_dir))
+        if self.left_after_exit:
+            time.sleep(2.0)
+            self.left_later = run_processes(str(self.run_dir))
 
     def stop_watcher(self) -> None:
         if self.watcher is not None and self.watcher.poll() is None:
@@ -589,8 +617,11 @@ class Soak:
             self.kill_daemon("cleanup")
         pids = {r.get("pid") for r in self.journal.read() if r.get("kind") == "trainer_started"}
         for pid in pids:
-            if isinstance(pid, int) and belongs_to_run(pid, self.run_dir, reference_trainer=True):
+            if isinstance(pid, int) and self.is_trainer(pid):
                 kill_quietly(pid)
+        # Whatever else carries one of this run's start markers (a wrapper's helper).
+        for proc in run_processes(str(self.run_dir)):
+            kill_quietly(int(proc["pid"]), group=False)
         self.stop_watcher()
         if self.holder is not None and self.holder.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -604,8 +635,20 @@ class Soak:
         self.faults.append(fault)
         return fault
 
+    def is_trainer(self, pid: int) -> bool:
+        """`pid` is this run's trainer main process: the reference trainer, or the wrapper
+        where it stays the main process."""
+        if belongs_to_run(pid, self.run_dir, reference_trainer=True):
+            return True
+        return (
+            self.plan.wrapper is not None
+            and "--stay" in self.plan.wrapper
+            and belongs_to_run(pid, self.run_dir)
+            and str(WRAPPER).encode() in argv_of(pid)
+        )
+
     def kill_trainer(self, pid: int, kind: str, step: int | None, **detail: Any) -> Fault | None:
-        if not belongs_to_run(pid, self.run_dir, reference_trainer=True):
+        if not self.is_trainer(pid):
             self.notes.append(f"{kind}: pid {pid} was no longer our trainer; not killed")
             return None
         fault = self.record(kind, step, pid=pid, **detail)

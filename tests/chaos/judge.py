@@ -1,4 +1,4 @@
-"""Judging a chaos soak: the seven invariants and the summary, from the outside.
+"""Judging a chaos soak: the ten invariants and the summary, from the outside.
 
 Everything here reads what the run left behind: the daemon's journal, the watcher
 process's records, the files in the run directory and the reference runs (the straight,
@@ -57,6 +57,88 @@ class Verdict:
     name: str
     ok: bool
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def old_starts_verdict(
+    watch: list[dict[str, Any]], records: list[dict[str, Any]], *, wrapped: bool
+) -> Verdict:
+    """No process of an old start is alive when a new start begins: at each journal
+    `spawn`/`trainer_started` the watcher read, no process carried another start's marker,
+    and no sample ever found processes of two starts alive at once. With the forking
+    wrapper, the daemon must also have journaled the helpers it stopped (else the check
+    saw nothing worth seeing)."""
+    problems = []
+    checks = [w for w in watch if w["kind"] == "at_spawn"]
+    for w in checks:
+        if w["older"]:
+            problems.append(
+                f"at {w['record']} of seg {w['seg']} ({w['marker']}): alive from older"
+                f" starts: {w['older'][:4]}"
+            )
+    overlaps = [w for w in watch if w["kind"] == "two_starts"]
+    for w in overlaps[:5]:
+        problems.append(f"processes of two starts alive at once at {w['t']}: {w['markers']}")
+    starts = [r for r in records if r.get("kind") == "spawn" and r.get("marker")]
+    if not checks and starts:
+        problems.append(f"{len(starts)} spawns journaled but the watcher checked none")
+    stopped = [
+        p
+        for r in records
+        if r.get("kind") in ("leftover_processes", "leftover_trainer_stopped")
+        for p in r.get("processes") or []
+    ]
+    if wrapped and not stopped:
+        problems.append("the wrapper's helpers were never journaled as stopped")
+    stats = next((w for w in watch if w["kind"] == "stats"), {})
+    return Verdict(
+        "8 no process of an old start alive when a new start begins",
+        not problems,
+        {
+            "spawn_checks": len(checks),
+            "spawns_journaled": len(starts),
+            "starts_seen_by_watcher": stats.get("starts_seen"),
+            "other_processes_seen": stats.get("other_processes_seen"),
+            "leftovers_stopped": len(stopped),
+            "leftovers_killed": sum(1 for p in stopped if p.get("signal") == "SIGKILL"),
+            "problems": problems,
+        },
+    )
+
+
+def two_trainers_verdict(watch: list[dict[str, Any]]) -> Verdict:
+    """Never two trainers: no sample found two reference trainers of the run alive at
+    once, by working directory (`two_trainers`) or by start marker (`two_run_trainers`)."""
+    problems = []
+    for w in (w for w in watch if w["kind"] == "two_trainers"):
+        problems.append(f"two trainers in the run directory at {w['t']}: {w['pids']}")
+    for w in (w for w in watch if w["kind"] == "two_run_trainers"):
+        problems.append(f"two trainers of the run's starts at {w['t']}: {w['procs']}")
+    stats = next((w for w in watch if w["kind"] == "stats"), {})
+    return Verdict(
+        "9 never two trainers",
+        not problems,
+        {
+            "process_scans": stats.get("proc_scans"),
+            "max_trainers": stats.get("max_trainers"),
+            "problems": problems[:8],
+        },
+    )
+
+
+def nothing_left_verdict(
+    left: list[dict[str, Any]] | None, later: list[dict[str, Any]] | None
+) -> Verdict:
+    """No process with one of the run's start markers alive once the daemon has exited."""
+    problems = []
+    if left is None:
+        problems.append("the run's processes were not looked for after the daemon exited")
+    elif left:
+        problems.append(f"alive after the daemon exited: {left[:6]}")
+    return Verdict(
+        "10 nothing of the run left after the daemon exits",
+        not problems,
+        {"left": left, "still_there_2s_later": later, "problems": problems},
+    )
 
 
 class Judge:
@@ -465,11 +547,32 @@ class Judge:
             problems.append("the pivot never succeeded")
         for halt in self.soak.halts:
             problems.append(f"the run halted without a cause the test injected: {halt}")
+        for r in self.records:
+            if r.get("kind") == "crash" and "SIGUSR1" in str(r.get("cause")):
+                problems.append(f"a save killed the trainer: {r}")
         return Verdict(
             "5 every fault journaled with the daemon's reaction",
             not problems,
-            {"problems": problems},
+            {"problems": problems, "unexplained_exits": self.unexplained_exits()},
         )
+
+    def unexplained_exits(self) -> list[dict[str, Any]]:
+        """Trainer crashes by an exit status that no fault explains (only a full disk makes
+        the trainer exit 1). Reported, not judged: a start resumed from a step older than a
+        checkpoint its predecessor's orphan committed during containment replays that step
+        and rewrites the committed name, which the daemon quarantines mid-save."""
+        disks = [
+            (f.t - 1.0, f.detail.get("cleared_t", math.inf) + 5.0)
+            for f in self.soak.faults
+            if f.kind == "enospc"
+        ]
+        return [
+            {k: r.get(k) for k in ("t", "pid", "cause", "last_step")}
+            for r in self.records
+            if r.get("kind") == "crash"
+            and str(r.get("cause", "")).startswith("exit status")
+            and not any(a <= r["t"] <= b for a, b in disks)
+        ]
 
     def check_daemon_and_trainers(self) -> Verdict:
         problems = []
@@ -601,6 +704,11 @@ class Judge:
             self.check_reactions(),
             self.check_daemon_and_trainers(),
             self.check_bad_checkpoints(),
+            old_starts_verdict(
+                self.watch, self.records, wrapped=self.soak.plan.wrapper is not None
+            ),
+            two_trainers_verdict(self.watch),
+            nothing_left_verdict(self.soak.left_after_exit, self.soak.left_later),
         ]
         return self.verdicts
 

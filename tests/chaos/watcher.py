@@ -6,7 +6,11 @@ Every few milliseconds it lists the checkpoint directory and verifies each commi
 `step_NNNNNN.bin` itself (size against the header, header step against the name,
 n_params > 0: its own code, not the daemon's), tails RUN/training.log for the trainer's
 fault lines, and every 100 ms scans /proc for reference trainers whose working directory
-is the run (tests.support's ownership check). It writes JSON lines to FILE:
+is the run (tests.support's ownership check) and for every process of one of the run's
+starts: the daemon marks each start's processes with TRAINWARDEN_START in their environment
+(beside TRAINWARDEN_RUN_DIR), inherited by every fork, setsid and exec. It also tails the
+daemon's journal, and the moment it reads a `spawn` or `trainer_started` record it lists
+the run's processes that carry another start's marker. It writes JSON lines to FILE:
 
     first_commit  the first verified checkpoint appeared
     no_verified   a sample with committed files but none verified, after the first commit
@@ -15,6 +19,12 @@ is the run (tests.support's ownership check). It writes JSON lines to FILE:
                   which newer verified checkpoints existed at that moment
     log           a trainer line that marks a fault (NaN loss, injected hang, a traceback)
     two_trainers  two reference trainers alive in the run directory at once
+    at_spawn      for each journal `spawn`/`trainer_started` record as soon as it is read:
+                  its marker and the processes of other starts alive then (`older`)
+    two_starts    processes of two starts alive at one instant (each seen alive in two
+                  passes over the table, so they overlapped between the passes)
+    two_run_trainers  two reference trainers carrying this run's markers, alive at once
+                  (confirmed the same way)
     stats         on exit (SIGTERM): samples taken, the extremes seen
 
 It never writes into the run directory.
@@ -33,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.procs import belongs_to_run
+from tests.support.procs import argv_of, belongs_to_run, runs_reference_trainer
 
 NAME = re.compile(r"^step_(\d{6,})\.bin$")
 HEADER = struct.Struct("<ii")
@@ -80,6 +90,58 @@ def verified(
     return ok
 
 
+START_ENV = b"TRAINWARDEN_START="
+RUN_DIR_ENV = b"TRAINWARDEN_RUN_DIR="
+
+
+def start_marker(pid: int, run_dir: str) -> str | None:
+    """The TRAINWARDEN_START marker of a live process of the run in `run_dir` (None: not
+    one; a zombie's environ reads empty, so an exited process is never one)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    marker = None
+    ours = False
+    for entry in environ.split(b"\0"):
+        if entry.startswith(START_ENV):
+            marker = entry[len(START_ENV) :].decode(errors="replace")
+        elif entry.startswith(RUN_DIR_ENV):
+            path = entry[len(RUN_DIR_ENV) :].decode(errors="replace")
+            ours = path == run_dir or path.startswith(run_dir + "/")
+    return marker if ours else None
+
+
+def run_processes(run_dir: str) -> list[dict[str, object]]:
+    """Every live process of one of the run's starts: pid, marker, whether it runs the
+    reference trainer, and its command line (shortened)."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        marker = start_marker(pid, run_dir)
+        if marker is None:
+            continue
+        argv = argv_of(pid)
+        found.append(
+            {
+                "pid": pid,
+                "marker": marker,
+                "trainer": runs_reference_trainer(argv),
+                "cmdline": b" ".join(argv).decode(errors="replace")[:200],
+            }
+        )
+    return found
+
+
+def still_there(procs: list[dict[str, object]], run_dir: str) -> list[dict[str, object]]:
+    """Those of `procs` alive now with the same marker."""
+    return [p for p in procs if start_marker(int(p["pid"]), run_dir) == p["marker"]]  # type: ignore[call-overload]
+
+
 class Watcher:
     def __init__(self, args: argparse.Namespace) -> None:
         self.ckpt_dir = args.checkpoints
@@ -103,6 +165,14 @@ class Watcher:
         self.min_verified: int | None = None
         self.proc_scans = 0
         self.max_trainers = 0
+        self.journal_path = os.path.join(self.run_dir, ".trainwarden", "journal.jsonl")
+        self.journal_offset = 0
+        self.journal_partial = b""
+        self.spawn_checks = 0
+        self.markers_seen: set[str] = set()
+        self.others_seen: set[int] = set()
+        self.last_two_starts: tuple[str, ...] = ()
+        self.last_two_trainers: tuple[int, ...] = ()
         self.stopping = False
 
     def emit(self, kind: str, **fields: object) -> None:
@@ -229,6 +299,77 @@ class Watcher:
         if len(trainers) > 1:
             self.emit("two_trainers", pids=trainers)
 
+    def sample_starts(self) -> None:
+        """Processes of two starts, or two trainers of the run, alive at the same instant."""
+        procs = run_processes(self.run_dir)
+        for p in procs:
+            self.markers_seen.add(str(p["marker"]))
+            if not p["trainer"]:
+                self.others_seen.add(int(p["pid"]))  # type: ignore[call-overload]
+        markers = {p["marker"] for p in procs}
+        trainers = [p for p in procs if p["trainer"]]
+        if len(markers) < 2 and len(trainers) < 2:
+            self.last_two_starts = ()
+            self.last_two_trainers = ()
+            return
+        # One pass over /proc is no snapshot: a process seen early may have gone before a
+        # later one began. Seen alive in two further passes, two processes were alive at
+        # once (between the passes).
+        confirmed = still_there(still_there(procs, self.run_dir), self.run_dir)
+        by_marker: dict[str, list[int]] = {}
+        for p in confirmed:
+            by_marker.setdefault(str(p["marker"]), []).append(int(p["pid"]))  # type: ignore[call-overload]
+        key = tuple(sorted(by_marker))
+        if len(by_marker) > 1 and key != self.last_two_starts:
+            self.emit("two_starts", markers=by_marker, procs=confirmed)
+        self.last_two_starts = key if len(by_marker) > 1 else ()
+        both = [p for p in confirmed if p["trainer"]]
+        pids = tuple(sorted(int(p["pid"]) for p in both))  # type: ignore[call-overload]
+        if len(both) > 1 and pids != self.last_two_trainers:
+            self.emit("two_run_trainers", procs=both)
+        self.last_two_trainers = pids if len(both) > 1 else ()
+
+    # ------------------------------------------------------------------ journal
+
+    def sample_journal(self) -> None:
+        """At each new spawn/trainer_started record: which other starts' processes live."""
+        try:
+            if os.stat(self.journal_path).st_size <= self.journal_offset:
+                return
+            with open(self.journal_path, "rb") as f:
+                f.seek(self.journal_offset)
+                data = f.read()
+        except OSError:
+            return
+        self.journal_offset += len(data)
+        *lines, self.journal_partial = (self.journal_partial + data).split(b"\n")
+        starts = []
+        for raw in lines:
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("kind") in ("spawn", "trainer_started"):
+                starts.append(record)
+        if not starts:
+            return
+        # Only the newest start read now can be checked: an earlier one in the same read
+        # is over (its processes are older than the newest start's, not newer).
+        record = starts[-1]
+        marker = record.get("marker")
+        procs = run_processes(self.run_dir)
+        self.spawn_checks += 1
+        self.emit(
+            "at_spawn",
+            record=record["kind"],
+            record_t=record.get("t"),
+            seg=record.get("seg"),
+            marker=marker,
+            older=[p for p in procs if p["marker"] != marker],
+            same=sum(1 for p in procs if p["marker"] == marker),
+            unchecked_earlier=len(starts) - 1,
+        )
+
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
@@ -237,13 +378,16 @@ class Watcher:
         while not self.stopping:
             self.sample_checkpoints()
             self.sample_log()
+            self.sample_journal()
             now = time.monotonic()
             if now >= next_proc_scan:
                 self.sample_processes()
+                self.sample_starts()
                 next_proc_scan = now + 0.1
             time.sleep(self.interval_s)
         self.sample_checkpoints()
         self.sample_log()
+        self.sample_journal()
         self.emit(
             "stats",
             samples=self.samples,
@@ -251,6 +395,9 @@ class Watcher:
             max_committed=self.max_committed,
             min_verified_after_first_commit=self.min_verified,
             max_trainers=self.max_trainers,
+            spawn_checks=self.spawn_checks,
+            starts_seen=len(self.markers_seen),
+            other_processes_seen=len(self.others_seen),
         )
         self.out.close()
         return 0
