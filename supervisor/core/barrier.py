@@ -10,8 +10,8 @@ unchanged. Until then the checkpoint is pending, and what would name a checkpoin
 - the replies of stop and shutdown, and the daemon's exit after a shutdown (`stop_due`);
 
 and the first two also wait while the last start's other processes are being stopped
-(`containing`): what they commit meanwhile (a worker's save on SIGTERM) is seen, verified
-and resumed from, never counted as the next start's;
+(`containing`). What those commit meanwhile (a worker saving on the SIGTERM) is stray, like
+their log lines: quarantined, never counted, never the next start's;
 - a waiting save's reply: it names the first checkpoint at or after the save's step
   committed since the request, never one beyond a checkpoint still pending.
 
@@ -35,7 +35,13 @@ from trainwarden.supervisor.core.transitions import finish_stop, spawn
 def seen(state: State, ev: CheckpointSeen) -> State:
     if any(p.name == ev.name for p in state.pending):
         return state
-    return replace(state, pending=(*state.pending, Pending(ev.name, ev.step, ev.t)))
+    pending = Pending(ev.name, ev.step, ev.t, stray=state.containing)
+    return replace(state, pending=(*state.pending, pending))
+
+
+def is_stray(state: State, name: str) -> bool:
+    """`name` was committed by a process of an ended start (see Pending.stray)."""
+    return any(p.name == name and p.stray for p in state.pending)
 
 
 def resolved(state: State, name: str) -> State:

@@ -50,7 +50,13 @@ def on_seen(state: State, ev: CheckpointSeen, rules: Rules, actions: list[Action
 def on_committed(
     state: State, ev: CheckpointCommitted, rules: Rules, actions: list[Action]
 ) -> State:
+    stray = barrier.is_stray(state, ev.name)
     state = barrier.resolved(state, ev.name)
+    if stray:
+        reason = "written by a process of the ended start after its main process exited"
+        actions.append(Record("stray_checkpoint", {"step": ev.step, "name": ev.name}))
+        actions.append(Quarantine(ev.step, ev.name, reason, retract_mirror=False))
+        return state
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
         actions.append(
             Quarantine(

@@ -60,6 +60,8 @@ class Pending:
     name: str
     step: int
     since: float
+    stray: bool = False
+    """Seen after the start's main process exited, while its other processes were stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ class State:
     """A trainer start waits for the verifications pending when it was decided."""
     containing: bool = False
     """The last start's other processes are being stopped: nothing new starts meanwhile, and
-    what they commit is verified before a trainer is started from the newest checkpoint."""
+    what they commit then is stray (quarantined, as their log lines are not counted)."""
     stop_due: bool = False
     """The trainer stopped: the stop replies (and a shutdown's exit) wait for them too."""
     unverified: tuple[str, ...] = ()

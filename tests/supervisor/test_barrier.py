@@ -282,9 +282,10 @@ def test_decisions_wait_a_little_longer_than_the_format_s_own_verify_timeout(tmp
     assert verify_wait_s(config("")) == DEFAULT_VERIFY_WAIT_S  # type: ignore[arg-type]
 
 
-def test_nothing_starts_while_the_last_start_s_processes_are_stopped_and_their_commit_counts():
+def test_nothing_starts_while_the_last_start_s_processes_are_stopped_and_their_commit_is_stray():
     """The main process died; its worker saves on the SIGTERM containment sends it. The next
-    trainer starts after that, from the worker's checkpoint, not from the older one."""
+    trainer starts after that, from the last checkpoint of the start itself: the worker's
+    is stray, like its log lines (quarantined, never counted)."""
     rules = replace(RULES, backoff_initial_s=0.0)
     state, _ = run(
         [p.Startup(0.0), p.TrainerSpawned(0.0, 7), p.StepLogged(0.5, 1, 3.0)], rules=rules
@@ -294,9 +295,11 @@ def test_nothing_starts_while_the_last_start_s_processes_are_stopped_and_their_c
     assert not kinds(actions, p.Spawn) and state.spawn_due and state.containing
     state, actions = run([seen(550, 2.5), commit(550, 2.7)], state, rules)
     assert not kinds(actions, p.Spawn)
+    (q,) = kinds(actions, p.Quarantine)
+    assert q.step == 550 and "after its main process exited" in q.reason
     state, actions = run([p.StartContained(3.0)], state, rules)
     (spawn,) = kinds(actions, p.Spawn)
-    assert spawn.resume is not None and spawn.resume.step == 550 and not state.containing
+    assert spawn.resume is not None and spawn.resume.step == 500 and not state.containing
 
 
 def test_a_stop_is_answered_once_the_start_s_other_processes_are_gone():
