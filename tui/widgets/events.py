@@ -25,6 +25,11 @@ ALARMING = {
     "disk_low",
     "pivot_failed",
     "pivot_rolled_back",
+    "checkpoint_changed",
+    "verification_overdue",
+    "quarantine_failed",
+    "containment_failed",
+    "checkpoint_dir_moved",
 }
 NOTABLE = {
     "spawn",
@@ -36,6 +41,12 @@ NOTABLE = {
     "pivot_resumed",
     "boot_recovery",
     "leftover_trainer",
+    "leftover_processes",
+    "stray_output",
+    "stray_checkpoint",
+    "fallback",
+    "stop_outcome",
+    "awaiting_verification",
 }
 GOOD = {"checkpoint", "resume_verified", "trainer_started", "daemon_start", "disk_ok"}
 SKIPPED_FIELDS = ("ts", "t", "kind", "argv")
