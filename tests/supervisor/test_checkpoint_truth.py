@@ -4,6 +4,7 @@ the future is quarantined, never resumed from, and the mirror keeps its good cop
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def rewrite_in_place(path: Path, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
-    assert path.stat().st_size == size
+        f.flush()
+        # Through the descriptor: the daemon may have moved the file away already.
+        assert os.fstat(f.fileno()).st_size == size
 
 
 @pytest.mark.timeout(240)
