@@ -8,12 +8,12 @@ unchanged. Until then the checkpoint is pending, and what would name a checkpoin
 - a trainer start (`spawn_due`): it resumes from the newest good checkpoint, not the
   newest one verified so far;
 - the replies of stop and shutdown, and the daemon's exit after a shutdown (`stop_due`);
-
-and the first two also wait while the last start's other processes are being stopped
-(`containing`). What those commit meanwhile (a worker saving on the SIGTERM) is stray, like
-their log lines: quarantined, never counted, never the next start's;
 - a waiting save's reply: it names the first checkpoint at or after the save's step
   committed since the request, never one beyond a checkpoint still pending.
+
+The first two also wait while the last start's other processes are being stopped
+(`containing`). What those commit meanwhile (a worker saving on the SIGTERM) is stray, like
+their log lines: quarantined, never counted, never the next start's.
 
 Retention and the mirror need no wait: they only ever count verified checkpoints, and a
 pending one is not among them. A verification still running verify_timeout_s after it
