@@ -22,6 +22,7 @@ from tests.support.procs import belongs_to_run, kill_quietly
 from tests.support.runs import PYTHON, started_trainer_pids, trainer_pid
 from tests.support.wait import WaitTimeout, wait_for
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
+from trainwarden.supervisor.inputs.proctree import marked_processes
 from trainwarden.supervisor.protocol import Client
 
 DAEMON = [PYTHON, "-m", "trainwarden.supervisor", "daemon"]
@@ -130,6 +131,10 @@ class DaemonProcess:
             # Only the run's own: a pid may have been reused since it was recorded.
             if belongs_to_run(pid, self.run_dir):
                 kill_quietly(pid)
+        # And whatever carries a start marker of this run: a trainer forked just before the
+        # daemon was killed has no record yet, nor has a helper it started.
+        for pid in marked_processes(str(self.run_dir.resolve())):
+            kill_quietly(pid, group=False)
 
     def known_trainer_pids(self) -> set[int]:
         pid = trainer_pid(self.run_dir)
