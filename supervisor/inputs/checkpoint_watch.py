@@ -51,6 +51,7 @@ from trainwarden.supervisor.inputs.inotify import (
     WatchThread,
 )
 from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore, Verdict
+from trainwarden.supervisor.store.digest import Signature, signature_of
 
 log = logging.getLogger("trainwarden.checkpoints")
 
@@ -365,9 +366,6 @@ class CheckpointWatcher:
             callback(*args)
 
 
-Signature = tuple[int, ...]
-
-
 class Rescan:
     """The directory's changes since the last scan, for watching without inotify.
 
@@ -412,13 +410,6 @@ class Rescan:
 def _signature(path: Path) -> Signature:
     """What changes when a file, or a folder's files, are written or replaced."""
     try:
-        st = os.lstat(path)
+        return signature_of([path])
     except OSError:
         return ()
-    signature: list[int] = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode]
-    if stat.S_ISDIR(st.st_mode):
-        with contextlib.suppress(OSError):
-            for entry in sorted(os.scandir(path), key=lambda e: e.name):
-                inner = entry.stat(follow_symlinks=False)
-                signature += [inner.st_ino, inner.st_size, inner.st_mtime_ns]
-    return tuple(signature)

@@ -68,10 +68,13 @@ def checkpoint_files(paths: Iterable[Path]) -> Iterator[tuple[Path, str]]:
             yield path, path.name
 
 
-def hash_file(path: Path, stop: threading.Event | None = None) -> tuple[str, int]:
-    """(xxh3_128 hex, size) of one file, read CHUNK_BYTES at a time into one buffer."""
+def hash_file(
+    path: Path, stop: threading.Event | None = None, chunk_bytes: int = CHUNK_BYTES
+) -> tuple[str, int]:
+    """(xxh3_128 hex, size) of one file, read `chunk_bytes` at a time into one buffer;
+    DigestInterrupted once `stop` is set."""
     digest = xxhash.xxh3_128()
-    buffer = bytearray(CHUNK_BYTES)
+    buffer = bytearray(chunk_bytes)
     view = memoryview(buffer)
     size = 0
     with open(path, "rb", buffering=0) as f:

@@ -42,7 +42,8 @@ import orjson
 import xxhash
 
 from trainwarden.supervisor.errors import TrainwardenError
-from trainwarden.supervisor.store.digest import Digest
+from trainwarden.supervisor.store.digest import Digest, DigestInterrupted
+from trainwarden.supervisor.store.digest import hash_file as digest_file
 from trainwarden.supervisor.store.rundir import fsync_dir, write_atomic
 
 LATEST = "latest.json"
@@ -143,15 +144,11 @@ def _check(stop: threading.Event | None) -> None:
 def hash_file(
     path: Path, chunk_bytes: int = CHUNK_BYTES, stop: threading.Event | None = None
 ) -> tuple[str, int]:
-    """(xxh3_128 hex digest, size) of a file, streamed."""
-    digest = xxhash.xxh3_128()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            _check(stop)
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+    """(xxh3_128 hex digest, size) of a file, streamed (store.digest's, stopping as a copy does)."""
+    try:
+        return digest_file(path, stop, chunk_bytes)
+    except DigestInterrupted:
+        raise MirrorError("interrupted: the daemon is shutting down") from None
 
 
 def copy_hashed(
