@@ -257,12 +257,6 @@ def _build_table(path: Path, table: str, cls: type, raw: Any) -> Any:
             raise ConfigError(
                 f"{path}: '{table}.{key}' = {value!r} is invalid: expected {_describe(hints[key])}"
             )
-        if isinstance(value, float) and not math.isfinite(value):
-            # inf and nan are TOML numbers but no deadline, bound or rate: an infinite
-            # timeout never expires and a nan one neither expires nor comes due.
-            raise ConfigError(
-                f"{path}: '{table}.{key}' = {value!r} is invalid: expected a finite number"
-            )
         values[key] = float(value) if hints[key] is float else value
     return cls(**values)
 
@@ -409,6 +403,19 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             raise bad(key, rel, "a path inside the run directory")
     _check_counts(path, cfg)
     _check_paths(path, cfg)
+    _check_finite(path, cfg)
+
+
+def _check_finite(path: Path, cfg: Config) -> None:
+    """Any number the checks above let through must still be finite: inf and nan are TOML
+    numbers but no deadline, bound or rate (an infinite timeout never expires, a nan one
+    neither expires nor comes due)."""
+    for table in TABLES:
+        values = getattr(cfg, table)
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise _bad(path, f"{table}.{f.name}", value, "a finite number")
 
 
 def _bad(path: Path, key: str, value: Any, expected: str) -> ConfigError:
