@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
+import os
+import shutil
+import stat
 import tomllib
 import types
 import typing
@@ -21,6 +25,9 @@ from trainwarden.supervisor.errors import ConfigError
 from trainwarden.supervisor.registry import check_installed
 
 CONFIG_NAME = "trainwarden.toml"
+
+RUN_NAME_MAX = 200
+"""Longest run.name accepted, in characters: it heads every status line and TUI screen."""
 
 
 @dataclass(frozen=True)
@@ -301,6 +308,12 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             f"{path}: '[trainer] command' is missing: give the trainer's argv, for example "
             'command = ["python", "-m", "trainwarden.trainer", "--run-dir", "."]'
         )
+    if not cfg.trainer.command[0]:
+        raise bad(
+            "trainer.command",
+            cfg.trainer.command,
+            'a program as its first item, for example command = ["python", "train.py"]',
+        )
     if cfg.checkpoints.keep_last < 1:
         raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
     # Comparisons written so that nan fails them too: a nan deadline never comes due and
@@ -388,6 +401,153 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     for rel, key in ((cfg.run.log, "run.log"), (cfg.checkpoints.dir, "checkpoints.dir")):
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise bad(key, rel, "a path inside the run directory")
+    _check_counts(path, cfg)
+    _check_paths(path, cfg)
+    _check_finite(path, cfg)
+
+
+def _check_finite(path: Path, cfg: Config) -> None:
+    """Any number the checks above let through must still be finite: inf and nan are TOML
+    numbers but no deadline, bound or rate (an infinite timeout never expires, a nan one
+    neither expires nor comes due)."""
+    for table in TABLES:
+        values = getattr(cfg, table)
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise _bad(path, f"{table}.{f.name}", value, "a finite number")
+
+
+def _bad(path: Path, key: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{path}: '{key}' = {value!r} is invalid: expected {expected}")
+
+
+def _check_counts(path: Path, cfg: Config) -> None:
+    """Sizes and counts that a run cannot have zero or fewer of, and the run's name."""
+    name = cfg.run.name
+    if not name.strip() or len(name) > RUN_NAME_MAX:
+        shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name)} characters)"
+        raise _bad(path, "run.name", shown, f"a name of 1 to {RUN_NAME_MAX} characters")
+    telemetry = cfg.telemetry
+    counts = {
+        "telemetry.tokens_per_step": telemetry.tokens_per_step,
+        "telemetry.n_params": telemetry.n_params,
+        "telemetry.vocab_size": telemetry.vocab_size,
+    }
+    for key, value in counts.items():
+        if isinstance(value, int) and value < 1:
+            also = ' (or "auto" to read it from the checkpoint header)' if "n_params" in key else ""
+            raise _bad(path, key, value, f"an integer >= 1{also}, or leave it unset")
+    for key, value in telemetry.attention.items():
+        if value < 1:
+            raise _bad(path, f"telemetry.attention.{key}", value, "an integer >= 1")
+    if not telemetry.resume_tolerance >= 0:
+        raise _bad(path, "telemetry.resume_tolerance", telemetry.resume_tolerance, "a number >= 0")
+    negative = [step for step in cfg.checkpoints.pinned if step < 0]
+    if negative:
+        raise _bad(path, "checkpoints.pinned", cfg.checkpoints.pinned, "a list of steps >= 0")
+
+
+def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
+    """The paths the daemon (or the trainer, for its sidecars) writes, resolved, and what
+    each is: the run log may name none of them."""
+    from trainwarden.supervisor.store.rundir import RunFiles
+
+    files = RunFiles(cfg.run_dir)
+    owned = {
+        cfg.path: "the config file",
+        files.state_dir: "the daemon's own folder",
+        files.loss_history: "the loss history",
+        files.bandit_state: "the trainer's bandit state",
+        files.samples: "the trainer's samples",
+        files.policy: "the data policy",
+        cfg.run_dir / "archive": "the pivot archive",
+        cfg.socket_path: "the control socket",
+    }
+    if cfg.mirror.path is not None:
+        owned[Path(cfg.mirror.path).expanduser()] = "the mirror"
+    return {Path(os.path.realpath(p)): what for p, what in owned.items()}
+
+
+def _check_paths(path: Path, cfg: Config) -> None:
+    """What already sits at the configured paths: the checkpoint directory must be a
+    folder (or not exist yet), the run log a file that belongs to no one else."""
+    ckpt_dir = cfg.checkpoint_dir
+    if ckpt_dir.exists() and not ckpt_dir.is_dir():
+        raise _bad(
+            path,
+            "checkpoints.dir",
+            cfg.checkpoints.dir,
+            f"a folder, but {ckpt_dir} is a file: name a folder (or a name not yet taken)",
+        )
+    log = cfg.log_path
+    if log.is_dir():
+        raise _bad(
+            path,
+            "run.log",
+            cfg.run.log,
+            f'a file, but {log} is a folder: name a file, for example log = "training.log"',
+        )
+    resolved = Path(os.path.realpath(log))
+    for owned, what in _owned_by_the_daemon(cfg).items():
+        if resolved == owned or owned in resolved.parents:
+            via = "" if resolved == log else f" (it resolves to {resolved})"
+            raise _bad(
+                path,
+                "run.log",
+                cfg.run.log,
+                f'a file of the trainer\'s own, but it names {what}{via}: use log = "training.log"',
+            )
+
+
+def trainer_program_problem(program: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+    """Why `program` (a trainer argv[0], run in cwd with env's PATH) cannot be executed;
+    "" if it can."""
+    if not program:
+        return "its first item, the program, is empty"
+    if "/" in program:
+        candidate = Path(program) if Path(program).is_absolute() else cwd / program
+        found: str | None = str(candidate) if os.path.lexists(candidate) else None
+        if found is None:
+            return f"the program {program} does not exist"
+    else:
+        search = (env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+        found = shutil.which(program, path=search)
+        if found is None:
+            # which() skips folders and files without x: name what is there instead.
+            for folder in search.split(os.pathsep):
+                if (Path(folder or ".") / program).exists():
+                    found = str(Path(folder or ".") / program)
+                    break
+            else:
+                return f"the program {program} is not found on PATH"
+    try:
+        mode = os.stat(found).st_mode
+    except OSError as exc:
+        return f"the program {found} cannot be read: {exc.strerror or exc}"
+    if stat.S_ISDIR(mode):
+        return f"the program {found} is a folder, not an executable file"
+    if not stat.S_ISREG(mode) or not os.access(found, os.X_OK):
+        return (
+            f"the program {found} is not executable (chmod +x it, or run it with its interpreter)"
+        )
+    return ""
+
+
+def check_trainer_program(cfg: Config) -> None:
+    """Raise ConfigError unless the trainer's program can be executed here and now.
+
+    Checked by a starting daemon only: `init` and `install-unit` may write a config for a
+    trainer that is installed later, or on another machine.
+    """
+    command = cfg.trainer.command
+    env = {**os.environ, **cfg.trainer.env}
+    problem = trainer_program_problem(command[0], cfg.run_dir, env)
+    if problem:
+        raise ConfigError(
+            f"{cfg.path}: 'trainer.command' = {json.dumps(command)} is invalid: {problem}; "
+            'expected the trainer\'s argv, for example command = ["python", "train.py"]'
+        )
 
 
 def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:

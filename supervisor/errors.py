@@ -41,6 +41,12 @@ class LockHeld(TrainwardenError):
     """Another daemon already supervises this run directory."""
 
 
+class UnsafePath(TrainwardenError):
+    """A file or folder the daemon writes is a symbolic link or not what it must be."""
+
+    exit_code = 2
+
+
 class CommandRefused(TrainwardenError):
     """The daemon refused an operator command; `code` says why."""
 

@@ -21,10 +21,14 @@ Surfaces:
     sidecar      .state.json / .samples.json written as the trainer would: ignored; the
                  topics keep the last good document; a pivot says why it cannot go on
     policy_file  a corrupt RUN/policy.json given to the reference trainer: exit 2, one line
+    print        text from the run (its name, a trainer's words) as the command line prints
+                 it: shown, with every terminal escape and control character taken out
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -50,6 +54,7 @@ from tests.support import (
     scripted_run,
     wait_for,
 )
+from trainwarden.supervisor.cli.output import describe_result, format_status, print_event
 from trainwarden.supervisor.protocol import Client
 
 pytestmark = pytest.mark.timeout(180)
@@ -216,6 +221,195 @@ CATALOGUE: list[Bad] = [
     ),
     Bad("config", "not utf-8", b"\xff\xfe[trainer]\n", "cannot read the config"),
     Bad("config", "a directory", "<directory>", "cannot read the config"),
+    # Paths, programs, ranges and names checked at load (issue "Hostile inputs"). extra:
+    # "links" {name: target} are made first ("{outside}" a folder beside the run, 0755);
+    # "names_config" False for start-up errors about a file other than the config.
+    Bad(
+        "config",
+        "checkpoint dir is a file",
+        TRAINER_OK + "[checkpoints]\ndir = 'checkpoints/step_000010.bin'\n",
+        "'checkpoints.dir' = 'checkpoints/step_000010.bin' is invalid: expected a folder",
+    ),
+    Bad(
+        "config",
+        "log is a folder",
+        '[run]\nlog = "checkpoints"\n' + TRAINER_OK,
+        "'run.log' = 'checkpoints' is invalid: expected a file, but",
+    ),
+    Bad(
+        "config",
+        "log is the config",
+        '[run]\nlog = "trainwarden.toml"\n' + TRAINER_OK,
+        "but it names the config file",
+    ),
+    Bad(
+        "config",
+        "log is the journal",
+        '[run]\nlog = ".trainwarden/journal.jsonl"\n' + TRAINER_OK,
+        "but it names the daemon's own folder",
+    ),
+    Bad(
+        "config",
+        "log is the loss history",
+        '[run]\nlog = ".loss.json"\n' + TRAINER_OK,
+        "but it names the loss history",
+    ),
+    Bad(
+        "config",
+        "log links to the config",
+        '[run]\nlog = "train.log"\n' + TRAINER_OK,
+        "but it names the config file (it resolves to",
+        extra={"links": {"train.log": "trainwarden.toml"}},
+    ),
+    Bad(
+        "config",
+        "state folder links outside",
+        TRAINER_OK,
+        ".trainwarden is a symbolic link (to",
+        extra={"links": {".trainwarden": "{outside}"}, "names_config": False},
+    ),
+    Bad(
+        "config",
+        "journal links outside",
+        TRAINER_OK,
+        "journal.jsonl is a symbolic link (to",
+        extra={"links": {".trainwarden/journal.jsonl": "{outside}/journal"}, "names_config": False},
+    ),
+    Bad(
+        "config",
+        "torch-pt pattern matching no digits",
+        TRAINER_OK
+        + "[checkpoints]\nformat = 'torch-pt'\noptions = { pattern = '^ckpt(\\d*)\\.pt$' }\n",
+        "its group can match something other than digits (or nothing)",
+    ),
+    Bad(
+        "config",
+        "torch-pt pattern matching anything",
+        TRAINER_OK
+        + "[checkpoints]\nformat = 'torch-pt'\noptions = { pattern = '^ckpt_(.+)\\.pt$' }\n",
+        "expected a group such as (\\d+)",
+    ),
+    Bad(
+        "config",
+        "empty program",
+        '[trainer]\ncommand = [""]\n',
+        "'trainer.command' = [''] is invalid: expected a program as its first item",
+    ),
+    Bad(
+        "config",
+        "program is a folder",
+        '[trainer]\ncommand = ["./checkpoints", "x"]\n',
+        "/run/checkpoints is a folder, not an executable file",
+    ),
+    Bad(
+        "config",
+        "program not executable",
+        '[trainer]\ncommand = ["./checkpoints/step_000010.bin"]\n',
+        "is not executable",
+    ),
+    Bad(
+        "config",
+        "program not found",
+        '[trainer]\ncommand = ["no-such-trainer-here", "--go"]\n',
+        "the program no-such-trainer-here is not found on PATH",
+    ),
+    Bad(
+        "config",
+        "script not found",
+        '[trainer]\ncommand = ["./train.sh"]\n',
+        "the program ./train.sh does not exist",
+    ),
+    Bad(
+        "config",
+        "negative n_params",
+        TRAINER_OK + "[telemetry]\nn_params = -124000000\n",
+        "'telemetry.n_params' = -124000000 is invalid: expected an integer >= 1",
+    ),
+    Bad(
+        "config",
+        "n_params 0",
+        TRAINER_OK + "[telemetry]\nn_params = 0\n",
+        "'telemetry.n_params' = 0",
+    ),
+    Bad(
+        "config",
+        "tokens_per_step 0",
+        TRAINER_OK + "[telemetry]\ntokens_per_step = 0\n",
+        "'telemetry.tokens_per_step' = 0 is invalid: expected an integer >= 1",
+    ),
+    Bad(
+        "config",
+        "vocab_size negative",
+        TRAINER_OK + "[telemetry]\nvocab_size = -1\n",
+        "'telemetry.vocab_size' = -1",
+    ),
+    Bad(
+        "config",
+        "attention layer 0",
+        TRAINER_OK + "[telemetry]\nattention = { n_layer = 0, seq_len = 1024, d_model = 768 }\n",
+        "'telemetry.attention.n_layer' = 0",
+    ),
+    Bad(
+        "config",
+        "negative resume tolerance",
+        TRAINER_OK + "[telemetry]\nresume_tolerance = -0.5\n",
+        "'telemetry.resume_tolerance' = -0.5 is invalid: expected a number >= 0",
+    ),
+    Bad(
+        "config",
+        "negative pinned step",
+        TRAINER_OK + "[checkpoints]\npinned = [-20]\n",
+        "'checkpoints.pinned' = [-20] is invalid: expected a list of steps >= 0",
+    ),
+    Bad(
+        "config",
+        "infinite stop timeout",
+        TRAINER_OK + "stop_timeout_s = inf\n",
+        "'trainer.stop_timeout_s' = inf is invalid: expected a finite number",
+    ),
+    Bad(
+        "config",
+        "infinite save wait",
+        TRAINER_OK + "save_wait_timeout_s = inf\n",
+        "'trainer.save_wait_timeout_s' = inf is invalid: expected a finite number",
+    ),
+    Bad(
+        "config",
+        "infinite stall timeout",
+        TRAINER_OK + "[restart]\nstall_timeout_s = inf\n",
+        "'restart.stall_timeout_s' = inf is invalid: expected a finite number",
+    ),
+    Bad(
+        "config",
+        "infinite backoff",
+        TRAINER_OK + "[restart]\nbackoff_max_s = inf\n",
+        "'restart.backoff_max_s' = inf is invalid: expected a finite number",
+    ),
+    Bad(
+        "config",
+        "infinite max_loss",
+        TRAINER_OK + "[telemetry]\nmax_loss = inf\n",
+        "'telemetry.max_loss' = inf is invalid: expected a finite number",
+    ),
+    Bad(
+        "config",
+        "infinite peak",
+        TRAINER_OK + "[telemetry]\npeak_tflops = inf\n",
+        "'telemetry.peak_tflops' = inf is invalid: expected a finite number",
+    ),
+    Bad(
+        "config",
+        "torch-pt infinite verify timeout",
+        TRAINER_OK + "[checkpoints]\nformat = 'torch-pt'\noptions = { verify_timeout_s = inf }\n",
+        "'checkpoints.options.verify_timeout_s' = inf is invalid for torch-pt",
+    ),
+    Bad(
+        "config",
+        "run name of 5000 characters",
+        '[run]\nname = "' + "n" * 5000 + '"\n' + TRAINER_OK,
+        "characters)' is invalid: expected a name of 1 to 200 characters",
+    ),
+    Bad("config", "blank run name", '[run]\nname = "  "\n' + TRAINER_OK, "'run.name' = '  '"),
     # ------------------------------------------------------------------ cli
     Bad("cli", "no command", [], "the following arguments are required", code=2),
     Bad("cli", "unknown command", ["frobnicate"], "invalid choice: 'frobnicate'", code=2),
@@ -349,6 +543,13 @@ CATALOGUE: list[Bad] = [
         b'{"id": 24, "cmd": "' + b"a" * (2 << 20) + b'"}\n',
         "too_large: line exceeds",
     ),
+    Bad(
+        "control",
+        "1 MB arm name",
+        request({"id": 25, "cmd": "pivot", "caps": {"x" * 1_000_000: 0.5}}),
+        "unknown arm 'xxx",
+        extra={"operator_record_under": 4096},
+    ),
     # ------------------------------------------------------------------ pivot
     Bad("pivot", "cap above 1", {"caps": {"docs": 1.5}}, "cap 1.5 is outside [0, 1]"),
     Bad("pivot", "negative floor", {"floors": {"docs": -0.1}}, "floor -0.1 is outside [0, 1]"),
@@ -377,6 +578,47 @@ CATALOGUE: list[Bad] = [
     Bad("pivot", "list of caps", {"caps": [0.5]}, "'caps' must map arm names to numbers"),
     Bad("pivot", "nothing to change", {}, "a pivot needs 'caps' or 'floors'"),
     Bad("pivot", "smuggled context", {"caps": {"docs": 0.5}, "_arms": ["x"]}, "unexpected"),
+    # ------------------------------------------------------------------ print
+    # What the command line prints of text that came from the run: (what, fields) -> the
+    # text that must show, with no control character left around it.
+    Bad(
+        "print",
+        "run name with a title escape",
+        ("status", {"run": "a\x1b]0;owned\x07b"}),
+        "run       ab",
+    ),
+    Bad(
+        "print", "run name with colours", ("status", {"run": "\x1b[31mred\x1b[0m"}), "run       red"
+    ),
+    Bad("print", "run name with C1 CSI", ("status", {"run": "x\x9b2Jy"}), "run       xy"),
+    Bad(
+        "print",
+        "run name with newlines",
+        ("status", {"run": "a\nstate     fake"}),
+        "run       a state",
+    ),
+    Bad("print", "bidi override", ("status", {"run": "abc\u202edef"}), "run       abcdef"),
+    Bad(
+        "print",
+        "crash reason with escapes",
+        ("status", {"detail": {"reason": "\x1b[2Jexit 1"}}),
+        "(exit 1)",
+    ),
+    Bad(
+        "print", "gpu name", ("status", {"gpu": {"name": "RTX\x1b[8m 4090"}}), "gpu       RTX 4090"
+    ),
+    Bad(
+        "print",
+        "stop message",
+        ("stop", {"outcome": "saved", "message": "saved\x1b]8;;http://x\x07 at 10"}),
+        "trainer stopped: saved at 10",
+    ),
+    Bad(
+        "print",
+        "event field",
+        ("event", {"ts": "t", "kind": "crash", "cause": "\x9b31mboom"}),
+        'cause="boom"',
+    ),
     # ------------------------------------------------------------------ log
     Bad("log", "garbage text", b"hello world, this is not a step\n", ""),
     Bad("log", "binary", b"\x00\xff\xfe\x80 step: 5 \x81\n", '"undecodable": 1'),
@@ -651,14 +893,24 @@ def test_config(row: Bad, tmp_path: Path):
     else:
         data = row.input if isinstance(row.input, bytes) else row.input.encode()
         config.write_bytes(data)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outside.chmod(0o755)
+    links = row.extra.get("links", {})
+    for name, target in links.items():
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).symlink_to(target.replace("{outside}", str(outside)))
     result = cli("daemon", str(run_dir), timeout=20)
     assert result.returncode == 2, result.stderr
     line = one_line(result.stderr)
-    assert row.expect in line and "trainwarden.toml" in line, line
-    # Nothing started, nothing touched.
+    assert row.expect in line, line
+    if row.extra.get("names_config", True):
+        assert "trainwarden.toml" in line, line
+    # Nothing started, nothing touched: not even what a link points at.
     assert not (run_dir / "training.log").exists()
-    assert not (run_dir / ".trainwarden").exists()
+    assert not (run_dir / ".trainwarden").exists() or links
     assert keep.read_bytes() == ckpt(10)
+    assert list(outside.iterdir()) == [] and stat.S_IMODE(outside.stat().st_mode) == 0o755
 
 
 # ----------------------------------------------------------------------------- cli
@@ -675,6 +927,7 @@ def test_cli(row: Bad, tmp_path: Path, live: Live):
     assert result.returncode == row.code, result.stderr
     line = one_line(result.stderr)
     assert row.expect in line, line
+    assert not CONTROL.search(line), repr(line)
     assert not (tmp_path / "new" / "trainwarden.toml").exists()
     assert not (live.run_dir / "archive").exists() and not (live.run_dir / "policy.json").exists()
     live.still_supervising(before, same_pid=pid)
@@ -694,7 +947,34 @@ def test_control(row: Bad, live: Live):
     assert row.expect in text, text
     # The same connection's neighbours are unaffected: a fresh request is answered.
     assert live.daemon.request("hello")["protocol"] == 1
+    if "operator_record_under" in row.extra:
+        # Journaled, but bounded: junk sent to the socket does not grow the journal by its size.
+        record = [r for r in journal(live.run_dir) if r["kind"] == "operator"][-1]
+        size = len(orjson.dumps(record))
+        assert size < row.extra["operator_record_under"] and "truncated" in str(record), size
     live.still_supervising(before, same_pid=pid)
+
+
+# ----------------------------------------------------------------------------- print
+
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Characters that steer a terminal (C0, C1 and bidi controls) rather than show."""
+
+
+@pytest.mark.parametrize("row", rows("print"))
+def test_print(row: Bad):
+    what, fields = row.input
+    if what == "status":
+        text = format_status({"run": "run", "state": "running", **fields})  # type: ignore[typeddict-item]
+    elif what == "stop":
+        text = describe_result("stop", fields)
+    else:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_event(fields, as_json=False)  # type: ignore[arg-type]
+        text = out.getvalue()
+    assert row.expect in text, text
+    assert not CONTROL.search(text.replace("\n", "")), repr(text)
 
 
 # ----------------------------------------------------------------------------- pivot

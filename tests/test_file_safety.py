@@ -1,6 +1,7 @@
 """What the daemon may touch on disk: modes of the files it creates, paths that cannot leave
 the run directory whatever a name or a step says, symlinks never followed to move or delete
-their targets, and no code path that unpickles a checkpoint.
+their targets nor to write, append to or chmod them, and no code path that unpickles a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import DaemonProcess, journal, running_daemon, scripted_run, wait_for
+from tests.support import PYTHON, DaemonProcess, journal, running_daemon, scripted_run, wait_for
 from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
+from trainwarden.supervisor.errors import UnsafePath
 from trainwarden.supervisor.shell.daemon import archive_dir
+from trainwarden.supervisor.shell.process import spawn, spawn_failure
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.journal import Journal
+from trainwarden.supervisor.store.lossdb import LossWriter
+from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_atomic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -349,3 +355,101 @@ def test_a_quarantine_that_cannot_be_made_does_not_kill_the_daemon(tmp_path: Pat
         assert daemon.status()["state"] in ("starting", "running")
     finally:
         daemon.cleanup()
+
+
+# ----------------------------------------------------------------------------- links at files the daemon writes
+
+
+def outside_file(tmp_path: Path) -> Path:
+    target = tmp_path / "elsewhere" / "precious.txt"
+    target.parent.mkdir(exist_ok=True)
+    target.write_bytes(b"keep me\n")
+    target.chmod(0o644)
+    return target
+
+
+def test_the_state_folder_as_a_link_is_refused_and_its_target_not_chmodded(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    target = tmp_path / "shared"
+    target.mkdir()
+    target.chmod(0o755)
+    (run_dir / ".trainwarden").symlink_to(target)
+    with pytest.raises(UnsafePath, match=r"\.trainwarden is a symbolic link \(to .*shared\)"):
+        acquire_lock(RunFiles(run_dir))
+    assert mode(target) == 0o755 and list(target.iterdir()) == []
+
+
+def test_a_state_folder_that_is_a_file_is_refused(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".trainwarden").write_text("not a folder")
+    with pytest.raises(UnsafePath, match="is not a folder"):
+        RunFiles(run_dir).make_state_dir()
+
+
+@pytest.mark.parametrize("opener", ["journal", "loss history"])
+def test_appended_files_are_never_opened_through_a_link(tmp_path: Path, opener: str):
+    target = outside_file(tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(UnsafePath, match="is a symbolic link"):
+        if opener == "journal":
+            Journal(link)
+        else:
+            LossWriter(link)
+    assert target.read_bytes() == b"keep me\n"
+
+
+def test_an_atomic_write_does_not_follow_a_link_planted_at_its_temporary_name(tmp_path: Path):
+    target = outside_file(tmp_path)
+    path = tmp_path / "trainer.pid"
+    (tmp_path / f".trainer.pid.{os.getpid()}.tmp").symlink_to(target)
+    write_atomic(path, b"123\n")
+    assert path.read_bytes() == b"123\n" and not path.is_symlink()
+    assert target.read_bytes() == b"keep me\n"
+
+
+async def test_the_trainer_output_is_not_appended_through_a_link(tmp_path: Path):
+    target = outside_file(tmp_path)
+    log = tmp_path / "training.log"
+    log.symlink_to(target)
+    argv = ["/bin/echo", "a line"]
+    with pytest.raises(OSError) as caught:
+        await spawn(argv, tmp_path, dict(os.environ), log)
+    message = spawn_failure(argv, tmp_path, dict(os.environ), caught.value)
+    assert (
+        message
+        == f"cannot open the run log {log}: it is a symbolic link, and the daemon appends through no link"
+    )
+    assert target.read_bytes() == b"keep me\n"
+
+
+async def test_a_run_log_that_is_a_folder_is_named_as_such(tmp_path: Path):
+    (tmp_path / "training.log").mkdir()
+    argv = [PYTHON, "-c", "pass"]
+    with pytest.raises(OSError) as caught:
+        await spawn(argv, tmp_path, dict(os.environ), tmp_path / "training.log")
+    message = spawn_failure(argv, tmp_path, dict(os.environ), caught.value)
+    assert message.endswith("training.log: it is a folder") and PYTHON not in message
+
+
+@pytest.mark.parametrize(
+    ("program", "says"),
+    [
+        ("", "its first item, the program, is empty"),
+        ("./tools", "tools is a folder, not an executable file"),
+        ("./notes.txt", "notes.txt is not executable"),
+        ("./missing.sh", "the program ./missing.sh does not exist"),
+    ],
+)
+async def test_a_program_that_cannot_run_is_named_for_what_it_is(
+    tmp_path: Path, program: str, says: str
+):
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    argv = [program]
+    with pytest.raises(OSError) as caught:
+        await spawn(argv, tmp_path, dict(os.environ), tmp_path / "training.log")
+    message = spawn_failure(argv, tmp_path, dict(os.environ), caught.value)
+    assert says in message and "Permission denied" not in message, message

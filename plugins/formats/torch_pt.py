@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import re._constants as sre_constants  # type: ignore[import-not-found]
+import re._parser as sre_parse  # type: ignore[import-not-found]
 import select
 import stat
 import subprocess
@@ -44,6 +46,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from math import inf
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,7 +170,68 @@ def _compile_pattern(value: Any) -> re.Pattern[str]:
         raise ConfigError(
             f"'checkpoints.options.pattern' = {value!r} is invalid for torch-pt: expected {expected}"
         )
+    if not _step_group_is_digits(sre_parse.parse(compiled.pattern)):
+        raise ConfigError(
+            f"'checkpoints.options.pattern' = {value!r} is invalid for torch-pt: its group can "
+            r"match something other than digits (or nothing), expected a group such as (\d+) "
+            rf"or ([0-9]{{6}}), for example '^ckpt_(\d+)\.pt$'"
+        )
     return compiled
+
+
+_DIGIT_ITEMS = {sre_constants.CATEGORY_DIGIT}
+
+
+def _digit_set(items: list[Any]) -> bool:
+    """An [...] set that holds only ASCII digits (or \\d)."""
+    for op, arg in items:
+        if op is sre_constants.LITERAL and chr(arg).isdigit():
+            continue
+        if op is sre_constants.RANGE and chr(arg[0]).isdigit() and chr(arg[1]).isdigit():
+            continue
+        if op is sre_constants.CATEGORY and arg in _DIGIT_ITEMS:
+            continue
+        return False
+    return True
+
+
+def _step_group_is_digits(items: Any) -> bool:
+    """Whether the step group (group 1) of a parsed pattern matches one or more digits and
+    nothing else; outside the group anything goes."""
+    for op, arg in items:
+        if op is sre_constants.SUBPATTERN:
+            ok = _digits_only(arg[3]) if arg[0] == 1 else _step_group_is_digits(arg[3])
+        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+            ok = _step_group_is_digits(arg[2])
+        elif op is sre_constants.BRANCH:
+            ok = all(_step_group_is_digits(branch) for branch in arg[1])
+        else:
+            ok = True
+        if not ok:
+            return False
+    return True
+
+
+def _digits_only(items: Any) -> bool:
+    """Every string `items` matches is a non-empty run of digits."""
+    if not items:
+        return False
+    for op, arg in items:
+        if op is sre_constants.LITERAL:
+            ok = chr(arg).isdigit()
+        elif op is sre_constants.IN:
+            ok = _digit_set(arg)
+        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+            ok = arg[0] >= 1 and _digits_only(arg[2])
+        elif op is sre_constants.SUBPATTERN:
+            ok = _digits_only(arg[3])
+        elif op is sre_constants.BRANCH:
+            ok = all(_digits_only(branch) for branch in arg[1])
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
 
 
 class TorchPt:
@@ -195,8 +259,8 @@ class TorchPt:
                 options,
                 "verify_timeout_s",
                 120.0,
-                lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0,
-                "a number of seconds > 0",
+                lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < inf,
+                "a finite number of seconds > 0",
             )
         )
         # A check costs a load: remember files that passed, keyed by what a write changes.
@@ -239,7 +303,10 @@ class TorchPt:
 
     def step_of(self, path: Path) -> int | None:
         match = self.pattern.match(path.name)
-        return int(match.group(1)) if match else None
+        digits = match.group(1) if match else None
+        # The pattern's group was checked to match digits only; an ASCII check still keeps
+        # an odd name (a group that matched nothing) from raising in int().
+        return int(digits) if digits and digits.isascii() and digits.isdigit() else None
 
     def is_in_flight(self, path: Path) -> bool:
         name = path.name

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.cli.output import (
     age_text,
+    clean,
     describe_result,
     format_status,
     print_event,
@@ -19,7 +20,7 @@ from trainwarden.supervisor.cli.output import (
     size_text,
     stop_status,
 )
-from trainwarden.supervisor.errors import UsageError
+from trainwarden.supervisor.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import (
@@ -65,10 +66,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from trainwarden.supervisor.config import load_config
+    from trainwarden.supervisor.config import check_trainer_program, load_config
 
     run_dir = _run_dir(args)
     cfg = load_config(run_dir)
+    check_trainer_program(cfg)
     if args.detach:
         from trainwarden.supervisor.cli.detach import start_detached
 
@@ -88,7 +90,15 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     )
     import os
 
-    return asyncio.run(Daemon(cfg, Notifier.from_env(os.environ)).run())
+    try:
+        daemon = Daemon(cfg, Notifier.from_env(os.environ))
+    except ConfigError as exc:
+        # A plugin judges its own options: name the file they came from, as load_config does.
+        message = str(exc)
+        raise ConfigError(
+            message if message.startswith(str(cfg.path)) else f"{cfg.path}: {message}"
+        ) from None
+    return asyncio.run(daemon.run())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -117,7 +127,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             f"{c['step']:>10}  {size_text(c['bytes']):>10}  {age_text(now - c['mtime']):>8}  {flags}"
         )
     for q in result["quarantined"]:
-        print(f"{'':>10}  quarantined: {q['name']}")
+        print(f"{'':>10}  quarantined: {clean(q['name'])}")
     return 0
 
 

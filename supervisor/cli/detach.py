@@ -15,7 +15,7 @@ from trainwarden.supervisor.errors import (
     TrainwardenError,
 )
 from trainwarden.supervisor.protocol import Client
-from trainwarden.supervisor.store.rundir import RunFiles
+from trainwarden.supervisor.store.rundir import RunFiles, open_for_append
 
 
 def _tail(path: os.PathLike[str], lines: int = 1) -> str:
@@ -32,7 +32,7 @@ def _tail(path: os.PathLike[str], lines: int = 1) -> str:
 def start_detached(cfg: Config, timeout_s: float = 60.0) -> int:
     files = RunFiles(cfg.run_dir)
     files.make_state_dir()
-    log_fd = os.open(files.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    log_fd = open_for_append(files.daemon_log, os.O_WRONLY, 0o600)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainwarden.supervisor", "daemon", str(cfg.run_dir)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,26 @@ import orjson
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import JournalRecord, StatusResult
+
+
+# CSI and OSC sequences whole first, so "\x1b[31m" vanishes rather than leaving "[31m"; then
+# every other C0/C1 control and the invisible or bidi-reordering characters.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.?|\x9b[0-?]*[ -/]*[@-~]"
+)
+_CONTROLS = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]"
+)
+
+
+def clean(value: Any, limit: int = 400) -> str:
+    """Text that came from the run (its name, a trainer's message, an arm or file name) as
+    one printable line of at most `limit` characters: it cannot move the cursor, retitle
+    the terminal or hide what follows it."""
+    text = value if isinstance(value, str) else str(value)
+    text = _ESCAPES.sub("", text[: limit * 4])
+    text = _CONTROLS.sub("", re.sub(r"[\t\n\r]+", " ", text))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def print_json(value: Any) -> None:
@@ -27,18 +48,18 @@ def format_status(s: StatusResult) -> str:
     if "restart_in_s" in detail:
         extra = f" (restart in {detail['restart_in_s']:.1f} s)"
     elif "reason" in detail:
-        extra = f" ({detail['reason']})"
+        extra = f" ({clean(detail['reason'])})"
     total = s.get("total_steps")
     step = f"{_fmt(s.get('step'))}" + (f"/{total}" if total else "")
     mfu = s.get("mfu")
     mfu_text = (
         f"{mfu * 100:.2f} %"
         if mfu is not None
-        else f"unknown ({s.get('mfu_unknown_reason') or 'n/a'})"
+        else f"unknown ({clean(s.get('mfu_unknown_reason') or 'n/a')})"
     )
     lines = [
-        f"run       {s.get('run')}  ({s.get('run_dir')})",
-        f"state     {s.get('state')}{extra}",
+        f"run       {clean(s.get('run'))}  ({clean(s.get('run_dir'))})",
+        f"state     {clean(s.get('state'))}{extra}",
         f"trainer   pid {_fmt(s.get('trainer_pid'))}, restarts {s.get('restarts', 0)}",
         f"handles   {handles_text(s.get('handles'))}",
         f"step      {step}   loss {_fmt(s.get('loss'), '.4f')}   ema {_fmt(s.get('loss_ema'), '.4f')}",
@@ -47,7 +68,7 @@ def format_status(s: StatusResult) -> str:
         f"mfu       {mfu_text}",
     ]
     gpu = s.get("gpu")
-    lines.append(f"gpu       {gpu.get('name') if gpu else 'no NVIDIA GPU'}")
+    lines.append(f"gpu       {clean(gpu.get('name')) if gpu else 'no NVIDIA GPU'}")
     ckpts = s.get("checkpoints") or []
     names = ", ".join(f"{c['step']}{'*' if c.get('pinned') else ''}" for c in ckpts)
     lines.append(
@@ -94,7 +115,7 @@ def age_text(seconds: float) -> str:
 def describe_result(cmd: str, result: dict[str, Any]) -> str:
     if cmd == "save":
         if "name" in result:
-            return f"checkpoint committed at step {result['step']} ({result['name']})"
+            return f"checkpoint committed at step {result['step']} ({clean(result['name'])})"
         return f"save requested (trainer at step {result.get('step')}); `trainwarden checkpoints` shows it"
     if cmd in ("stop", "shutdown"):
         suffix = "; the daemon is exiting" if cmd == "shutdown" else ""
@@ -104,7 +125,7 @@ def describe_result(cmd: str, result: dict[str, Any]) -> str:
             where = f"; newest checkpoint: step {ckpt['step']}" if ckpt else ""
             return f"trainer stopped{where}{suffix}"
         what = "run" if result.get("outcome") == "not_running" else "trainer"
-        return f"{what} stopped: {message}{suffix}"
+        return f"{what} stopped: {clean(message)}{suffix}"
     if cmd == "start":
         resume = result.get("resume_step")
         return f"trainer starting from {'step ' + str(resume) if resume is not None else 'scratch'}"
@@ -131,6 +152,8 @@ def print_event(record: JournalRecord, as_json: bool) -> None:
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
     else:
         fields = {k: v for k, v in record.items() if k not in ("ts", "t", "kind")}
-        body = " ".join(f"{k}={orjson.dumps(v).decode()}" for k, v in fields.items())
-        sys.stdout.write(f"{record.get('ts', '')}  {record.get('kind', '?'):<18} {body}\n")
+        body = " ".join(f"{clean(k)}={orjson.dumps(v).decode()}" for k, v in fields.items())
+        kind = clean(record.get("kind", "?"))
+        line = f"{clean(record.get('ts', ''))}  {kind:<18} {clean(body, limit=len(body) + 1)}"
+        sys.stdout.write(line + "\n")
     sys.stdout.flush()

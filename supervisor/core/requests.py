@@ -90,6 +90,30 @@ def command_name(command: Command) -> str:
     return NAMES[type(command)]
 
 
+JOURNALED_TEXT_MAX = 200
+"""Characters of one operator-given name (an arm) the journal keeps; the rest is marked."""
+JOURNALED_ITEMS_MAX = 64
+"""Entries of one operator-given table (caps, floors) the journal keeps."""
+
+
+def _journaled_name(name: str) -> str:
+    if len(name) <= JOURNALED_TEXT_MAX:
+        return name
+    return f"{name[:JOURNALED_TEXT_MAX]}...[truncated: {len(name)} characters]"
+
+
+def _journaled_table(table: dict[str, float]) -> dict[str, Any]:
+    """A table of the request as the journal keeps it: bounded however large it came, so
+    that junk sent to the socket cannot grow the journal by its own size."""
+    kept: dict[str, Any] = {}
+    for index, (name, value) in enumerate(table.items()):
+        if index == JOURNALED_ITEMS_MAX:
+            kept["...[truncated]"] = f"{len(table) - JOURNALED_ITEMS_MAX} more entries"
+            break
+        kept[_journaled_name(name)] = value
+    return kept
+
+
 def command_args(command: Command) -> dict[str, Any]:
     """The command's arguments as the journal's `operator` record names them."""
     if isinstance(command, Save):
@@ -102,7 +126,7 @@ def command_args(command: Command) -> dict[str, Any]:
     if isinstance(command, Pin | Unpin):
         return {"step": command.step}
     if isinstance(command, Pivot):
-        return {"caps": dict(command.caps), "floors": dict(command.floors)}
+        return {"caps": _journaled_table(command.caps), "floors": _journaled_table(command.floors)}
     return {}
 
 

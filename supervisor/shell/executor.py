@@ -18,7 +18,12 @@ from trainwarden.supervisor.shell import pivot_files
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import new_marker, start_processes, stop_processes
 from trainwarden.supervisor.shell.hub import TelemetryHub
-from trainwarden.supervisor.shell.process import TrainerIdentity, send_signal, spawn
+from trainwarden.supervisor.shell.process import (
+    TrainerIdentity,
+    send_signal,
+    spawn,
+    spawn_failure,
+)
 from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.digest import digest_checkpoint
@@ -192,7 +197,8 @@ class Executor:
         try:
             proc = await spawn(argv, self.cfg.run_dir, env, self.cfg.log_path)
         except OSError as exc:
-            self.report(core.SpawnFailed(time.monotonic(), f"{argv[0]}: {exc.strerror or exc}"))
+            failure = spawn_failure(argv, self.cfg.run_dir, env, exc)
+            self.report(core.SpawnFailed(time.monotonic(), failure))
             self._release_held_steps()
             return
         self.proc = proc

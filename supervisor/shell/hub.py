@@ -99,7 +99,7 @@ class TelemetryHub:
     def start_follower(self) -> None:
         offset = self._saved_offset()
         self._offset_fd = os.open(
-            self.files.log_offset, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            self.files.log_offset, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
         )
         self.follower = LogFollower(self.cfg.log_path, offset, self._on_lines, self.loop)
         self.follower.start()

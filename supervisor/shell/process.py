@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -13,8 +14,9 @@ from pathlib import Path
 import orjson
 import psutil
 
+from trainwarden.supervisor.config import trainer_program_problem
 from trainwarden.supervisor.inputs.proctree import descendants
-from trainwarden.supervisor.store.rundir import write_atomic
+from trainwarden.supervisor.store.rundir import APPEND_FLAGS, write_atomic
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,37 @@ def send_signal(pid: int, sig: int, target: str = "group") -> None:
                     child.send_signal(sig)
 
 
+class RunLogUnusable(OSError):
+    """The run log cannot take the trainer's output; strerror says why, in full."""
+
+
+def _open_run_log(log_path: Path) -> int:
+    try:
+        return os.open(log_path, APPEND_FLAGS | os.O_WRONLY, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            why = "it is a symbolic link, and the daemon appends through no link"
+        elif exc.errno == errno.EISDIR:
+            why = "it is a folder"
+        else:
+            why = exc.strerror or str(exc)
+        raise RunLogUnusable(exc.errno, f"cannot open the run log {log_path}: {why}") from None
+
+
+def spawn_failure(argv: list[str], cwd: Path, env: dict[str, str], exc: OSError) -> str:
+    """What a failed spawn says: the run log's problem, or the program's in words (exec
+    reports an empty name or a folder as "Permission denied")."""
+    if isinstance(exc, RunLogUnusable):
+        return str(exc.strerror)
+    problem = trainer_program_problem(argv[0], cwd, env)
+    return f"{argv[0]}: {problem or exc.strerror or exc}"
+
+
 async def spawn(
     argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
 ) -> asyncio.subprocess.Process:
     """Start the trainer in a new session with stdout and stderr appended to the run log."""
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    log_fd = _open_run_log(log_path)
     try:
         return await asyncio.create_subprocess_exec(
             *argv,

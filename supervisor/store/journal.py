@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from trainwarden.supervisor.store.rundir import open_for_append
+
 RECENT = 1000
 
 
@@ -88,7 +90,7 @@ def tail_records(path: Path, n: int) -> list[dict[str, Any]]:
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.fd = open_for_append(path, os.O_WRONLY, 0o600)
         os.fchmod(self.fd, 0o600)
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self.listeners: list[Any] = []

@@ -29,6 +29,8 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from trainwarden.supervisor.store.rundir import open_for_append
+
 LOAD_CHUNK_BYTES = 1 << 20
 _KEYS = ("step", "loss", "dt", "t", "seg")
 
@@ -65,7 +67,7 @@ class LossWriter:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         # Read access only to look at the last byte; O_APPEND sends every write to the end.
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd = open_for_append(self.path, os.O_RDWR, 0o644)
         self._end_torn_line()
 
     def _end_torn_line(self) -> None:

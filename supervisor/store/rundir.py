@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwarden.supervisor.errors import LockHeld
+from trainwarden.supervisor.errors import LockHeld, UnsafePath
 
 STATE_DIR = ".trainwarden"
+
+APPEND_FLAGS = os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+"""How the daemon opens a file it appends to (journal, loss history, logs): never through a
+symbolic link, which could send its writes to any file its user may write."""
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,60 @@ class RunFiles:
         return self.run_dir / "policy.json"
 
     def make_state_dir(self) -> None:
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.state_dir, 0o700)
+        """.trainwarden/ as a private folder of the daemon's user; a link or a file in its
+        place is refused (a chmod through a link would make its target private instead)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(self.state_dir, 0o700)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(
+                self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError as exc:
+            raise UnsafePath(_state_dir_problem(self.state_dir, exc)) from None
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+
+
+def _state_dir_problem(path: Path, exc: OSError) -> str:
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISLNK(mode):
+        what = f"a symbolic link (to {os.readlink(path)})"
+    elif exc.errno == errno.ENOTDIR:
+        what = "not a folder"
+    else:
+        what = f"not usable: {exc.strerror or exc}"
+    return (
+        f"{path} is {what}: the daemon keeps its journal, lock and socket in a private folder "
+        f"of its own there and follows no link to it; move it away (`mv {path} {path}.old`) "
+        "and start again"
+    )
+
+
+def open_for_append(path: Path, flags: int, mode: int) -> int:
+    """A descriptor appending to `path` (created with `mode`), never through a link at it."""
+    try:
+        return os.open(path, APPEND_FLAGS | flags, mode)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise UnsafePath(
+            f"{path} is a symbolic link (to {os.readlink(path)}): the daemon writes its own "
+            "files only in place; remove the link and start again"
+        ) from None
 
 
 def acquire_lock(files: RunFiles) -> int:
     """Hold the run's lock for the daemon's lifetime; LockHeld names the holder's pid."""
     files.make_state_dir()
-    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -92,7 +145,11 @@ def read_pid(path: Path) -> int | None:
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write a small file so readers see the old or the new content, never a mix."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    # A fresh file, never one already there: a link planted under the temporary name
+    # would otherwise have its target truncated and overwritten.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)
