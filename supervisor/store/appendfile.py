@@ -135,8 +135,10 @@ class AppendFile:
         """Write what is held, oldest first; True once nothing is held."""
         if self.fd < 0 and not self._open():
             return False
+        # While full, one entry probes for space: no megabyte joined per refused write.
+        limit = 0 if self.error else FLUSH_CHUNK_BYTES
         while self._held:
-            chunk, n_entries = self._next_chunk()
+            chunk, n_entries = self._next_chunk(limit)
             try:
                 written = os.write(self.fd, chunk)
             except OSError as exc:
@@ -146,6 +148,7 @@ class AppendFile:
                     self.error = exc
                 return False
             self._consume(written, n_entries)
+            limit = FLUSH_CHUNK_BYTES
         self.error = None
         return True
 
@@ -154,11 +157,12 @@ class AppendFile:
         lost, self.lost_lines = self.lost_lines, 0
         return lost
 
-    def _next_chunk(self) -> tuple[bytes, int]:
+    def _next_chunk(self, limit: int) -> tuple[bytes, int]:
+        """The oldest held entries joined, up to `limit` bytes (at least one entry)."""
         parts: list[bytes] = []
         size = 0
         for data, _, _ in self._held:
-            if parts and size + len(data) > FLUSH_CHUNK_BYTES:
+            if parts and size + len(data) > limit:
                 break
             parts.append(data)
             size += len(data)

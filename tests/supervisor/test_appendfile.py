@@ -221,3 +221,28 @@ def test_a_policy_the_disk_has_no_room_for_is_an_error_naming_policy_json(tmp_pa
     error = write_policy(files, {"version": 1, "arms": {"web": {"cap": 0.5, "floor": 0.0}}})
     assert error == "policy.json: No space left on device"
     assert not any(tmp_path.iterdir()), "no partial policy.json, no temporary copy"
+
+
+def test_held_lines_go_back_in_large_writes_and_a_refused_write_offers_one_entry(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / ".loss.json"
+    disk = FillingDisk(monkeypatch, room=0)
+    offered: list[int] = []
+    refusing = disk.write
+
+    def counting(fd: int, data: Any) -> int:
+        offered.append(len(data))
+        return refusing(fd, data)
+
+    monkeypatch.setattr(os, "write", counting)
+    with LossWriter(path) as writer:
+        for step in range(1, 2001):
+            writer.append(step, 5.0, 0.1, float(step), 1)
+        line = max(offered)
+        assert line < 100, "while full, each try offers one line, not everything held"
+        offered.clear()
+        disk.room = None
+        assert writer.retry()
+    assert len(offered) <= 3, "2,000 held lines written back in a few writes"
+    assert len(LossHistory.load(path)) == 2000
