@@ -22,7 +22,7 @@ from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
 from trainwarden.supervisor.store.appendfile import no_space
-from trainwarden.supervisor.store.journal import Journal, tail_records
+from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter, ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -267,7 +267,7 @@ class TelemetryHub:
 
     def _markers(self) -> list[dict[str, Any]]:
         markers = []
-        for record in tail_records(self.files.journal, 2000):
+        for record in self.journal.tail(2000):
             kind = MARKER_KINDS.get(record.get("kind", ""))
             if kind is None:
                 continue
@@ -334,7 +334,7 @@ class TelemetryHub:
         if topic == "telemetry":
             return self.telemetry()
         if topic == "events":
-            return tail_records(self.files.journal, 50)
+            return self.journal.tail(50)
         return self.latest.get(topic)
 
     def status_fields(self) -> dict[str, Any]:

@@ -119,6 +119,15 @@ class Journal:
         self._note_space(now)
         return record
 
+    def tail(self, n: int) -> list[dict[str, Any]]:
+        """The newest n records, those held in memory on a full disk included."""
+        records = tail_records(self.path, n)
+        if self.file.full:
+            # Held lines are the newest; a held line's written start is a torn line, skipped.
+            held = min(self.file.held_lines, len(self.recent))
+            records += list(self.recent)[len(self.recent) - held :]
+        return records[-n:] if n else []
+
     def retry(self, t: float | None = None) -> bool:
         """Write the records held since the disk filled; True once none is held."""
         if not self.file.full:

@@ -246,3 +246,20 @@ def test_held_lines_go_back_in_large_writes_and_a_refused_write_offers_one_entry
         assert writer.retry()
     assert len(offered) <= 3, "2,000 held lines written back in a few writes"
     assert len(LossHistory.load(path)) == 2000
+
+
+def test_the_journal_tail_shows_records_held_in_memory_once_each(tmp_path, monkeypatch):
+    path = tmp_path / "journal.jsonl"
+    disk = FillingDisk(monkeypatch)
+    journal = Journal(path)
+    journal.append("daemon_start", t=1.0)
+    disk.room = 12  # the next record is cut short: its start on disk reads as a torn line
+    journal.append("state", t=2.0)
+    journal.append("trainer_started", t=3.0)
+    kinds = ["daemon_start", "state", "disk_full", "trainer_started"]
+    assert [r["kind"] for r in journal.tail(10)] == kinds
+    assert [r["kind"] for r in journal.tail(2)] == kinds[-2:]
+    disk.room = None
+    assert journal.retry(4.0)
+    assert [r["kind"] for r in journal.tail(10)] == [*kinds, "disk_recovered"]
+    journal.close()
