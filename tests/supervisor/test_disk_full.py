@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import PYTHON, DaemonProcess, journal, scripted_run, wait_for
 from trainwarden.supervisor.errors import CommandRefused
+from trainwarden.supervisor.store.lossdb import LossHistory
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -198,3 +199,32 @@ def test_a_daemon_started_on_a_full_disk_warns_in_one_line_and_supervises(
     assert "disk_recovered" in kinds
     steps = [orjson.loads(line)["step"] for line in loss_lines(run_dir)[:-1]]
     assert sorted(steps) == list(range(1, 301))
+
+
+def test_steps_held_when_the_daemon_is_killed_are_read_again_from_the_log(
+    tmp_path: Path, mounts: Mounts
+) -> None:
+    run_dir = small_run(
+        tmp_path, mounts, "--steps", str(STEPS), "--dt", "0.02", "--save-every", "20"
+    )
+    daemon = daemon_for(run_dir, tmp_path)
+    try:
+        daemon.start()
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 40, 60, what="step 40")
+        fill(run_dir / "filler")
+        full = wait_for(
+            lambda: (s := daemon.status()).get("disk_full") and s, 30, what="status disk_full"
+        )
+        # Past two checkpoints more: a resume from the newest replays none of the held steps.
+        wait_for(lambda: (daemon.status().get("step") or 0) >= full["step"] + 100, 60, what="steps")
+        daemon.kill()
+        (run_dir / "filler").unlink()
+        daemon.start()
+        daemon.wait_state("finished", timeout=120)
+    finally:
+        daemon.cleanup()
+    history = LossHistory.load(run_dir / ".loss.json")
+    # A line the killed daemon had begun stays a torn line of its own, which readers skip.
+    assert history.load_stats.garbage <= 1 and not history.load_stats.torn_tail
+    steps = [row.step for row in history]
+    assert steps == list(range(1, STEPS + 1)), "no step lost with the killed daemon"
