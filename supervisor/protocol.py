@@ -363,6 +363,11 @@ class StatusResult(StateView, Telemetry, CheckpointsView):
     """"ok", or why there are no GPU figures."""
     host: HostSample | None
     disk_low: bool
+    disk_full: bool
+    """A write of the daemon's found the disk full: what it could not write is held in
+    memory and written once space returns."""
+    disk_full_files: list[str]
+    """The daemon's files (journal, .loss.json, pid file) waiting for space."""
     log: LogStats | None
 
 

@@ -78,6 +78,9 @@ def format_status(s: StatusResult) -> str:
     quarantined = s.get("quarantined") or []
     if quarantined:
         lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
+    if s.get("disk_full"):
+        waiting = ", ".join(s.get("disk_full_files") or []) or "?"
+        lines.append(f"disk      full: held in memory until space returns: {waiting}")
     return "\n".join(lines)
 
 

@@ -41,6 +41,7 @@ from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
 from trainwarden.supervisor.shell.process import TrainerIdentity
 from trainwarden.supervisor.shell.verdicts import CheckpointReports
+from trainwarden.supervisor.store.appendfile import DiskSpace, no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_atomic
@@ -48,6 +49,8 @@ from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_at
 log = logging.getLogger("trainwarden.daemon")
 
 REAP_INTERVAL_S = 1.0
+DISK_RETRY_S = 1.0
+"""How often the daemon tries again to write what a full disk refused."""
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.serve.metrics import MetricsServer
@@ -97,6 +100,8 @@ class Daemon:
         self.metrics: MetricsServer | None = None
         self.watcher: CheckpointWatcher | None = None
         self.cgroups: StartCgroups | None = None
+        self.space = DiskSpace()
+        """The daemon's files the disk had no space for (status `disk_full`)."""
 
     @property
     def exit_code(self) -> int | None:
@@ -113,9 +118,9 @@ class Daemon:
             os.close(self.lock_fd)
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
-        write_atomic(self.files.daemon_pid, f"{os.getpid()}\n".encode(), mode=0o644)
+        self._write_pid_file()
         restored, clean = last_state_record(self.files.journal)
-        self.journal = Journal(self.files.journal)
+        self.journal = Journal(self.files.journal, self.space)
         self.journal.append(
             "daemon_start",
             {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
@@ -204,9 +209,11 @@ class Daemon:
         watchdog_task = loop.create_task(self._watchdog_pings())
         links_task = loop.create_task(report_moved_links(self.watched, self.journal))
         reaper_task = loop.create_task(self._reap_adopted())
+        space_task = loop.create_task(self._retry_writes())
         try:
             await self._event_loop()
         finally:
+            space_task.cancel()
             watchdog_task.cancel()
             links_task.cancel()
             reaper_task.cancel()
@@ -273,6 +280,32 @@ class Daemon:
                 ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed]
         self.journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
         await self.hub.drain_log()
+
+    def _write_pid_file(self) -> None:
+        path = self.files.daemon_pid
+        try:
+            write_atomic(path, f"{os.getpid()}\n".encode(), mode=0o644)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            self.space.filled(path, exc, "the journal and loss history are held in memory")
+        else:
+            self.space.emptied(path, "the pid file")
+
+    async def _retry_writes(self) -> None:
+        """While the disk is full, write what was held every DISK_RETRY_S (each new record
+        tries too): the journal first, so the loss history's recovery record follows it."""
+        assert self.journal is not None and self.hub is not None
+        while True:
+            await asyncio.sleep(DISK_RETRY_S)
+            if not self.space.full:
+                continue
+            if str(self.files.daemon_pid) in self.space.full_files:
+                self._write_pid_file()
+            self.journal.retry()
+            self.hub.retry_writes()
+            if self.executor is not None:
+                await self.executor.save_identity()
 
     async def _reap_adopted(self) -> None:
         """Reap the orphans the subreaper adopted once they exit (see containment.Reaper)."""

@@ -25,6 +25,7 @@ from trainwarden.supervisor.shell.process import (
     spawn_failure,
 )
 from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
+from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.digest import digest_checkpoint
 from trainwarden.supervisor.store.journal import Journal
@@ -79,6 +80,8 @@ class Executor:
         """While a spawn is under way: step lines logged meanwhile, reported after it."""
         self.cgroups: StartCgroups | None = None
         """Each start's cgroup, where the daemon may make them (see shell.cgroups)."""
+        self.identity_unsaved: TrainerIdentity | None = None
+        """The live trainer's identity the disk had no space for (trainer.pid), to save."""
         self.drain_commits: Callable[[], None] = lambda: None
         """Have every checkpoint event queued now reported (the watcher's drain)."""
         self.containing: asyncio.Task[None] | None = None
@@ -217,9 +220,29 @@ class Executor:
             # In a thread: while the child is still inside execve its cmdline reads empty,
             # and TrainerIdentity.of waits (sleeping) for it.
             identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid, marker)
-            await asyncio.to_thread(identity.save, self.files.trainer_pid)
         except Exception as exc:  # it may already have died; its exit is reported anyway
             log.warning("could not record the trainer's identity: %s", exc)
+            return
+        self.identity_unsaved = identity
+        await self.save_identity()
+
+    async def save_identity(self) -> None:
+        """Write trainer.pid for the live trainer; on a full disk, again on the next retry
+        (a daemon killed meanwhile still finds the trainer by its start marker)."""
+        identity, path = self.identity_unsaved, self.files.trainer_pid
+        if identity is None:
+            return
+        try:
+            await asyncio.to_thread(identity.save, path)
+        except OSError as exc:
+            if not no_space(exc):
+                self.identity_unsaved = None
+                log.warning("could not record the trainer's identity: %s", exc)
+                return
+            self.journal.space.filled(path, exc, "the trainer is found by its start marker")
+            return
+        self.identity_unsaved = None
+        self.journal.space.emptied(path, "the trainer's identity")
 
     def _release_held_steps(self) -> None:
         held, self.steps_held = self.steps_held or [], None
@@ -228,6 +251,9 @@ class Executor:
 
     async def _await_exit(self, proc: asyncio.subprocess.Process, marker: str) -> None:
         returncode = await proc.wait()
+        if self.identity_unsaved is not None and self.identity_unsaved.pid == proc.pid:
+            self.identity_unsaved = None  # nothing left to record
+            self.journal.space.forget(self.files.trainer_pid)
         # The trainer's last lines (its final checkpoint, its last steps) are in the log
         # before its exit, and its last commits in the watcher's queue: read them first so
         # the policy sees them in order.

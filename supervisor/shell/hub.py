@@ -21,7 +21,8 @@ from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
-from trainwarden.supervisor.store.journal import Journal, tail_records
+from trainwarden.supervisor.store.appendfile import no_space
+from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter, ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -81,6 +82,8 @@ class TelemetryHub:
         """Lines belong to a start whose main process runs (or the one it just left)."""
         self._stray: dict[str, Any] | None = None
         self._stray_handle: asyncio.TimerHandle | None = None
+        self._loss_full_since: float | None = None
+        """When .loss.json last had no space for its lines (None: it has)."""
 
     # -------------------------------------------------------------- history and log
 
@@ -92,6 +95,7 @@ class TelemetryHub:
             self.monitor.observe(step, loss, dt, t)
         self.last_step = self.history.last_step
         self.writer = LossWriter(self.files.loss_history)
+        self._note_loss_space()
 
     def history_last_step(self) -> int | None:
         return self.history.last_step
@@ -144,6 +148,7 @@ class TelemetryHub:
                     self._finish_audit(result)
         if rows and self.writer is not None:
             self.writer.append_many(rows)
+            self._note_loss_space()
         self._save_offset()
         self._schedule_publish()
 
@@ -154,8 +159,46 @@ class TelemetryHub:
         if now - self._offset_saved_t < OFFSET_SAVE_INTERVAL_S:
             return
         self._offset_saved_t = now
-        text = f"{self.follower.offset}\n".encode()
-        os.pwrite(self._offset_fd, text.ljust(24), 0)
+        self._write_offset()
+
+    def _write_offset(self) -> None:
+        assert self.follower is not None and self._offset_fd is not None
+        if self.writer is not None and self.writer.full:
+            # Lines past the saved offset are in memory only: a daemon killed now reads
+            # them again from the log rather than lose them.
+            return
+        try:
+            os.pwrite(self._offset_fd, f"{self.follower.offset}\n".encode().ljust(24), 0)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            # Saved again within a second, once there is space: .loss.json holds the steps.
+
+    def retry_writes(self) -> None:
+        """Write the step lines held since the disk filled (the daemon's retry timer)."""
+        if self.writer is not None and self.writer.full:
+            self.writer.retry()
+            self._note_loss_space()
+
+    def _note_loss_space(self) -> None:
+        """Journal (and log) .loss.json's change between full and written again."""
+        writer = self.writer
+        if writer is None:
+            return
+        path = str(writer.path)
+        error = writer.file.error
+        if error is not None and self._loss_full_since is None:
+            self._loss_full_since = time.time()
+            self.journal.space.filled(path, error, "holding its step lines in memory")
+            self.journal.append("disk_full", {"file": path, "error": error.strerror})
+        elif error is None and self._loss_full_since is not None:
+            lost = writer.take_lost()
+            full_s = round(time.time() - self._loss_full_since, 3)
+            self._loss_full_since = None
+            self.journal.space.emptied(path, f"{lost} steps lost" if lost else "no step lost")
+            self.journal.append(
+                "disk_recovered", {"file": path, "full_s": full_s, "lost_records": lost}
+            )
 
     def end_segment(self) -> None:
         """The start's main process is gone and its last lines are read: what the log gains
@@ -224,7 +267,7 @@ class TelemetryHub:
 
     def _markers(self) -> list[dict[str, Any]]:
         markers = []
-        for record in tail_records(self.files.journal, 2000):
+        for record in self.journal.tail(2000):
             kind = MARKER_KINDS.get(record.get("kind", ""))
             if kind is None:
                 continue
@@ -291,7 +334,7 @@ class TelemetryHub:
         if topic == "telemetry":
             return self.telemetry()
         if topic == "events":
-            return tail_records(self.files.journal, 50)
+            return self.journal.tail(50)
         return self.latest.get(topic)
 
     def status_fields(self) -> dict[str, Any]:
@@ -300,6 +343,8 @@ class TelemetryHub:
         fields["gpu_status"] = self.gpu_status()
         fields["host"] = self.latest.get("host")
         fields["disk_low"] = self.disk_low
+        fields["disk_full"] = self.journal.space.full
+        fields["disk_full_files"] = sorted(self.journal.space.full_files)
         fields["log"] = self.follower.stats_dict() if self.follower else None
         return fields
 
@@ -386,8 +431,11 @@ class TelemetryHub:
             self.follower.read_new()
             self.follower.stop()
             self.flush_stray()
+            # A last try; lines still held are read again from the log by the next daemon
+            # (the saved offset stays before them).
+            self.retry_writes()
             if self._offset_fd is not None:
-                os.pwrite(self._offset_fd, f"{self.follower.offset}\n".encode().ljust(24), 0)
+                self._write_offset()
         if self._offset_fd is not None:
             os.close(self._offset_fd)
             self._offset_fd = None

@@ -3,6 +3,10 @@
 Each record is written with a single write(2) on an O_APPEND descriptor, so it survives
 the daemon being SIGKILLed the moment after (the kernel has it); `sync=True` also
 fsyncs, for records a power cut must not lose (pivot stages).
+
+On a full disk the records are held in memory (up to HOLD_BYTES, the oldest dropped past
+it) and written when space returns, after a `disk_full` record and before a
+`disk_recovered` one that counts any lost (see store.appendfile).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Any
 
 import orjson
 
-from trainwarden.supervisor.store.rundir import open_for_append
+from trainwarden.supervisor.store.appendfile import AppendFile, DiskSpace
 
 RECENT = 1000
+HOLD_BYTES = 16 << 20
+"""Journal records held in memory while the disk is full, at most (bytes)."""
 
 
 def utc_now(t: float | None = None) -> str:
@@ -88,12 +94,14 @@ def tail_records(path: Path, n: int) -> list[dict[str, Any]]:
 
 
 class Journal:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, space: DiskSpace | None = None) -> None:
         self.path = path
-        self.fd = open_for_append(path, os.O_WRONLY, 0o600)
-        os.fchmod(self.fd, 0o600)
+        self.space = space if space is not None else DiskSpace()
+        self.file = AppendFile(path, 0o600, HOLD_BYTES, chmod=True)
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self.listeners: list[Any] = []
+        self._full_since: float | None = None
+        self._note_space(time.time())
 
     def append(
         self,
@@ -104,16 +112,60 @@ class Journal:
         sync: bool = False,
     ) -> dict[str, Any]:
         now = time.time() if t is None else t
+        self.retry(now)
+        record = self._write(kind, fields, now)
+        if sync and not self.file.full:
+            self.file.fsync()
+        self._note_space(now)
+        return record
+
+    def tail(self, n: int) -> list[dict[str, Any]]:
+        """The newest n records, those held in memory on a full disk included."""
+        records = tail_records(self.path, n)
+        if self.file.full:
+            # Held lines are the newest; a held line's written start is a torn line, skipped.
+            held = min(self.file.held_lines, len(self.recent))
+            records += list(self.recent)[len(self.recent) - held :]
+        return records[-n:] if n else []
+
+    def retry(self, t: float | None = None) -> bool:
+        """Write the records held since the disk filled; True once none is held."""
+        if not self.file.full:
+            return True
+        now = time.time() if t is None else t
+        if not self.file.flush():
+            return False
+        self._note_space(now)
+        return True
+
+    def _write(
+        self, kind: str, fields: dict[str, Any] | None, now: float, keep: bool = False
+    ) -> dict[str, Any]:
         record = {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **_json_safe(fields or {})}
-        os.write(self.fd, orjson.dumps(record) + b"\n")
-        if sync:
-            os.fsync(self.fd)
+        self.file.write(orjson.dumps(record) + b"\n", keep=keep)
         self.recent.append(record)
         for listener in self.listeners:
             listener(record)
         return record
 
+    def _note_space(self, now: float) -> None:
+        """Journal (and log) the file's change between full and written again."""
+        error = self.file.error
+        if error is not None and self._full_since is None:
+            self._full_since = now
+            self.space.filled(self.path, error, "holding its records in memory")
+            fields = {"file": str(self.path), "error": error.strerror}
+            self._write("disk_full", fields, now, keep=True)  # never dropped past the bound
+        elif error is None and self._full_since is not None:
+            lost = self.file.take_lost()
+            full_s = round(now - self._full_since, 3)
+            self._full_since = None
+            self.space.emptied(self.path, f"{lost} records lost" if lost else "no record lost")
+            self._write(
+                "disk_recovered",
+                {"file": str(self.path), "full_s": full_s, "lost_records": lost},
+                now,
+            )
+
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.file.close()

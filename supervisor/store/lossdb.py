@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
@@ -29,7 +28,7 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
-from trainwarden.supervisor.store.rundir import open_for_append
+from trainwarden.supervisor.store.appendfile import AppendFile
 
 LOAD_CHUNK_BYTES = 1 << 20
 _KEYS = ("step", "loss", "dt", "t", "seg")
@@ -56,32 +55,29 @@ def decode_loss(value: Any) -> float:
 
 
 class LossWriter:
-    """Appends step lines to the history file, each with one unbuffered write.
+    """Appends step lines to the history file, each batch with one unbuffered write.
 
-    O_APPEND plus a single write() per line means a crash leaves at worst one torn
+    O_APPEND plus a single write() per batch means a crash leaves at worst one torn
     final line, which readers skip. Lines reach the kernel at once; sync() makes them
     durable (done at checkpoints, not per step: an fsync per step would cost more than
-    the step lines are worth).
+    the step lines are worth). On a full disk the lines are held in memory, up to
+    HOLD_BYTES (about 800,000 steps), and written when space returns (store.appendfile).
     """
+
+    HOLD_BYTES = 64 << 20
+    """Step lines held in memory while the disk is full, at most (bytes)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        # Read access only to look at the last byte; O_APPEND sends every write to the end.
-        self._fd = open_for_append(self.path, os.O_RDWR, 0o644)
-        self._end_torn_line()
+        self.file = AppendFile(self.path, 0o644, self.HOLD_BYTES)
 
-    def _end_torn_line(self) -> None:
-        # A previous writer killed mid-line left no newline: start on a fresh line so the
-        # next record is not glued onto the torn one and lost with it.
-        size = os.fstat(self._fd).st_size
-        if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            os.write(self._fd, b"\n")
+    @property
+    def full(self) -> bool:
+        """Lines are held in memory: the disk had no space for them."""
+        return self.file.full
 
     def append(self, step: int, loss: float, dt: float | None, t: float, seg: int) -> None:
-        if dt is not None and not math.isfinite(dt):
-            dt = None
-        line = orjson.dumps({"step": step, "loss": encode_loss(loss), "dt": dt, "t": t, "seg": seg})
-        os.write(self._fd, line + b"\n")
+        self.append_many([(step, loss, dt, t, seg)])
 
     def append_many(self, rows: list[tuple[int, float, float | None, float, int]]) -> None:
         """Several lines with one write(2): the cheap path when lines arrive in a batch."""
@@ -95,15 +91,21 @@ class LossWriter:
                 )
             )
         if lines:
-            os.write(self._fd, b"\n".join(lines) + b"\n")
+            self.file.write(b"\n".join(lines) + b"\n", len(lines))
+
+    def retry(self) -> bool:
+        """Write the lines held since the disk filled; True once none is held."""
+        return self.file.flush() if self.file.full else True
+
+    def take_lost(self) -> int:
+        """Step lines dropped past HOLD_BYTES since the last call."""
+        return self.file.take_lost()
 
     def sync(self) -> None:
-        os.fsync(self._fd)
+        self.file.fsync()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self.file.close()
 
     def __enter__(self) -> LossWriter:
         return self

@@ -151,12 +151,26 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.unlink(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk must not keep a half-written copy: it holds space, and the old
+        # content stays the file's.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte: write(2) may take fewer (a disk filling up), then raises."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def fsync_dir(path: Path) -> None:
