@@ -57,6 +57,8 @@ class RunModel:
     gpu_seen: bool = False
     host: dict[str, Any] | None = None
     disk_low: bool = False
+    disk_full: list[str] | None = None
+    """Files whose writes the daemon holds in memory for want of space (None: none)."""
     checkpoints: dict[str, Any] | None = None
     bandit: dict[str, Any] | None = None
     samples: dict[str, Any] | None = None
@@ -112,6 +114,12 @@ class RunModel:
         if isinstance(status.get("host"), dict):
             self.host = status["host"]
         self.disk_low = status.get("disk_low") is True
+        full = status.get("disk_full_files")
+        self.disk_full = (
+            [f for f in full if isinstance(f, str)] or None
+            if status.get("disk_full") is True and isinstance(full, list)
+            else None
+        )
         handles = status.get("handles")
         self.handles = (
             [h for h in handles if isinstance(h, str)] if isinstance(handles, list) else None

@@ -142,6 +142,8 @@ def status() -> dict[str, Any]:
             "load_avg_15m": 1.97,
         },
         "disk_low": False,
+        "disk_full": False,
+        "disk_full_files": [],
         "checkpoints": [
             checkpoint(10_000, 2 * 3600, pinned=True),
             checkpoint(11_000, 3600, next_to_delete=True),

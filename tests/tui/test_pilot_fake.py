@@ -182,6 +182,10 @@ HEADER_CASES = [
         "resume drift @11501",
     ),
     ({"disk_low": True}, "DISK LOW"),
+    (
+        {"disk_full": True, "disk_full_files": ["/r/.trainwarden/journal.jsonl", "/r/.loss.json"]},
+        "DISK FULL: holding journal.jsonl, .loss.json",
+    ),
 ]
 
 

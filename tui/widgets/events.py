@@ -23,6 +23,7 @@ ALARMING = {
     "crash_loop",
     "resume_drift",
     "disk_low",
+    "disk_full",
     "pivot_failed",
     "pivot_rolled_back",
     "checkpoint_changed",
@@ -32,6 +33,7 @@ ALARMING = {
     "checkpoint_dir_moved",
 }
 NOTABLE = {
+    "disk_recovered",
     "spawn",
     "restart_scheduled",
     "signal",

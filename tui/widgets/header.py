@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -97,7 +99,14 @@ class RunHeader(Static):
             )
         elif status == "unverified":
             line.append("  resume unverified", muted)
-        if model.disk_low:
+        if model.disk_full:
+            names = ", ".join(clean(Path(f).name, 40) for f in model.disk_full)
+            line.append("  ")
+            line.append(
+                f" DISK FULL: holding {names} ",
+                self.get_component_rich_style("run-header--drift"),
+            )
+        elif model.disk_low:
             line.append("  ")
             line.append(" DISK LOW ", self.get_component_rich_style("run-header--drift"))
         reason = model.detail.get("reason")
