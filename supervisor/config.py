@@ -117,7 +117,9 @@ class ControlConfig:
     socket: str = ".trainwarden/control.sock"
     """Control socket path, relative to the run directory."""
     allow_uids: list[int] = field(default_factory=list)
-    """Other user ids allowed to connect (the daemon's own uid always is)."""
+    """Other user ids allowed to connect (the daemon's own uid always is); needs group."""
+    group: str | int | None = None
+    """Group (name or gid) given the socket and its folder so that allow_uids can reach them."""
 
 
 @dataclass(frozen=True)
@@ -390,6 +392,27 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             raise bad(key, rel, "a path inside the run directory")
 
 
+def _check_control(path: Path, cfg: Config) -> None:
+    """The socket's group and place, as the daemon that binds it will need them."""
+    from trainwarden.supervisor.socket_place import (
+        check_group_member,
+        check_socket_place,
+        resolve_group,
+    )
+
+    control = cfg.control
+    if control.allow_uids and control.group is None:
+        raise ConfigError(
+            f"{path}: 'control.allow_uids' = {control.allow_uids!r} needs [control] group: "
+            "the group (name or gid) the socket is given so that those users can reach it, "
+            'for example group = "trainers" (each allowed user must be a member)'
+        )
+    gid = resolve_group(path, control.group)
+    if gid is not None:
+        check_group_member(path, gid)
+    check_socket_place(path, cfg.run_dir, control.socket, gid if control.allow_uids else None)
+
+
 def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message.
 
@@ -424,5 +447,6 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     _check_ranges(path, cfg)
     if check_plugins:
         _check_trainer_command(path, cfg)
+        _check_control(path, cfg)
         check_installed(path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)
     return cfg

@@ -36,6 +36,7 @@ from trainwarden.supervisor.protocol import (
     encode,
 )
 from trainwarden.supervisor.serve.supervised import Supervised
+from trainwarden.supervisor.socket_place import SocketPlace, check_socket_place, resolve_group
 from trainwarden.supervisor.store.journal import tail_records
 
 log = logging.getLogger("trainwarden.control")
@@ -205,13 +206,22 @@ class ControlServer:
     # -------------------------------------------------------------- socket setup
 
     async def start(self) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cfg = self.daemon.cfg
+        # Checked again at bind: the folder may have changed since the config was loaded.
+        gid = resolve_group(cfg.path, cfg.control.group) if cfg.control.allow_uids else None
+        place = check_socket_place(cfg.path, cfg.run_dir, cfg.control.socket, gid)
+        self.path = place.path
+        if place.state_dir is not None:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._open_state_folders(place)
         if self.path.exists() or self.path.is_symlink():
+            # check_socket_place found a socket of ours here: live (another daemon) or stale.
             if await self._answers():
                 raise LockHeld(f"a live daemon already answers on {self.path}")
             self.path.unlink()
         address, fd = connect_path(self.path)
-        old_umask = os.umask(0o177)
+        socket_mode = 0o600 if gid is None else 0o660
+        old_umask = os.umask(0o777 & ~socket_mode)
         try:
             self.server = await asyncio.start_unix_server(
                 self._serve, address, limit=MAX_LINE + 1, backlog=512
@@ -220,8 +230,25 @@ class ControlServer:
             os.umask(old_umask)
             if fd is not None:
                 os.close(fd)
-        os.chmod(self.path, 0o600)
+        if gid is not None:
+            os.chown(self.path, -1, gid)
+        os.chmod(self.path, socket_mode)
         self.daemon.add_journal_listener(lambda record: self.publish("events", record))
+
+    @staticmethod
+    def _open_state_folders(place: SocketPlace) -> None:
+        """The folders from .trainwarden/ down to the socket's: 0700, or searchable by the
+        allowed users' group (0710: they reach the socket, and list nothing)."""
+        assert place.state_dir is not None
+        folder = place.path.parent
+        for d in [folder, *folder.parents]:
+            if place.gid is None:
+                os.chmod(d, 0o700)
+            else:
+                os.chown(d, -1, place.gid)
+                os.chmod(d, 0o710)
+            if d == place.state_dir:
+                break
 
     async def _answers(self) -> bool:
         address, fd = connect_path(self.path)
