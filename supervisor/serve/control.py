@@ -51,25 +51,25 @@ PRE_EMPT = {"stop": ("save",), "shutdown": ("save",)}
 """Acting commands that may start while another waits, and whose waits they end."""
 
 
-async def _discard_briefly(reader: asyncio.StreamReader) -> None:
-    """Read and drop what a refused client already sent (bounded in bytes and time).
+async def _hang_up_after(
+    reply: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Send a refused client its one reply and hang up without resetting it.
 
-    A Unix socket closed with unread data resets the peer, which would then lose the
-    refusal it has not read yet; after our half-close it reads the reply and hangs up.
+    A Unix socket closed with unread data resets its peer, whose reads then fail instead
+    of ending, and it may lose the reply. Reading "briefly" first does not settle that: a
+    client (or a loaded loop) can be slower than any deadline. So shut our reading side,
+    after which nothing more can be queued to us, read to its end what already was (at
+    most a socket buffer, and the end comes at once), and only then close.
     """
-    deadline = asyncio.get_running_loop().time() + 1.0
-    left = 1 << 16
-    while left > 0:
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
-            return
-        try:
-            chunk = await asyncio.wait_for(reader.read(left), remaining)
-        except (TimeoutError, OSError):
-            return
-        if not chunk:
-            return
-        left -= len(chunk)
+    writer.write(reply)
+    await writer.drain()
+    writer.write_eof()
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.shutdown(socket.SHUT_RD)
+    while await asyncio.wait_for(reader.read(1 << 16), 5.0):
+        pass
 
 
 class Outbox:
@@ -307,12 +307,7 @@ class ControlServer:
                 else ("busy", f"too many connections ({MAX_CONNECTIONS}); try again later")
             )
             with contextlib.suppress(Exception):
-                writer.write(
-                    encode({"id": None, "ok": False, "error": {"code": code, "message": why}})
-                )
-                await writer.drain()
-                writer.write_eof()
-                await _discard_briefly(reader)
+                await _hang_up_after(encode(_error(None, code, why)), reader, writer)
             writer.close()
             return
         conn = Connection(writer, uid)

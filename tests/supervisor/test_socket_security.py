@@ -2,7 +2,8 @@
 
 A squatter (another user binding the socket's path first, in a shared folder) must get
 nothing from the CLI or the TUI's client; allow_uids must let exactly its users in through
-[control] group.
+[control] group; a refused client must read its refusal and a clean end, however much it
+sent first.
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def squat(socket_path: Path, heard: Path, ready: Callable[[], None]) -> None:
                 rid = json.loads(line).get("id")
                 conn.sendall(json.dumps({"id": rid, "ok": True, "result": ok}).encode() + b"\n")
         conn.close()
+
+
+def pipeline_then_read(socket_path: Path, requests: int) -> int:
+    """Connect, send `requests` status requests before reading anything, then read to the
+    end; print what came back and how the stream ended."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(socket_path))
+    line = b'{"id": 1, "cmd": "status"}\n'
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        for _ in range(requests):
+            sock.sendall(line)
+    data, end = b"", "eof"
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        end = "reset"
+    print(json.dumps({"lines": data.decode().splitlines(), "end": end}))
+    return 0
 
 
 def cli_as(user: User, *args: str) -> tuple[int, str, str]:
@@ -174,3 +195,20 @@ def test_a_user_outside_the_group_is_told_what_keeps_it_out(group_run: tuple[Pat
     assert "\n" not in line and "permission denied" in line, line
     # What is wrong (the folder's mode and group), not "add your uid" to a list it may be on.
     assert "mode 0710" in line and "[control] group" in line, line
+
+
+def test_a_refused_client_reads_its_refusal_and_a_clean_end(group_run: tuple[Path, User, User]):
+    """However much a refused client sent first (here more than any bounded discard reads),
+    the daemon's hang-up must not reset it: the refusal, then end of stream."""
+    run_dir, _allowed, other = group_run
+    sock = run_dir / ".trainwarden" / "control.sock"
+    for requests in (1, 20_000):
+        code, out, err = as_user(other, lambda n=requests: pipeline_then_read(sock, n))
+        assert code == 0, err
+        seen = json.loads(out)
+        assert seen["end"] == "eof", seen
+        assert len(seen["lines"]) == 1, seen
+        reply = json.loads(seen["lines"][0])
+        assert reply["ok"] is False and reply["error"]["code"] == "forbidden", reply
+    with Client(sock) as client:
+        assert client.request("status")["state"] == "running"
