@@ -19,10 +19,11 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import PYTHON, running_daemon, scripted_run
+from tests.support import PYTHON, DaemonProcess, running_daemon, scripted_run
 from tests.support.users import (
     User,
     as_user,
@@ -35,13 +36,13 @@ from tests.support.users import (
     throwaway_user,
 )
 from trainwarden.supervisor.cli.main import main
-from trainwarden.supervisor.errors import UntrustedServer
+from trainwarden.supervisor.config import Config, load_config
+from trainwarden.supervisor.errors import ConfigError, UntrustedServer
 from trainwarden.supervisor.protocol import AsyncClient, Client
+from trainwarden.supervisor.serve.control import ControlServer
 
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not can_make_users(), reason="needs root to create throwaway users"),
-]
+pytestmark = pytest.mark.timeout(300)
+needs_users = pytest.mark.skipif(not can_make_users(), reason="needs root to create users")
 
 
 def squat(socket_path: Path, heard: Path, ready: Callable[[], None]) -> None:
@@ -108,6 +109,7 @@ def open_base() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@needs_users
 def test_the_cli_refuses_a_socket_another_user_serves(tmp_path: Path, shared_dir: Path):
     sock = shared_dir / "run.sock"
     run_dir = tmp_path / "run"
@@ -165,6 +167,7 @@ def group_run(open_base: Path) -> Iterator[tuple[Path, User, User]]:
             restore_modes(changed)
 
 
+@needs_users
 def test_allow_uids_lets_exactly_the_listed_users_of_the_group_in(
     group_run: tuple[Path, User, User],
 ):
@@ -186,6 +189,7 @@ def test_allow_uids_lets_exactly_the_listed_users_of_the_group_in(
     assert "forbidden" in lines[0] and f"uid {other.uid}" in lines[0], lines[0]
 
 
+@needs_users
 def test_a_user_outside_the_group_is_told_what_keeps_it_out(group_run: tuple[Path, User, User]):
     run_dir, _allowed, _other = group_run
     with throwaway_user() as stranger:
@@ -197,6 +201,7 @@ def test_a_user_outside_the_group_is_told_what_keeps_it_out(group_run: tuple[Pat
     assert "mode 0710" in line and "[control] group" in line, line
 
 
+@needs_users
 def test_a_refused_client_reads_its_refusal_and_a_clean_end(group_run: tuple[Path, User, User]):
     """However much a refused client sent first (here more than any bounded discard reads),
     the daemon's hang-up must not reset it: the refusal, then end of stream."""
@@ -212,3 +217,52 @@ def test_a_refused_client_reads_its_refusal_and_a_clean_end(group_run: tuple[Pat
         assert reply["ok"] is False and reply["error"]["code"] == "forbidden", reply
     with Client(sock) as client:
         assert client.request("status")["state"] == "running"
+
+
+class Bare:
+    """Just what ControlServer.start needs of a daemon."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def add_journal_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        pass
+
+
+def test_the_place_is_checked_again_at_bind(tmp_path: Path):
+    """A file that appears at the socket's path after the config was loaded is still not
+    unlinked: the bind refuses it with the same one line."""
+    run_dir = scripted_run(tmp_path / "run", "--steps", "10")
+    cfg = load_config(run_dir)
+    (run_dir / ".trainwarden").mkdir(mode=0o700)
+    precious = run_dir / ".trainwarden" / "control.sock"
+    precious.write_bytes(b"precious\n")
+    server = ControlServer(Bare(cfg))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="is a regular file, which the daemon never replaces"):
+        asyncio.run(server.start())
+    assert precious.read_bytes() == b"precious\n"
+
+
+def test_a_private_folder_of_ours_takes_the_socket_and_its_stale_one_is_replaced(
+    tmp_path: Path,
+):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    stale = private / "run.sock"
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(str(stale))  # bound, never listening, closed: nobody answers
+    leftover.close()
+    run_dir = scripted_run(
+        tmp_path / "run",
+        *("--steps", "100000000", "--save-every", "50", "--dt", "0.05"),
+        control={"socket": str(stale)},
+    )
+    daemon = DaemonProcess(run_dir)
+    daemon.socket = stale
+    try:
+        daemon.start()
+        assert daemon.wait_state("running", timeout=60)["state"] == "running"
+        assert stat.S_ISSOCK(stale.lstat().st_mode)
+        assert stat.S_IMODE(stale.lstat().st_mode) == 0o600
+    finally:
+        daemon.cleanup()
