@@ -90,6 +90,8 @@ def check_socket_place(
             f"{source}: 'control.socket' = {socket!r} is invalid: {why}; expected {valid}"
         )
 
+    if "\0" in socket:
+        raise bad("it contains a NUL byte, which no path can hold")
     name = path.name
     if name in ("", ".", ".."):
         raise bad("it names a folder, not a socket")

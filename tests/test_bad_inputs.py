@@ -242,6 +242,12 @@ CATALOGUE: list[Bad] = [
     ),
     Bad(
         "config",
+        "socket with a NUL byte",
+        TRAINER_OK + '[control]\nsocket = ".trainwarden/a\\u0000b.sock"\n',
+        "it contains a NUL byte",
+    ),
+    Bad(
+        "config",
         "socket folder missing",
         TRAINER_OK + "[control]\nsocket = 'nowhere/run.sock'\n",
         "'control.socket' = 'nowhere/run.sock' is invalid: its folder",
