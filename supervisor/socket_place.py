@@ -2,8 +2,8 @@
 
 The daemon binds only where nobody else can: in the run's `.trainwarden/` (which it
 creates and owns) or in a folder of the daemon's own user that gives others no access
-(and its group only the search bit, and only for [control] group when allow_uids is
-set). Whatever sits at the path must be absent or a socket of the daemon's user: the
+(nor its group, except read and search for [control] group when allow_uids is set: 0710
+or 0750). Whatever sits at the path must be absent or a socket of the daemon's user: the
 daemon replaces a stale socket of its own and never unlinks anything else. Clients rely
 on this (client.py): the uid that serves a socket is the owner of its folder.
 """
