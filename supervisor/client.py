@@ -1,7 +1,9 @@
 """The clients of the control socket: a blocking one for the CLI, an asyncio one for the TUI.
 
 Both speak the framing of wire.py and raise the errors of errors.py: DaemonNotRunning
-when nobody answers (or we may not use the socket), CommandRefused with the daemon's
+when nobody answers (or we may not use the socket), UntrustedServer when the uid that
+serves the socket (SO_PEERCRED) is not ours, root's or the socket folder's owner's (the
+daemon binds only in a folder of its own user, socket_place.py), CommandRefused with the daemon's
 error code, ProtocolError for a broken or closed connection. What a reply holds is
 described by the types in trainwarden.supervisor.protocol, which re-exports these
 clients; this module imports only wire.py and the errors, so it sits below protocol.py.
@@ -11,16 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import itertools
 import os
 import socket
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from trainwarden.supervisor.wire import MAX_LINE, connect_path, decode, encode
+from trainwarden.supervisor.errors import (
+    CommandRefused,
+    DaemonNotRunning,
+    ProtocolError,
+    UntrustedServer,
+)
+from trainwarden.supervisor.wire import MAX_LINE, connect_path, decode, encode, peer_uid
 
 CLOSED = "_closed"
 """The topic of the sentinel AsyncClient queues when the connection ends (never on the wire)."""
@@ -37,11 +46,56 @@ def not_running_message(socket_path: Path) -> str:
 def unreachable(socket_path: Path, exc: OSError) -> DaemonNotRunning:
     """The one-line error for a socket nobody answers on, or one we may not use."""
     if isinstance(exc, PermissionError):
-        return DaemonNotRunning(
-            f"permission denied on {socket_path}: run as the daemon's user or add your uid "
-            "to [control] allow_uids"
-        )
+        return DaemonNotRunning(f"permission denied on {socket_path}: {_denied_by(socket_path)}")
     return DaemonNotRunning(not_running_message(socket_path))
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _denied_by(socket_path: Path) -> str:
+    """What keeps us from the socket: a folder above it, its folder, or the socket."""
+    uid = os.getuid()
+    groups = ", ".join(_group(g) for g in sorted({os.getgid(), *os.getgroups()}))
+    folder = socket_path.parent
+    try:
+        st = os.stat(folder)
+        what = f"its folder {folder}"
+        if os.access(folder, os.X_OK):
+            st = os.stat(socket_path)
+            what = "the socket"
+        what += f" (mode {stat.S_IMODE(st.st_mode):04o}, group {_group(st.st_gid)})"
+    except OSError:
+        what = f"a folder above {folder}"
+    return (
+        f"{what} does not let uid {uid} in (your groups: {groups}); another user reaches a "
+        "daemon only when its [control] allow_uids lists them and its [control] group names "
+        "a group they are in (the folder is then 0710 and the socket 0660 in that group)"
+    )
+
+
+def _check_server(socket_path: Path, sock: socket.socket, folder_fd: int | None) -> None:
+    """UntrustedServer unless the socket is served by us, root, or its folder's owner."""
+    served_by = peer_uid(sock)
+    if served_by in (os.getuid(), 0):
+        return
+    try:
+        owner = (
+            os.fstat(folder_fd) if folder_fd is not None else os.stat(socket_path.parent)
+        ).st_uid
+    except OSError:
+        owner = None
+    if served_by == owner:
+        return
+    raise UntrustedServer(
+        f"{socket_path} is served by uid {served_by}, not by you (uid {os.getuid()}), root or "
+        f"its folder's owner (uid {owner}): another user may have taken the daemon's place; "
+        "nothing was sent"
+    )
 
 
 def _close(fd: int | None) -> None:
@@ -60,6 +114,10 @@ class Client:
         try:
             address, fd = connect_path(socket_path)  # a long path opens its folder: may fail too
             self._connect(address, timeout)
+            _check_server(socket_path, self.sock, fd)
+        except UntrustedServer:
+            self.sock.close()
+            raise
         except (
             FileNotFoundError,
             ConnectionRefusedError,
@@ -112,9 +170,14 @@ class Client:
         """Send one command; its result, or CommandRefused with the daemon's error.
         `on_progress` gets each progress line the daemon sends before the reply."""
         rid = next(self.ids)
-        self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
+        try:
+            self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before we asked: the refusal itself is still ours to read
         while True:
             message = self.read_message()
+            if message.get("id") is None and message.get("ok") is False:
+                return result_of(message)  # the connection itself was refused
             if message.get("id") != rid:
                 continue
             if "progress" in message:
@@ -149,6 +212,12 @@ class AsyncClient:
         try:
             address, fd = connect_path(self.socket_path)
             self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
+            try:
+                _check_server(self.socket_path, self.writer.get_extra_info("socket"), fd)
+            except UntrustedServer:
+                self.writer.close()
+                self.reader = self.writer = None
+                raise
         except (
             FileNotFoundError,
             ConnectionRefusedError,
@@ -175,6 +244,13 @@ class AsyncClient:
                     tell = self.progress.get(message.get("id", -1))
                     if tell is not None:
                         tell(str(message["progress"]))
+                    continue
+                if message.get("id") is None and message.get("ok") is False:
+                    # The connection itself was refused: no request of ours gets a reply.
+                    for waiting in self.pending.values():
+                        if not waiting.done():
+                            waiting.set_result(message)
+                    self.pending.clear()
                     continue
                 future = self.pending.pop(message.get("id", -1), None)
                 if future is not None and not future.done():

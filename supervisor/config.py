@@ -124,7 +124,9 @@ class ControlConfig:
     socket: str = ".trainwarden/control.sock"
     """Control socket path, relative to the run directory."""
     allow_uids: list[int] = field(default_factory=list)
-    """Other user ids allowed to connect (the daemon's own uid always is)."""
+    """Other user ids allowed to connect (the daemon's own uid always is); needs group."""
+    group: str | int | None = None
+    """Group (name or gid) given the socket and its folder so that allow_uids can reach them."""
 
 
 @dataclass(frozen=True)
@@ -398,6 +400,15 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         from trainwarden.supervisor.serve.metrics import parse_listen
 
         parse_listen(cfg.metrics.listen, allow_remote=cfg.metrics.allow_remote, source=str(path))
+    named = {
+        "run.log": cfg.run.log,
+        "checkpoints.dir": cfg.checkpoints.dir,
+        "control.socket": cfg.control.socket,
+        "mirror.path": cfg.mirror.path or "",
+    }
+    for key, value in named.items():
+        if "\0" in value:
+            raise bad(key, value, "a path; it contains a NUL byte, which no path can hold")
     for rel, key in ((cfg.run.log, "run.log"), (cfg.checkpoints.dir, "checkpoints.dir")):
         if Path(rel).is_absolute() or ".." in Path(rel).parts:
             raise bad(key, rel, "a path inside the run directory")
@@ -448,9 +459,13 @@ def _check_counts(path: Path, cfg: Config) -> None:
         raise _bad(path, "checkpoints.pinned", cfg.checkpoints.pinned, "a list of steps >= 0")
 
 
+FOLDERS_OWNED = frozenset({"the daemon's own folder", "the pivot archive", "the mirror"})
+
+
 def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
     """The paths the daemon (or the trainer, for its sidecars) writes, resolved, and what
-    each is: the run log may name none of them."""
+    each is: the run log may name none of them (nor anything inside the folders among
+    them, FOLDERS_OWNED)."""
     from trainwarden.supervisor.store.rundir import RunFiles
 
     files = RunFiles(cfg.run_dir)
@@ -490,7 +505,7 @@ def _check_paths(path: Path, cfg: Config) -> None:
         )
     resolved = Path(os.path.realpath(log))
     for owned, what in _owned_by_the_daemon(cfg).items():
-        if resolved == owned or owned in resolved.parents:
+        if resolved == owned or (what in FOLDERS_OWNED and owned in resolved.parents):
             via = "" if resolved == log else f" (it resolves to {resolved})"
             raise _bad(
                 path,
@@ -550,6 +565,27 @@ def check_trainer_program(cfg: Config) -> None:
         )
 
 
+def _check_control(path: Path, cfg: Config) -> None:
+    """The socket's group and place, as the daemon that binds it will need them."""
+    from trainwarden.supervisor.socket_place import (
+        check_group_member,
+        check_socket_place,
+        resolve_group,
+    )
+
+    control = cfg.control
+    if control.allow_uids and control.group is None:
+        raise ConfigError(
+            f"{path}: 'control.allow_uids' = {control.allow_uids!r} needs [control] group: "
+            "the group (name or gid) the socket is given so that those users can reach it, "
+            'for example group = "trainers" (each allowed user must be a member)'
+        )
+    gid = resolve_group(path, control.group)
+    if gid is not None:
+        check_group_member(path, gid)
+    check_socket_place(path, cfg.run_dir, control.socket, gid if control.allow_uids else None)
+
+
 def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message.
 
@@ -584,5 +620,6 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     _check_ranges(path, cfg)
     if check_plugins:
         _check_trainer_command(path, cfg)
+        _check_control(path, cfg)
         check_installed(path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)
     return cfg

@@ -37,6 +37,10 @@ class DaemonNotRunning(TrainwardenError):
     """No daemon answers on the run's control socket."""
 
 
+class UntrustedServer(DaemonNotRunning):
+    """The socket is served by another user than ours, root or its folder's owner."""
+
+
 class LockHeld(TrainwardenError):
     """Another daemon already supervises this run directory."""
 

@@ -8,6 +8,8 @@ module imports only the standard library, orjson and the errors.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,3 +57,11 @@ def connect_path(path: Path) -> tuple[str, int | None]:
         return text, None
     fd = os_open_dir(path.parent)
     return f"/proc/self/fd/{fd}/{path.name}", fd
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket (SO_PEERCRED:
+    for a client, the uid that listens)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)

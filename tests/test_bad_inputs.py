@@ -23,6 +23,9 @@ Surfaces:
     policy_file  a corrupt RUN/policy.json given to the reference trainer: exit 2, one line
     print        text from the run (its name, a trainer's words) as the command line prints
                  it: shown, with every terminal escape and control character taken out
+    socket       a file, folder, link or another user's socket planted where [control] socket
+                 points (or its folder open to others): `daemon RUN` exits 2 with one line;
+                 the planted thing is untouched
 """
 
 from __future__ import annotations
@@ -410,6 +413,102 @@ CATALOGUE: list[Bad] = [
         "characters)' is invalid: expected a name of 1 to 200 characters",
     ),
     Bad("config", "blank run name", '[run]\nname = "  "\n' + TRAINER_OK, "'run.name' = '  '"),
+    # ------------------------------------------------------------------ control socket
+    # config: [control] rows checked at load; socket: a thing planted at or around the
+    # socket's path first (see test_socket_place), which must survive untouched.
+    Bad(
+        "config",
+        "socket on a checkpoint",
+        TRAINER_OK + "[control]\nsocket = 'checkpoints/step_000010.bin'\n",
+        "'control.socket' = 'checkpoints/step_000010.bin' is invalid",
+    ),
+    Bad(
+        "config",
+        "socket is /",
+        TRAINER_OK + "[control]\nsocket = '/'\n",
+        "'control.socket' = '/' is invalid: it names a folder, not a socket",
+    ),
+    Bad(
+        "config",
+        "socket name too long",
+        TRAINER_OK + f"[control]\nsocket = '.trainwarden/{'s' * 90}.sock'\n",
+        "more than a Unix socket address can hold",
+    ),
+    Bad(
+        "config",
+        "socket with a NUL byte",
+        TRAINER_OK + '[control]\nsocket = ".trainwarden/a\\u0000b.sock"\n',
+        "it contains a NUL byte",
+    ),
+    Bad(
+        "config",
+        "socket folder missing",
+        TRAINER_OK + "[control]\nsocket = 'nowhere/run.sock'\n",
+        "'control.socket' = 'nowhere/run.sock' is invalid: its folder",
+    ),
+    Bad(
+        "config",
+        "allow_uids without group",
+        TRAINER_OK + "[control]\nallow_uids = [12345]\n",
+        "'control.allow_uids' = [12345] needs [control] group",
+    ),
+    Bad(
+        "config",
+        "group that does not exist",
+        TRAINER_OK + "[control]\nallow_uids = [12345]\ngroup = 'tw-no-such-group'\n",
+        "'control.group' = 'tw-no-such-group' is invalid: there is no such group",
+    ),
+    Bad(
+        "socket",
+        "a file outside the run",
+        {"socket": "../outside.txt", "plant": ("file", "outside.txt")},
+        "is a regular file, which the daemon never replaces",
+    ),
+    Bad(
+        "socket",
+        "another user's socket",
+        {
+            "socket": ".trainwarden/control.sock",
+            "plant": ("foreign socket", "run/.trainwarden/control.sock"),
+        },
+        "is a socket of uid 65534, which the daemon never replaces",
+    ),
+    Bad(
+        "socket",
+        "another user's file",
+        {
+            "socket": ".trainwarden/control.sock",
+            "plant": ("foreign file", "run/.trainwarden/control.sock"),
+        },
+        "is a regular file, which the daemon never replaces",
+    ),
+    Bad(
+        "socket",
+        "a folder at the path",
+        {
+            "socket": ".trainwarden/control.sock",
+            "plant": ("folder", "run/.trainwarden/control.sock"),
+        },
+        "is a folder, which the daemon never replaces",
+    ),
+    Bad(
+        "socket",
+        "a link at the path",
+        {"socket": ".trainwarden/control.sock", "plant": ("link", "run/.trainwarden/control.sock")},
+        "is a symbolic link, which the daemon never replaces",
+    ),
+    Bad(
+        "socket",
+        "a folder open to all",
+        {"socket": "../shared/run.sock", "plant": ("open folder", "shared")},
+        "is open to others (mode 0777)",
+    ),
+    Bad(
+        "socket",
+        "another user's folder",
+        {"socket": "../theirs/run.sock", "plant": ("foreign folder", "theirs")},
+        "belongs to uid 65534, not the daemon's",
+    ),
     # ------------------------------------------------------------------ cli
     Bad("cli", "no command", [], "the following arguments are required", code=2),
     Bad("cli", "unknown command", ["frobnicate"], "invalid choice: 'frobnicate'", code=2),
@@ -1219,3 +1318,59 @@ def test_policy_file(row: Bad, tmp_path: Path):
     line = one_line(result.stderr)
     assert line.startswith("trainer: ") and row.expect in line, line
     assert not (run_dir / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------------- socket
+
+
+def plant_for_socket(kind: str, where: Path) -> None:
+    """Plant `kind` at `where` (owned by nobody, uid 65534, when it says "foreign")."""
+    where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if kind in ("file", "foreign file"):
+        where.write_bytes(b"precious\n")
+    elif kind == "foreign socket":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(where))
+        sock.close()
+    elif kind == "folder":
+        where.mkdir()
+    elif kind == "link":
+        (where.parent / "target.txt").write_bytes(b"precious\n")
+        where.symlink_to(where.parent / "target.txt")
+    elif kind == "open folder":
+        where.mkdir()
+        os.chmod(where, 0o777)
+    elif kind == "foreign folder":
+        where.mkdir(mode=0o700)
+    if kind.startswith("foreign"):
+        os.chown(where, 65534, 65534)
+
+
+def looks(path: Path) -> tuple[int, int, int, bytes | None]:
+    st = path.lstat()
+    data = path.read_bytes() if stat.S_ISREG(st.st_mode) else None
+    return st.st_mode, st.st_uid, st.st_ino, data
+
+
+@pytest.mark.parametrize("row", rows("socket"))
+def test_socket_place(row: Bad, tmp_path: Path):
+    if os.geteuid() != 0 and "foreign" in row.input["plant"][0]:
+        pytest.skip("needs root to plant another user's file")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    keep = run_dir / "checkpoints" / "step_000010.bin"
+    keep.write_bytes(ckpt(10))
+    (run_dir / "trainwarden.toml").write_text(
+        TRAINER_OK + f"[control]\nsocket = {json.dumps(row.input['socket'])}\n"
+    )
+    kind, rel = row.input["plant"]
+    planted = tmp_path / rel
+    plant_for_socket(kind, planted)
+    before = looks(planted)
+    result = cli("daemon", str(run_dir), timeout=20)
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert row.expect in line and "trainwarden.toml" in line and "control.socket" in line, line
+    assert looks(planted) == before, "the daemon touched what sat at the socket's path"
+    assert keep.read_bytes() == ckpt(10)
+    assert not (run_dir / "training.log").exists()

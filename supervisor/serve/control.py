@@ -36,6 +36,7 @@ from trainwarden.supervisor.protocol import (
     encode,
 )
 from trainwarden.supervisor.serve.supervised import Supervised
+from trainwarden.supervisor.socket_place import SocketPlace, check_socket_place, resolve_group
 from trainwarden.supervisor.store.journal import tail_records
 
 log = logging.getLogger("trainwarden.control")
@@ -50,25 +51,25 @@ PRE_EMPT = {"stop": ("save",), "shutdown": ("save",)}
 """Acting commands that may start while another waits, and whose waits they end."""
 
 
-async def _discard_briefly(reader: asyncio.StreamReader) -> None:
-    """Read and drop what a refused client already sent (bounded in bytes and time).
+async def _hang_up_after(
+    reply: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Send a refused client its one reply and hang up without resetting it.
 
-    A Unix socket closed with unread data resets the peer, which would then lose the
-    refusal it has not read yet; after our half-close it reads the reply and hangs up.
+    A Unix socket closed with unread data resets its peer, whose reads then fail instead
+    of ending, and it may lose the reply. Reading "briefly" first does not settle that: a
+    client (or a loaded loop) can be slower than any deadline. So shut our reading side,
+    after which nothing more can be queued to us, read to its end what already was (at
+    most a socket buffer, and the end comes at once), and only then close.
     """
-    deadline = asyncio.get_running_loop().time() + 1.0
-    left = 1 << 16
-    while left > 0:
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
-            return
-        try:
-            chunk = await asyncio.wait_for(reader.read(left), remaining)
-        except (TimeoutError, OSError):
-            return
-        if not chunk:
-            return
-        left -= len(chunk)
+    writer.write(reply)
+    await writer.drain()
+    writer.write_eof()
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.shutdown(socket.SHUT_RD)
+    while await asyncio.wait_for(reader.read(1 << 16), 5.0):
+        pass
 
 
 class Outbox:
@@ -205,13 +206,22 @@ class ControlServer:
     # -------------------------------------------------------------- socket setup
 
     async def start(self) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cfg = self.daemon.cfg
+        # Checked again at bind: the folder may have changed since the config was loaded.
+        gid = resolve_group(cfg.path, cfg.control.group) if cfg.control.allow_uids else None
+        place = check_socket_place(cfg.path, cfg.run_dir, cfg.control.socket, gid)
+        self.path = place.path
+        if place.state_dir is not None:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._open_state_folders(place)
         if self.path.exists() or self.path.is_symlink():
+            # check_socket_place found a socket of ours here: live (another daemon) or stale.
             if await self._answers():
                 raise LockHeld(f"a live daemon already answers on {self.path}")
             self.path.unlink()
         address, fd = connect_path(self.path)
-        old_umask = os.umask(0o177)
+        socket_mode = 0o600 if gid is None else 0o660
+        old_umask = os.umask(0o777 & ~socket_mode)
         try:
             self.server = await asyncio.start_unix_server(
                 self._serve, address, limit=MAX_LINE + 1, backlog=512
@@ -220,8 +230,25 @@ class ControlServer:
             os.umask(old_umask)
             if fd is not None:
                 os.close(fd)
-        os.chmod(self.path, 0o600)
+        if gid is not None:
+            os.chown(self.path, -1, gid)
+        os.chmod(self.path, socket_mode)
         self.daemon.add_journal_listener(lambda record: self.publish("events", record))
+
+    @staticmethod
+    def _open_state_folders(place: SocketPlace) -> None:
+        """The folders from .trainwarden/ down to the socket's: 0700, or searchable by the
+        allowed users' group (0710: they reach the socket, and list nothing)."""
+        assert place.state_dir is not None
+        folder = place.path.parent
+        for d in [folder, *folder.parents]:
+            if place.gid is None:
+                os.chmod(d, 0o700)
+            else:
+                os.chown(d, -1, place.gid)
+                os.chmod(d, 0o710)
+            if d == place.state_dir:
+                break
 
     async def _answers(self) -> bool:
         address, fd = connect_path(self.path)
@@ -280,12 +307,7 @@ class ControlServer:
                 else ("busy", f"too many connections ({MAX_CONNECTIONS}); try again later")
             )
             with contextlib.suppress(Exception):
-                writer.write(
-                    encode({"id": None, "ok": False, "error": {"code": code, "message": why}})
-                )
-                await writer.drain()
-                writer.write_eof()
-                await _discard_briefly(reader)
+                await _hang_up_after(encode(_error(None, code, why)), reader, writer)
             writer.close()
             return
         conn = Connection(writer, uid)
