@@ -24,6 +24,7 @@ from bench import (
     divergence,
     follow_rates,
     history,
+    long_runs,
     overhead,
     parse_suite,
     report,
@@ -43,6 +44,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "parse": (parse_suite.TITLE, parse_suite.run),
     "follow": (follow_rates.TITLE, follow_rates.run),
     "torch-verify": (torch_verify.TITLE, torch_verify.run),
+    "long-runs": (long_runs.TITLE, long_runs.run),
 }
 
 
