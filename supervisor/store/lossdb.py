@@ -152,7 +152,9 @@ def _decode_row(line: bytes) -> tuple[int, float, float, float, int] | None:
 
 
 class _Live:
-    """Rows held in memory: five typed arrays (40 bytes a step)."""
+    """Rows held in memory: five typed arrays (40 bytes a step), and frozen numpy copies
+    of their steps and losses for snapshots, in chunks whose sizes halve towards the end,
+    so a snapshot copies only the rows since the last one (and O(log n) chunks)."""
 
     def __init__(self) -> None:
         self.step = array("q")
@@ -160,6 +162,34 @@ class _Live:
         self.dt = array("d")  # nan when the step's dt is unknown
         self.t = array("d")
         self.seg = array("q")
+        self._frozen: list[tuple[np.ndarray, np.ndarray]] = []
+        self._frozen_rows = 0
+
+    def touched(self, i: int) -> None:
+        """Row i was replaced or inserted: frozen chunks from it on are stale."""
+        if i >= self._frozen_rows:
+            return
+        kept, rows = [], 0
+        for chunk in self._frozen:
+            if rows + len(chunk[0]) > i:
+                break
+            kept.append(chunk)
+            rows += len(chunk[0])
+        self._frozen, self._frozen_rows = kept, rows
+
+    def frozen(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Immutable (steps, losses) chunks covering every row now."""
+        n, m = len(self.step), self._frozen_rows
+        if n > m:
+            # frombuffer + copy: one memcpy of the new rows (np.array converts item by item).
+            step = np.frombuffer(self.step, np.int64)[m:n].copy()
+            self._frozen.append((step, np.frombuffer(self.loss, np.float64)[m:n].copy()))
+            self._frozen_rows = n
+            chunks = self._frozen
+            while len(chunks) > 1 and 2 * len(chunks[-1][0]) >= len(chunks[-2][0]):
+                (s1, l1), (s2, l2) = chunks[-2:]
+                chunks[-2:] = [(np.concatenate([s1, s2]), np.concatenate([l1, l2]))]
+        return list(self._frozen)
 
     def columns(self) -> tuple[array[Any], ...]:
         return self.step, self.loss, self.dt, self.t, self.seg
@@ -376,9 +406,11 @@ class LossHistory:
             if exact:
                 if seg >= part.seg[i]:
                     part.loss[i], part.dt[i], part.t[i], part.seg[i] = loss, dt_value, t, seg
+                    part.touched(i)
                 return
             for column, value in zip(part.columns(), row, strict=True):
                 column.insert(i, value)
+            part.touched(i)
             return
         if exact and seg < part.base[4][part.lo + i]:
             return
@@ -466,13 +498,14 @@ class LossHistory:
 
     def snapshot(self) -> HistoryView:
         """An immutable view for a query in another thread: mapped ranges as they are
-        (never written), the memory rows' steps and losses copied."""
+        (never written), the memory rows' steps and losses as frozen copies (only rows new
+        or changed since the last snapshot are copied)."""
         parts = []
         for part in self._parts:
             if isinstance(part, _Mapped):
                 parts.append((part.step, part.base[1][part.lo : part.hi]))
             else:
-                parts.append((np.array(part.step, np.int64), np.array(part.loss, np.float64)))
+                parts.extend(part.frozen())
         return HistoryView(parts)
 
     def query(

@@ -112,9 +112,15 @@ def test_a_history_over_its_cache_answers_as_the_file_alone(
     assert [(r.step, r.seg) for r in over_cache] == [
         (s, reference[s][1]) for s in sorted(reference)
     ]
-    for step, loss, seg in live:  # live steps, replays among them, split mapped ranges
+    before = over_cache.snapshot()
+    before_answer = before.query(None, None, 7)
+    for i, (step, loss, seg) in enumerate(live):  # live steps, replays, split mapped ranges
         over_cache.add(step, loss, 0.1, 2e9, seg)
         alone.add(step, loss, 0.1, 2e9, seg)
+        if i % 3 == 0:  # snapshots between changes: only what changed is copied again
+            want = reference_query(resolved(records + live[: i + 1]), None, None, 7)
+            assert_same_query(over_cache.query(None, None, 7), want)
+    assert before.query(None, None, 7) == before_answer  # a snapshot never changes
     same_history(over_cache, alone)
     rows = resolved(records + live)
     assert_same_query(
