@@ -15,7 +15,9 @@ Also here: the resume audit, which compares replayed losses with the ones they s
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import operator
 import os
 from array import array
@@ -640,6 +642,8 @@ class HistoryView:
                 _reduce(
                     steps[a:b], losses[a:b], edges, low, high, total, finite_n, rows_n, first_of
                 )
+                _release(steps)
+                _release(losses)
         used = np.flatnonzero(rows_n)
         has_finite = finite_n[used] > 0
         mean = np.divide(total[used], finite_n[used], out=np.zeros(len(used)), where=has_finite)
@@ -660,6 +664,18 @@ class HistoryView:
             ),
             **summary,
         }
+
+
+def _release(column: np.ndarray) -> None:
+    """Drop a mapped column's pages from this process's resident memory (they stay in the
+    page cache, a later read maps them again): a scan over weeks of steps would otherwise
+    leave them all counted in the daemon's RSS."""
+    holder: Any = column
+    while holder is not None and not isinstance(holder, mmap.mmap):
+        holder = getattr(holder, "base", None)
+    if holder is not None:
+        with contextlib.suppress(OSError, ValueError):
+            holder.madvise(mmap.MADV_DONTNEED)
 
 
 def _buckets(
