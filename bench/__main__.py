@@ -3,8 +3,8 @@
     python -m bench [--quick] [--out DIR] [--only KEY,...]
 
 Full mode takes under 13 minutes on 2 CPU cores without a GPU (3 of them the 18M-step
-history of long_runs); --quick (fewer samples,
-shorter windows, smaller files) under 2 minutes, for CI to keep the suite working.
+history of long_runs); --quick (fewer samples, shorter windows, smaller files) under 2
+minutes, for CI to keep the suite working.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ cache), a second start (over the cache), RSS after each, the `history` round tri
 
 from __future__ import annotations
 
+import math
 import shutil
 import statistics
 import threading
@@ -108,8 +109,12 @@ def nan_under_hammering(ctx: Context, run_dir: Path, samples: int) -> dict[str, 
         done.set()
         for thread in threads:
             thread.join(120.0)
+        rss_after = rss_mb(daemon.pid) if daemon.alive else math.nan
+        peak = rss_mb(daemon.pid, "VmHWM") if daemon.alive else math.nan
         daemon.stop()
     return {
+        "rss_after_queries_mb": rss_after,
+        "peak_rss_mb": peak,
         "nan_ms": latency_summary(latencies) if latencies else None,
         "query_ms": alone_ms,
         "hammer_queries": len(answered),
@@ -153,7 +158,8 @@ def run(ctx: Context) -> Section:
             "`.trainwarden/loss-cache/`; second start = over that cache. Start-up is spawning "
             "-> `hello` answered; RSS right after. `history` = points=1000 over the whole "
             f"range, median round trip. NaN -> killed: while {HAMMERS} clients send `history` "
-            "back to back, from the NaN line's write to the trainer's death."
+            "back to back, from the NaN line's write to the trainer's death; RSS right after the "
+            "hammering, and the peak (VmHWM) of that daemon."
         ),
         header=[
             "logged steps",
@@ -165,6 +171,7 @@ def run(ctx: Context) -> Section:
             "history ms",
             "history ms (hammered)",
             "NaN -> killed p50 / max ms",
+            "RSS MB after the queries / peak",
         ],  # fmt: skip
     )
     for f in rows:
@@ -180,6 +187,7 @@ def run(ctx: Context) -> Section:
                 f"{f['query_ms']:.1f}",
                 "-" if f["hammer_query_ms"] is None else f"{f['hammer_query_ms']:.1f}",
                 "-" if nan is None else f"{nan['p50_ms']:.0f} / {nan['max_ms']:.0f}",
+                f"{f['rss_after_queries_mb']:.0f} / {f['peak_rss_mb']:.0f}",
             ]
         )
     section.raw = {"sizes": rows}
@@ -200,9 +208,10 @@ def run(ctx: Context) -> Section:
             why,
         ),
         Target(
-            "18M-step history: daemon RSS < 300 MB",
-            shown(lambda f: f"{f['warm']['rss_mb']:.0f} MB"),
-            judged(lambda f: f["warm"]["rss_mb"] < 300),
+            "18M-step history: daemon RSS < 300 MB (at start-up over the cache, and after the "
+            "hammered queries)",
+            shown(lambda f: f"{f['warm']['rss_mb']:.0f} / {f['rss_after_queries_mb']:.0f} MB"),
+            judged(lambda f: max(f["warm"]["rss_mb"], f["rss_after_queries_mb"]) < 300),
             why,
         ),
         Target(
