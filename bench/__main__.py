@@ -2,8 +2,9 @@
 
     python -m bench [--quick] [--out DIR] [--only KEY,...]
 
-Full mode takes under 10 minutes on 2 CPU cores without a GPU; --quick (fewer samples,
-shorter windows, smaller files) under 2 minutes, for CI to keep the suite working.
+Full mode takes under 13 minutes on 2 CPU cores without a GPU (3 of them the 18M-step
+history of long_runs); --quick (fewer samples, shorter windows, smaller files) under 2
+minutes, for CI to keep the suite working.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bench import (
     divergence,
     follow_rates,
     history,
+    long_runs,
     overhead,
     parse_suite,
     report,
@@ -43,6 +45,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "parse": (parse_suite.TITLE, parse_suite.run),
     "follow": (follow_rates.TITLE, follow_rates.run),
     "torch-verify": (torch_verify.TITLE, torch_verify.run),
+    "long-runs": (long_runs.TITLE, long_runs.run),
 }
 
 

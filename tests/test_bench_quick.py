@@ -28,6 +28,7 @@ HEADINGS = [
     "## 7. Log following at 10, 100 and 10,000 lines/s",
     "## 8. Checkpoint verification (andrea-bin)",
     "## 9. Checkpoint verification (torch-pt), per checkpoint",
+    "## 10. Long runs",
 ]
 
 pytestmark = pytest.mark.skipif(

@@ -366,6 +366,8 @@ class ControlServer:
                     )
                     return
                 result = handler(conn, args)
+                if asyncio.iscoroutine(result):  # answered off the loop (history)
+                    result = await result
         except CommandError as exc:
             conn.outbox.put(_error(rid, exc.code, str(exc)))
             return
@@ -450,11 +452,11 @@ class ControlServer:
         n = _int_arg(args, "n", 50, 1, 100_000)
         return {"events": tail_records(self.daemon.files.journal, n)}
 
-    def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
         start = _int_arg(args, "start", None, 0, MAX_STEP)
         end = _int_arg(args, "end", None, 0, MAX_STEP)
         points = _int_arg(args, "points", 200, 1, 100_000)
-        return self.daemon.history_query(start, end, points)
+        return await self.daemon.history_query(start, end, points)
 
     def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
         topics = args.get("topics", list(TOPICS))

@@ -31,7 +31,9 @@ class Supervised(Protocol):
 
     def state_view(self) -> dict[str, Any]: ...
 
-    def history_query(self, start: int | None, end: int | None, points: int) -> Any: ...
+    async def history_query(self, start: int | None, end: int | None, points: int) -> Any:
+        """The decimated loss history (computed off the event loop)."""
+        ...
 
     def snapshot(self, topic: str) -> Any:
         """The newest frame of a telemetry topic."""

@@ -499,9 +499,9 @@ class Daemon:
         assert self.journal is not None
         self.journal.listeners.append(listener)
 
-    def history_query(self, start: int | None, end: int | None, points: int) -> Any:
+    async def history_query(self, start: int | None, end: int | None, points: int) -> Any:
         assert self.hub is not None
-        return self.hub.history_query(start, end, points)
+        return await self.hub.history_query(start, end, points)
 
     def snapshot(self, topic: str) -> Any:
         assert self.hub is not None

@@ -6,6 +6,7 @@ bandit and sample files, and the topics they are published on.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -32,6 +33,11 @@ PUBLISH_INTERVAL_S = 0.2
 OFFSET_SAVE_INTERVAL_S = 1.0
 STRAY_INTERVAL_S = 5.0
 """At most one `stray_output` record per this many seconds while lines keep coming."""
+CACHE_MIN_ROWS = 100_000
+"""A start-up that parsed this many rows past the loss cache writes a new one first."""
+CACHE_REFRESH_ROWS = 1_000_000
+"""Logged rows after which the loss cache is rebuilt (in a thread), so a start-up after
+a crash parses at most about this many lines."""
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
 
 
@@ -84,18 +90,58 @@ class TelemetryHub:
         self._stray_handle: asyncio.TimerHandle | None = None
         self._loss_full_since: float | None = None
         """When .loss.json last had no space for its lines (None: it has)."""
+        self._history_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="history"
+        )
+        """History queries and cache rebuilds, one at a time, off the event loop."""
+        self._rows_since_cache = 0
+        self._cache_job: asyncio.Future[bool] | None = None
 
     # -------------------------------------------------------------- history and log
 
     def load_history(self, seg: int) -> None:
         """Rebuild telemetry from .loss.json (not the whole log) at daemon start."""
         self.seg = seg
-        self.history = LossHistory.load(self.files.loss_history)
+        path, cache = self.files.loss_history, self.loss_cache_dir
+        self.history = LossHistory.load(path, cache)
+        if self.history.parsed_rows >= CACHE_MIN_ROWS and self._save_cache(self.history):
+            # Reopen over the new cache: the rows just parsed leave memory for its maps.
+            self.history = LossHistory.load(path, cache)
         for step, loss, dt, t in self.history.recent(self.cfg.telemetry.window * 2):
             self.monitor.observe(step, loss, dt, t)
         self.last_step = self.history.last_step
         self.writer = LossWriter(self.files.loss_history)
         self._note_loss_space()
+
+    @property
+    def loss_cache_dir(self) -> Path:
+        return self.files.state_dir / "loss-cache"
+
+    def _save_cache(self, history: LossHistory) -> bool:
+        try:
+            return history.save_cache(self.files.loss_history, self.loss_cache_dir)
+        except OSError as exc:
+            # Only a start-up's speed depends on the cache: the run goes on without it.
+            log.warning("could not write the loss cache in %s: %s", self.loss_cache_dir, exc)
+            return False
+
+    def _rebuild_cache(self) -> bool:
+        """In the history thread: the cache for what .loss.json holds now."""
+        return self._save_cache(LossHistory.load(self.files.loss_history, self.loss_cache_dir))
+
+    def _count_for_cache(self, rows: int) -> None:
+        self._rows_since_cache += rows
+        if self._rows_since_cache < CACHE_REFRESH_ROWS or self._cache_job is not None:
+            return
+        self._rows_since_cache = 0
+        job = self.loop.run_in_executor(self._history_thread, self._rebuild_cache)
+        self._cache_job = job
+        job.add_done_callback(self._cache_rebuilt)
+
+    def _cache_rebuilt(self, job: asyncio.Future[bool]) -> None:
+        self._cache_job = None
+        if not job.cancelled() and job.exception() is not None:
+            log.warning("loss cache rebuild failed: %r", job.exception())
 
     def history_last_step(self) -> int | None:
         return self.history.last_step
@@ -149,6 +195,7 @@ class TelemetryHub:
         if rows and self.writer is not None:
             self.writer.append_many(rows)
             self._note_loss_space()
+            self._count_for_cache(len(rows))
         self._save_offset()
         self._schedule_publish()
 
@@ -259,9 +306,17 @@ class TelemetryHub:
         self.audit_result = fields
         self.journal.append(kind, fields)
 
-    def history_query(self, start: int | None, end: int | None, points: int) -> dict[str, Any]:
-        result = self.history.query(start, end, points)
-        result["markers"] = self._markers()
+    async def history_query(
+        self, start: int | None, end: int | None, points: int
+    ) -> dict[str, Any]:
+        """Decimated in the history thread over a snapshot, so the loop keeps deciding on
+        steps however long the run (and however many clients ask)."""
+        view = self.history.snapshot()
+
+        def answer() -> dict[str, Any]:
+            return {**view.query(start, end, points), "markers": self._markers()}
+
+        result = await self.loop.run_in_executor(self._history_thread, answer)
         result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
         return result
 
@@ -427,6 +482,8 @@ class TelemetryHub:
     def close(self) -> None:
         if self._sampler_task is not None:
             self._sampler_task.cancel()
+        # A cache rebuild under way finishes (its manifest rename is what makes it count).
+        self._history_thread.shutdown(wait=False, cancel_futures=True)
         if self.follower is not None:
             self.follower.read_new()
             self.follower.stop()

@@ -15,10 +15,12 @@ Also here: the resume audit, which compares replayed losses with the ones they s
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import operator
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -26,8 +28,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import orjson
 
+from trainwarden.supervisor.store import losscache
 from trainwarden.supervisor.store.appendfile import AppendFile
 
 LOAD_CHUNK_BYTES = 1 << 20
@@ -152,38 +156,148 @@ def _decode_row(line: bytes) -> tuple[int, float, float, float, int] | None:
         return None
 
 
-class LossHistory:
-    """Steps in order with the newest segment's loss for each, held in flat arrays.
+class _Live:
+    """Rows held in memory: five typed arrays (40 bytes a step), and frozen numpy copies
+    of their steps and losses for snapshots, in chunks whose sizes halve towards the end,
+    so a snapshot copies only the rows since the last one (and O(log n) chunks)."""
 
-    Five typed arrays (40 bytes a step) instead of objects per step, so a 200,000-step
-    history takes 8 MB, and queries run over contiguous slices.
+    def __init__(self) -> None:
+        self.step = array("q")
+        self.loss = array("d")
+        self.dt = array("d")  # nan when the step's dt is unknown
+        self.t = array("d")
+        self.seg = array("q")
+        self._frozen: list[tuple[np.ndarray, np.ndarray]] = []
+        self._frozen_rows = 0
+
+    def touched(self, i: int) -> None:
+        """Row i was replaced or inserted: frozen chunks from it on are stale."""
+        if i >= self._frozen_rows:
+            return
+        kept, rows = [], 0
+        for chunk in self._frozen:
+            if rows + len(chunk[0]) > i:
+                break
+            kept.append(chunk)
+            rows += len(chunk[0])
+        self._frozen, self._frozen_rows = kept, rows
+
+    def frozen(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Immutable (steps, losses) chunks covering every row now."""
+        n, m = len(self.step), self._frozen_rows
+        if n > m:
+            # frombuffer + copy: one memcpy of the new rows (np.array converts item by item).
+            step = np.frombuffer(self.step, np.int64)[m:n].copy()
+            self._frozen.append((step, np.frombuffer(self.loss, np.float64)[m:n].copy()))
+            self._frozen_rows = n
+            chunks = self._frozen
+            while len(chunks) > 1 and 2 * len(chunks[-1][0]) >= len(chunks[-2][0]):
+                (s1, l1), (s2, l2) = chunks[-2:]
+                chunks[-2:] = [(np.concatenate([s1, s2]), np.concatenate([l1, l2]))]
+        return list(self._frozen)
+
+    def columns(self) -> tuple[array[Any], ...]:
+        return self.step, self.loss, self.dt, self.t, self.seg
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def append(self, step: int, loss: float, dt: float, t: float, seg: int) -> None:
+        self.step.append(step)
+        self.loss.append(loss)
+        self.dt.append(dt)
+        self.t.append(t)
+        self.seg.append(seg)
+
+    def extend(self, columns: tuple[Any, ...]) -> None:
+        for mine, theirs in zip(self.columns(), columns, strict=True):
+            mine.extend(theirs.tolist() if isinstance(theirs, np.ndarray) else theirs)
+
+    def index(self, step: int) -> int:
+        return bisect_left(self.step, step)
+
+    def rows(self, i0: int, i1: int) -> Iterator[tuple[int, float, float, float, int]]:
+        return zip(*(c[i0:i1] for c in self.columns()), strict=True)
+
+
+class _Mapped:
+    """Rows lo..hi of the cache's mapped columns: read-only, never copied into memory."""
+
+    def __init__(self, columns: tuple[np.ndarray, ...], lo: int, hi: int) -> None:
+        self.base = columns
+        self.lo, self.hi = lo, hi
+        self.step = columns[0][lo:hi]
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        return tuple(c[self.lo : self.hi] for c in self.base)
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def index(self, step: int) -> int:
+        return int(np.searchsorted(self.step, step, side="left"))
+
+    def rows(self, i0: int, i1: int) -> Iterator[tuple[int, float, float, float, int]]:
+        lo = self.lo
+        return zip(*(c[lo + i0 : lo + i1].tolist() for c in self.base), strict=True)
+
+
+_Part = _Live | _Mapped
+
+
+class LossHistory:
+    """Steps in order with the newest segment's loss for each, held in flat columns.
+
+    The rows are a sequence of parts, steps increasing across them: ranges of the binary
+    cache's mapped columns (losscache; their pages belong to the page cache, so a run of
+    weeks costs the daemon little resident memory) and rows in memory (typed arrays, 40
+    bytes a step) for what was parsed or logged since. A step that lands inside a mapped
+    range splits it: the mapped columns are never written, which is what lets a query read
+    them from another thread (snapshot()).
     """
 
     def __init__(self) -> None:
-        self._step = array("q")
-        self._loss = array("d")
-        self._dt = array("d")  # nan when the step's dt is unknown
-        self._t = array("d")
-        self._seg = array("q")
+        self._parts: list[_Part] = []
         self.load_stats = LoadStats(0, 0, False, 0)
+        self.parsed_bytes = 0
+        """How much of the file load() resolved (up to its last complete line)."""
+        self.parsed_rows = 0
+        """Rows load() parsed from the file itself rather than took from the cache."""
+        self._unterminated = False
+        self._changed = False
 
     @classmethod
-    def load(cls, path: Path | str) -> LossHistory:
-        """Read a history file (missing: empty). Damaged lines are skipped and counted."""
+    def load(cls, path: Path | str, cache_dir: Path | None = None) -> LossHistory:
+        """Read a history file (missing: empty). Damaged lines are skipped and counted.
+
+        With `cache_dir`, a valid cache (losscache) stands for the prefix it resolves and
+        only the lines after it are parsed.
+        """
         history = cls()
+        offset = 0
+        base_stats = {"lines": 0, "garbage": 0, "superseded": 0}
+        cached = losscache.load(cache_dir, Path(path)) if cache_dir is not None else None
+        if cached is not None:
+            offset = cached.prefix_bytes
+            base_stats = cached.stats
+        raw = _Live()
         n_lines = garbage = 0
         tail = b""
         try:
             with open(path, "rb") as f:
+                f.seek(offset)
                 # Chunks rather than one read: the peak memory of a start-up stays a few MB
                 # above the arrays themselves however long the run has been.
                 while chunk := f.read(LOAD_CHUNK_BYTES):
+                    offset += len(chunk)
                     lines = (tail + chunk).split(b"\n")
                     tail = lines.pop()  # unterminated: completed by the next chunk, or torn
                     n_lines += len(lines)
-                    garbage += history._read_lines(lines)
+                    garbage += _read_lines(raw, lines)
         except FileNotFoundError:
             return history
+        history.parsed_bytes = offset - len(tail)
+        history.parsed_rows = len(raw)
         torn = False
         if tail.strip():
             n_lines += 1
@@ -191,135 +305,293 @@ class LossHistory:
             if row is None:
                 torn = True
             else:  # a complete record that only lost its newline
-                history._append(*row)
-        superseded = history._keep_newest_segments()
-        history.load_stats = LoadStats(n_lines, garbage, torn, superseded)
+                raw.append(*row)
+                history._unterminated = True
+        raw, superseded = _keep_newest_segments(raw)
+        if cached is not None and len(cached.columns[0]):
+            superseded += history._lay_over(cached.columns, raw)
+        elif len(raw):
+            history._parts = [raw]
+        history.load_stats = LoadStats(
+            base_stats["lines"] + n_lines,
+            base_stats["garbage"] + garbage,
+            torn,
+            base_stats["superseded"] + superseded,
+        )
         return history
 
-    def _read_lines(self, lines: list[bytes]) -> int:
-        """Append the records of complete lines in file order; returns the garbage count."""
-        if lines and self._read_clean_block(lines):
-            return 0
-        garbage = 0
-        for line in lines:
-            if not line.strip():
-                continue
-            row = _decode_row(line)
-            if row is None:
-                garbage += 1
-            else:
-                self._append(*row)
-        return garbage
+    @staticmethod
+    def _read_clean_block(raw: _Live, lines: list[bytes]) -> bool:
+        return _read_clean_block(raw, lines)
 
-    def _read_clean_block(self, lines: list[bytes]) -> bool:
-        """The lines as one JSON array, column by column: the common case, every line a
-        record with a finite loss. False, with nothing appended, when any line needs
-        _decode_row (garbage, a non-finite loss, a torn line)."""
-        joined = b",".join(lines)
-        if b"true" in joined or b"false" in joined:
-            return False  # a JSON boolean: _decode_row refuses one as a step, int arrays not
-        try:
-            rows = orjson.loads(b"[" + joined + b"]")
-            steps, losses, dts, ts, segs = [[row[key] for row in rows] for key in _KEYS]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+    def _lay_over(self, base: tuple[np.ndarray, ...], rows: _Live) -> int:
+        """Parts for the cached rows overlaid by later lines' rows (sorted, one per step);
+        returns how many cached rows those replaced."""
+        nb = len(base[0])
+        if not len(rows) or rows.step[0] > base[0][nb - 1]:
+            self._parts = [_Mapped(base, 0, nb)] + ([rows] if len(rows) else [])
+            return 0
+        # Later lines replay cached steps: merge the cached rows of their range with them.
+        new = {name: np.array(c) for name, c in zip(_KEYS, rows.columns(), strict=True)}
+        lo = int(np.searchsorted(base[0], new["step"][0], side="left"))
+        hi = int(np.searchsorted(base[0], new["step"][-1], side="right"))
+        old_step, old_seg = base[0][lo:hi], base[4][lo:hi]
+        at = np.searchsorted(new["step"], old_step)
+        at_clipped = np.minimum(at, len(new["step"]) - 1)
+        same = new["step"][at_clipped] == old_step
+        # A later line wins a tie: replaced unless the cached row's seg is newer.
+        old_wins = same & (old_seg > new["seg"][at_clipped])
+        keep_old = ~same | old_wins
+        keep_new = np.ones(len(new["step"]), bool)
+        keep_new[at_clipped[old_wins]] = False
+        merged = [
+            np.concatenate([base[i][lo:hi][keep_old], new[name][keep_new]])
+            for i, name in enumerate(_KEYS)
+        ]
+        order = np.argsort(merged[0], kind="stable")
+        live = _Live()
+        live.extend(tuple(column[order] for column in merged))
+        self._parts = [p for p in (_Mapped(base, 0, lo), live, _Mapped(base, hi, nb)) if len(p)]
+        return int(np.count_nonzero(same & ~old_wins)) + int(np.count_nonzero(~keep_new))
+
+    def save_cache(self, path: Path | str, cache_dir: Path) -> bool:
+        """Write the cache for the prefix load() resolved; False when there is none to
+        write. Only for a history as load() left it: a live one may hold steps the file
+        has not (yet), and a last line without its newline is outside the prefix."""
+        if self._changed or self._unterminated or not self.parsed_bytes:
             return False
-        if None in dts:
-            dts = [math.nan if dt is None else dt for dt in dts]  # a step without a dt
-        columns: tuple[array[Any], ...] = self._columns()
-        n = len(self._seg)
-        try:
-            # The typed arrays refuse a value of the wrong type (a string loss, a float step).
-            for column, values in zip(columns, (steps, losses, dts, ts, segs), strict=True):
-                column.extend(values)
-        except (TypeError, OverflowError):
-            for column in columns:
-                del column[n:]
-            return False
+        stats = self.load_stats
+        losscache.save(
+            cache_dir,
+            Path(path),
+            self.parsed_bytes,
+            [part.columns() for part in self._parts],
+            {"lines": stats.lines, "garbage": stats.garbage, "superseded": stats.superseded},
+        )
         return True
 
-    def _columns(self) -> tuple[array[int], array[float], array[float], array[float], array[int]]:
-        return self._step, self._loss, self._dt, self._t, self._seg
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        """The whole history's five columns (step, loss, dt, t, seg) in memory."""
+        columns = [[np.asarray(c) for c in part.columns()] for part in self._parts]
+        return tuple(
+            np.concatenate([p[i] for p in columns]) if columns else np.empty(0, dtype)
+            for i, dtype in enumerate((np.int64, np.float64, np.float64, np.float64, np.int64))
+        )
 
-    def _append(self, step: int, loss: float, dt: float, t: float, seg: int) -> None:
-        self._step.append(step)
-        self._loss.append(loss)
-        self._dt.append(dt)
-        self._t.append(t)
-        self._seg.append(seg)
+    @property
+    def _dt(self) -> np.ndarray:
+        return self._columns()[2]
 
-    def _keep_newest_segments(self) -> int:
-        """Sort by step keeping, per step, the newest seg (the later line on a tie)."""
-        steps, segs = self._step, self._seg
-        if all(map(operator.lt, steps, islice(steps, 1, None))):
-            return 0  # one uninterrupted segment: already in order
-        newest: dict[int, int] = {}
-        for row, (step, seg) in enumerate(zip(steps, segs, strict=True)):
-            kept = newest.get(step)
-            if kept is None or seg >= segs[kept]:
-                newest[step] = row
-        order = [newest[step] for step in sorted(newest)]
-        superseded = len(steps) - len(order)
-        self._step = array("q", [self._step[row] for row in order])
-        self._loss = array("d", [self._loss[row] for row in order])
-        self._dt = array("d", [self._dt[row] for row in order])
-        self._t = array("d", [self._t[row] for row in order])
-        self._seg = array("q", [self._seg[row] for row in order])
-        return superseded
+    def _locate(self, step: int) -> int:
+        """The index of the part that holds `step` or would: the last whose first step is
+        <= step (0 when none is)."""
+        k = len(self._parts) - 1
+        while k > 0 and self._parts[k].step[0] > step:
+            k -= 1
+        return k
 
     def add(self, step: int, loss: float, dt: float | None, t: float, seg: int) -> None:
         """A live step; a replayed step of a newer (or the same) segment replaces the old one."""
         dt_value = math.nan if dt is None else dt
-        steps = self._step
-        if not steps or step > steps[-1]:
-            self._append(step, loss, dt_value, t, seg)
+        self._changed = True
+        parts = self._parts
+        row = (step, loss, dt_value, t, seg)
+        if not parts or step > parts[-1].step[-1]:
+            if not parts or isinstance(parts[-1], _Mapped):
+                parts.append(_Live())
+            last = parts[-1]
+            assert isinstance(last, _Live)
+            last.append(*row)
             return
-        i = bisect_left(steps, step)
-        if i < len(steps) and steps[i] == step:
-            if seg >= self._seg[i]:
-                self._loss[i], self._dt[i], self._t[i], self._seg[i] = loss, dt_value, t, seg
+        k = self._locate(step)
+        part = parts[k]
+        i = part.index(step)
+        exact = i < len(part) and part.step[i] == step
+        if isinstance(part, _Live):
+            if exact:
+                if seg >= part.seg[i]:
+                    part.loss[i], part.dt[i], part.t[i], part.seg[i] = loss, dt_value, t, seg
+                    part.touched(i)
+                return
+            for column, value in zip(part.columns(), row, strict=True):
+                column.insert(i, value)
+            part.touched(i)
             return
-        self._step.insert(i, step)
-        self._loss.insert(i, loss)
-        self._dt.insert(i, dt_value)
-        self._t.insert(i, t)
-        self._seg.insert(i, seg)
+        if exact and seg < part.base[4][part.lo + i]:
+            return
+        # Split the mapped range around the step; the row joins the memory rows before it.
+        left = _Mapped(part.base, part.lo, part.lo + i)
+        right = _Mapped(part.base, part.lo + i + exact, part.hi)
+        before = parts[k - 1] if k > 0 and not len(left) else None
+        if isinstance(before, _Live):
+            before.append(*row)
+            middle: list[_Part] = []
+        else:
+            live = _Live()
+            live.append(*row)
+            middle = [live]
+        after = parts[k + 1] if k + 1 < len(parts) and not len(right) else None
+        if isinstance(after, _Live) and middle:
+            # Two memory parts side by side become one.
+            joined = middle[0]
+            assert isinstance(joined, _Live)
+            joined.extend(after.columns())
+            del parts[k + 1]
+        elif isinstance(after, _Live) and isinstance(before, _Live):
+            before.extend(after.columns())
+            del parts[k + 1]
+        parts[k : k + 1] = [p for p in (left, *middle, right) if len(p)]
 
     def __len__(self) -> int:
-        return len(self._step)
+        return sum(len(part) for part in self._parts)
+
+    def _rows(self, i0: int, i1: int) -> Iterator[tuple[int, float, float, float, int]]:
+        """Rows i0..i1 of the whole history, (step, loss, dt, t, seg)."""
+        at = 0
+        for part in self._parts:
+            n = len(part)
+            a, b = max(i0 - at, 0), min(i1 - at, n)
+            for c in range(a, b, ITER_CHUNK_ROWS):
+                yield from part.rows(c, min(c + ITER_CHUNK_ROWS, b))
+            at += n
 
     def __iter__(self) -> Iterator[Row]:
         """(step, loss, seg) in step order, for replaying the history to a subscriber."""
-        return map(Row._make, zip(self._step, self._loss, self._seg, strict=True))
+        for step, loss, _, _, seg in self._rows(0, len(self)):
+            yield Row(step, loss, seg)
 
     @property
     def first_step(self) -> int | None:
-        return self._step[0] if self._step else None
+        return int(self._parts[0].step[0]) if self._parts else None
 
     @property
     def last_step(self) -> int | None:
-        return self._step[-1] if self._step else None
+        return int(self._parts[-1].step[-1]) if self._parts else None
 
     def get(self, step: int) -> Row | None:
-        i = bisect_left(self._step, step)
-        if i < len(self._step) and self._step[i] == step:
-            return Row(step, self._loss[i], self._seg[i])
+        if not self._parts:
+            return None
+        part = self._parts[self._locate(step)]
+        i = part.index(step)
+        if i < len(part) and part.step[i] == step:
+            _, loss, _, _, seg = next(part.rows(i, i + 1))
+            return Row(step, loss, seg)
         return None
 
     def recent(self, count: int) -> list[RecentStep]:
         """The newest `count` steps as (step, loss, dt, t), oldest first, dt None if unknown."""
-        i0 = max(len(self._step) - count, 0)
+        i1 = len(self)
         return [
             RecentStep(step, loss, None if math.isnan(dt) else dt, t)
-            for step, loss, dt, t in zip(
-                self._step[i0:], self._loss[i0:], self._dt[i0:], self._t[i0:], strict=True
-            )
+            for step, loss, dt, t, _ in self._rows(max(i1 - count, 0), i1)
         ]
+
+    def _index_right(self, step: int) -> int:
+        """How many steps of the whole history are <= step."""
+        at = 0
+        for part in self._parts:
+            if part.step[-1] > step:
+                i = part.index(step)
+                return at + i + (i < len(part) and part.step[i] == step)
+            at += len(part)
+        return at
 
     def losses_between(self, after: int, through: int) -> dict[int, float]:
         """{step: loss} for after < step <= through."""
-        i0 = bisect_right(self._step, after)
-        i1 = bisect_right(self._step, through)
-        return dict(zip(self._step[i0:i1], self._loss[i0:i1], strict=True))
+        i0, i1 = self._index_right(after), self._index_right(through)
+        return {step: loss for step, loss, _, _, _ in self._rows(i0, i1)}
+
+    def snapshot(self) -> HistoryView:
+        """An immutable view for a query in another thread: mapped ranges as they are
+        (never written), the memory rows' steps and losses as frozen copies (only rows new
+        or changed since the last snapshot are copied)."""
+        parts = []
+        for part in self._parts:
+            if isinstance(part, _Mapped):
+                parts.append((part.step, part.base[1][part.lo : part.hi]))
+            else:
+                parts.extend(part.frozen())
+        return HistoryView(parts)
+
+    def query(
+        self, start: int | None = None, end: int | None = None, points: int = 1000
+    ) -> dict[str, Any]:
+        """See HistoryView.query."""
+        return self.snapshot().query(start, end, points)
+
+
+def _read_lines(raw: _Live, lines: list[bytes]) -> int:
+    """Append the records of complete lines in file order; returns the garbage count."""
+    if lines and LossHistory._read_clean_block(raw, lines):
+        return 0
+    garbage = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        row = _decode_row(line)
+        if row is None:
+            garbage += 1
+        else:
+            raw.append(*row)
+    return garbage
+
+
+def _read_clean_block(raw: _Live, lines: list[bytes]) -> bool:
+    """The lines as one JSON array, column by column: the common case, every line a
+    record with a finite loss. False, with nothing appended, when any line needs
+    _decode_row (garbage, a non-finite loss, a torn line)."""
+    joined = b",".join(lines)
+    if b"true" in joined or b"false" in joined:
+        return False  # a JSON boolean: _decode_row refuses one as a step, int arrays not
+    try:
+        rows = orjson.loads(b"[" + joined + b"]")
+        steps, losses, dts, ts, segs = [[row[key] for row in rows] for key in _KEYS]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return False
+    if None in dts:
+        dts = [math.nan if dt is None else dt for dt in dts]  # a step without a dt
+    columns: tuple[array[Any], ...] = raw.columns()
+    n = len(raw)
+    try:
+        # The typed arrays refuse a value of the wrong type (a string loss, a float step).
+        for column, values in zip(columns, (steps, losses, dts, ts, segs), strict=True):
+            column.extend(values)
+    except (TypeError, OverflowError):
+        for column in columns:
+            del column[n:]
+        return False
+    return True
+
+
+def _keep_newest_segments(raw: _Live) -> tuple[_Live, int]:
+    """Sorted by step keeping, per step, the newest seg (the later line on a tie); and
+    how many rows that dropped."""
+    steps, segs = raw.step, raw.seg
+    if all(map(operator.lt, steps, islice(steps, 1, None))):
+        return raw, 0  # one uninterrupted segment: already in order
+    newest: dict[int, int] = {}
+    for row, (step, seg) in enumerate(zip(steps, segs, strict=True)):
+        kept = newest.get(step)
+        if kept is None or seg >= segs[kept]:
+            newest[step] = row
+    order = [newest[step] for step in sorted(newest)]
+    resolved = _Live()
+    for mine, theirs in zip(resolved.columns(), raw.columns(), strict=True):
+        mine.extend(theirs[row] for row in order)
+    return resolved, len(steps) - len(order)
+
+
+ITER_CHUNK_ROWS = 1 << 16
+QUERY_CHUNK_ROWS = 1 << 20
+"""Rows a query reduces at a time: its temporaries stay a few MB however long the range."""
+
+
+class HistoryView:
+    """Steps and losses of a history at one moment, in parts whose steps increase across
+    them; nothing here changes after it is made, so any thread may query it."""
+
+    def __init__(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.parts = parts
 
     def query(
         self, start: int | None = None, end: int | None = None, points: int = 1000
@@ -332,60 +604,118 @@ class LossHistory:
         """
         if points < 1:
             raise ValueError(f"points must be >= 1, got {points}")
-        steps, losses = self._step, self._loss
-        i0 = 0 if start is None else bisect_left(steps, start)
-        i1 = len(steps) if end is None else bisect_right(steps, end)
-        out_step: list[int] = []
-        out_min: list[float | None] = []
-        out_mean: list[float | None] = []
-        out_max: list[float | None] = []
-        out_nonfinite: list[int] = []
-        result: dict[str, Any] = {
-            "step": out_step,
-            "min": out_min,
-            "mean": out_mean,
-            "max": out_max,
-            "nonfinite": out_nonfinite,
-        }
-        if i1 <= i0:
-            return {**result, "first_step": None, "last_step": None, "count": 0}
-        first, last = steps[i0], steps[i1 - 1]
-        summary = {"first_step": first, "last_step": last, "count": i1 - i0}
-        if i1 - i0 <= points:  # nothing to decimate: each step is its own bucket
-            values = [x if math.isfinite(x) else None for x in losses[i0:i1]]
-            out_step.extend(steps[i0:i1])
-            out_min.extend(values)
-            out_mean.extend(values)
-            out_max.extend(values)
-            out_nonfinite.extend(int(x is None) for x in values)
-            return {**result, **summary}
+        ranges = []
+        for steps, losses in self.parts:
+            i0 = 0 if start is None else int(np.searchsorted(steps, start, side="left"))
+            i1 = len(steps) if end is None else int(np.searchsorted(steps, end, side="right"))
+            if i1 > i0:
+                ranges.append((steps, losses, i0, i1))
+        count = sum(i1 - i0 for _, _, i0, i1 in ranges)
+        if not count:
+            return {
+                **_buckets([], [], [], [], []),
+                "first_step": None,
+                "last_step": None,
+                "count": 0,
+            }
+        first = int(ranges[0][0][ranges[0][2]])
+        last = int(ranges[-1][0][ranges[-1][3] - 1])
+        summary = {"first_step": first, "last_step": last, "count": count}
+        if count <= points:  # nothing to decimate: each step is its own bucket
+            steps_out = [s for steps, _, i0, i1 in ranges for s in steps[i0:i1].tolist()]
+            values = [
+                x if math.isfinite(x) else None
+                for _, losses, i0, i1 in ranges
+                for x in losses[i0:i1].tolist()
+            ]
+            nonfinite = [int(x is None) for x in values]
+            return {**_buckets(steps_out, values, values, values, nonfinite), **summary}
         span = last - first + 1
-        bounds = [bisect_left(steps, first + span * k // points, i0, i1) for k in range(points)]
-        bounds.append(i1)
-        isfinite = math.isfinite
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            if b <= a:
-                continue  # a gap in the logged steps
-            chunk = losses[a:b]
-            total = sum(chunk)
-            low: float | None
-            high: float | None
-            mean: float | None
-            if isfinite(total):
-                low, high, mean, bad = min(chunk), max(chunk), total / (b - a), 0
-            else:  # rare: a divergence (or an overflowing sum) in this bucket
-                finite = [x for x in chunk if isfinite(x)]
-                bad = (b - a) - len(finite)
-                if finite:
-                    low, high, mean = min(finite), max(finite), math.fsum(finite) / len(finite)
-                else:
-                    low = high = mean = None
-            out_step.append(steps[a])
-            out_min.append(low)
-            out_mean.append(mean)
-            out_max.append(high)
-            out_nonfinite.append(bad)
-        return {**result, **summary}
+        # Python ints for the edges: span * k may not fit in 64 bits.
+        edges = np.array([first + span * k // points for k in range(points)], dtype=np.int64)
+        low = np.full(points, np.inf)
+        high = np.full(points, -np.inf)
+        total = np.zeros(points)
+        finite_n = np.zeros(points, np.int64)
+        rows_n = np.zeros(points, np.int64)
+        first_of = np.full(points, -1, np.int64)
+        for steps, losses, i0, i1 in ranges:
+            for a in range(i0, i1, QUERY_CHUNK_ROWS):
+                b = min(a + QUERY_CHUNK_ROWS, i1)
+                _reduce(
+                    steps[a:b], losses[a:b], edges, low, high, total, finite_n, rows_n, first_of
+                )
+                _release(steps)
+                _release(losses)
+        used = np.flatnonzero(rows_n)
+        has_finite = finite_n[used] > 0
+        mean = np.divide(total[used], finite_n[used], out=np.zeros(len(used)), where=has_finite)
+
+        def finite_or_none(values: np.ndarray) -> list[float | None]:
+            return [
+                v if ok else None
+                for v, ok in zip(values.tolist(), has_finite.tolist(), strict=True)
+            ]
+
+        return {
+            **_buckets(
+                first_of[used].tolist(),
+                finite_or_none(low[used]),
+                finite_or_none(mean),
+                finite_or_none(high[used]),
+                (rows_n[used] - finite_n[used]).tolist(),
+            ),
+            **summary,
+        }
+
+
+def _release(column: np.ndarray) -> None:
+    """Drop a mapped column's pages from this process's resident memory (they stay in the
+    page cache, a later read maps them again): a scan over weeks of steps would otherwise
+    leave them all counted in the daemon's RSS."""
+    holder: Any = column
+    while holder is not None and not isinstance(holder, mmap.mmap):
+        holder = getattr(holder, "base", None)
+    if holder is not None:
+        with contextlib.suppress(OSError, ValueError):
+            holder.madvise(mmap.MADV_DONTNEED)
+
+
+def _buckets(
+    step: list[int],
+    low: list[float | None],
+    mean: list[float | None],
+    high: list[float | None],
+    nonfinite: list[int],
+) -> dict[str, Any]:
+    return {"step": step, "min": low, "mean": mean, "max": high, "nonfinite": nonfinite}
+
+
+def _reduce(
+    steps: np.ndarray,
+    losses: np.ndarray,
+    edges: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    total: np.ndarray,
+    finite_n: np.ndarray,
+    rows_n: np.ndarray,
+    first_of: np.ndarray,
+) -> None:
+    """Fold rows (steps increasing) into the per-bucket figures; bucket k holds the steps
+    edges[k] <= step < edges[k + 1]."""
+    starts = np.searchsorted(steps, edges, side="left")
+    sizes = np.diff(starts, append=len(steps))
+    used = np.flatnonzero(sizes)
+    at = starts[used]
+    finite = np.isfinite(losses)
+    low[used] = np.minimum(low[used], np.minimum.reduceat(np.where(finite, losses, np.inf), at))
+    high[used] = np.maximum(high[used], np.maximum.reduceat(np.where(finite, losses, -np.inf), at))
+    total[used] += np.add.reduceat(np.where(finite, losses, 0.0), at)
+    finite_n[used] += np.add.reduceat(finite.astype(np.int64), at)
+    fresh = used[first_of[used] < 0]
+    first_of[fresh] = steps[starts[fresh]]
+    rows_n[used] += sizes[used]
 
 
 @dataclass(frozen=True, slots=True)
