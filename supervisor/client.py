@@ -95,11 +95,16 @@ class Client:
         self.close()
 
     def read_message(self) -> dict[str, Any]:
+        """The next message: any line the daemon may send (up to MAX_LINE bytes)."""
         while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_LINE:
+                raise ProtocolError(f"the daemon sent a line over the {MAX_LINE}-byte limit")
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self.sock.recv(1 << 20)
             except TimeoutError:
                 raise ProtocolError("the daemon did not answer in time") from None
+            except ConnectionError:
+                raise ProtocolError("the daemon closed the connection") from None
             if not chunk:
                 raise ProtocolError("the daemon closed the connection")
             self.buffer += chunk
@@ -112,9 +117,14 @@ class Client:
         """Send one command; its result, or CommandRefused with the daemon's error.
         `on_progress` gets each progress line the daemon sends before the reply."""
         rid = next(self.ids)
-        self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
+        try:
+            self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
+        except ConnectionError:
+            pass  # refused (busy, forbidden) before it read us: its one line is still readable
         while True:
             message = self.read_message()
+            if message.get("id") is None and message.get("ok") is False:
+                return result_of(message)  # a refusal of the connection, not of this request
             if message.get("id") != rid:
                 continue
             if "progress" in message:
@@ -148,7 +158,10 @@ class AsyncClient:
         fd = None
         try:
             address, fd = connect_path(self.socket_path)
-            self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
+            # The limit counts the newline: every line the daemon may send fits.
+            self.reader, self.writer = await asyncio.open_unix_connection(
+                address, limit=MAX_LINE + 1
+            )
         except (
             FileNotFoundError,
             ConnectionRefusedError,
@@ -167,7 +180,7 @@ class AsyncClient:
                 line = await self.reader.readline()
                 if not line:
                     break
-                message = decode(line)
+                message = decode(line.removesuffix(b"\n"))
                 if "topic" in message:
                     self.pushes.put_nowait(message)
                     continue
