@@ -146,7 +146,7 @@ class HistoryArgs(TypedDict, total=False):
     end: int | None
     """First and last step, inclusive (None: the whole history)."""
     points: int
-    """Buckets to decimate to (default 200)."""
+    """Buckets to decimate to (default 200; at most HISTORY_MAX_POINTS are sent)."""
 
 
 class EventsArgs(TypedDict, total=False):
