@@ -23,6 +23,7 @@ import os
 import select
 import socket
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -49,13 +50,22 @@ log = logging.getLogger("trainwarden.control")
 
 MAX_QUEUED = 2000
 """Messages one connection's outbox holds at most (with OUTBOX_BYTES: a drop past it)."""
-OUTBOX_BYTES = 256 << 10
+OUTBOX_BYTES = 64 << 10
 """Encoded bytes queued for one connection past which its next request waits (its client
 is not reading); past OUTBOX_LIMIT, or MAX_QUEUED messages, the connection is dropped."""
 OUTBOX_LIMIT = OUTBOX_BYTES + MAX_LINE + 1
 """Room for one reply of the longest line beyond OUTBOX_BYTES (replies stop there)."""
-TRIM_DELAY_S = 1.0
-"""After a connection closes, when to hand freed memory back to the system (coalesced)."""
+WRITE_BUFFER_HIGH = 16 << 10
+"""The transport's high-water mark (asyncio's default is 64 KiB) and the socket's send
+buffer: what a client that does not read can have in flight beyond its outbox."""
+SLICE_S = 0.002
+"""Request work the loop does between two looks at its other events (the log, the
+trainer, timers): past it, the remaining requests wait for the next turn."""
+TRIM_DELAY_S = 2.0
+"""How long after the connections thinned out (to half their peak, at least TRIM_AFTER
+closed) freed memory is handed back to the system: once per flood, not per client (a full
+collection takes the loop for a while)."""
+TRIM_AFTER = 8
 READ_AHEAD = 64
 """Request lines read ahead of the one being answered, per connection."""
 READ_AHEAD_BYTES = 64 << 10
@@ -120,6 +130,33 @@ def _bounded_line(message: dict[str, Any]) -> bytes:
         return encode({"topic": message["topic"], "data": {"truncated": True, "bytes": len(line)}})
     why = f"the reply would be {len(line)} bytes, over the {MAX_LINE}-byte line limit"
     return encode(_error(message.get("id"), "too_large", why))
+
+
+class Turns:
+    """Time slices for answering requests, so many busy clients cannot starve the loop:
+    within one pass of the loop requests are answered for at most SLICE_S, then the rest
+    wait until the loop has been round once (its I/O and timers handled)."""
+
+    def __init__(self) -> None:
+        self.slice_start: float | None = None
+        self.reset_pending = False
+
+    async def turn(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = time.monotonic()
+            if self.slice_start is None:
+                self.slice_start = now
+            if now - self.slice_start < SLICE_S:
+                return
+            if not self.reset_pending:
+                self.reset_pending = True
+                loop.call_soon(self._next_slice)
+            await asyncio.sleep(0)
+
+    def _next_slice(self) -> None:
+        self.slice_start = None
+        self.reset_pending = False
 
 
 class Outbox:
@@ -336,7 +373,7 @@ def hung_up(writer: asyncio.StreamWriter) -> bool:
     """The peer closed its end entirely (POLLHUP), not merely its writing half: a client
     that half-closes after its request still reads the reply."""
     sock = writer.get_extra_info("socket")
-    if sock is None:
+    if sock is None or sock.fileno() < 0:
         return True
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLHUP)
@@ -413,6 +450,9 @@ class ControlServer:
         self.answering: set[asyncio.Task[None]] = set()
         """Requests being answered, up to their reply's place in the outbox."""
         self.trim: asyncio.TimerHandle | None = None
+        self.peak_connections = 0
+        self.turns = Turns()
+        """The most connections at once since memory was last handed back."""
         map_large_allocations()
 
     # -------------------------------------------------------------- socket setup
@@ -471,7 +511,8 @@ class ControlServer:
             self.path.unlink()
 
     def _admission(self, uid: int | None) -> tuple[str, str] | None:
-        connected = [conn.uid for conn in self.connections]
+        # A closed connection still flushing or finishing its request holds no slot.
+        connected = [conn.uid for conn in self.connections if not conn.closed]
         return admission(
             uid, self.owner, self.allowed, connected, self.daemon.cfg.control.max_clients
         )
@@ -505,7 +546,7 @@ class ControlServer:
         refusal = self._admission(uid)
         if refusal is not None and refusal[0] == "busy":
             # Slots of clients that hung up but are not yet noticed are free.
-            for conn in [c for c in self.connections if hung_up(c.writer)]:
+            for conn in [c for c in self.connections if c.closed or hung_up(c.writer)]:
                 conn.gone.set()
                 conn.close()
                 self.connections.discard(conn)
@@ -521,8 +562,13 @@ class ControlServer:
                 await _discard_briefly(reader)
             writer.close()
             return
+        sock = writer.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, WRITE_BUFFER_HIGH)
+            writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         conn = Connection(writer, uid, self.daemon.cfg.control.slow_client_s, self._dropped)
         self.connections.add(conn)
+        self.peak_connections = max(self.peak_connections, len(self.connections))
         loop = asyncio.get_running_loop()
         pump = conn.pump_task = loop.create_task(conn.pump())
         lines = loop.create_task(read_lines(reader, conn))
@@ -534,6 +580,7 @@ class ControlServer:
                 if line == TOO_LARGE:
                     conn.outbox.put(_error(None, "too_large", f"line exceeds {MAX_LINE} bytes"))
                     break
+                await self.turns.turn()
                 answer = loop.create_task(self._request(conn, line))
                 self.answering.add(answer)
                 try:
@@ -542,7 +589,8 @@ class ControlServer:
                     self.answering.discard(answer)
                 # A client that sends without reading waits for its replies to go out
                 # (its pump drops it after slow_client_s); one that reads still yields
-                # the loop between requests, so pipelining cannot hold a decision off.
+                # between requests (and waits its turn), so pipelining cannot hold a
+                # decision off.
                 if conn.outbox.full:
                     await conn.outbox.room.wait()
                 else:
@@ -556,11 +604,13 @@ class ControlServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(pump), 5.0)
             conn.close()
-            if self.trim is None:
+            thinned = len(self.connections) <= self.peak_connections // 2
+            if self.trim is None and self.peak_connections >= TRIM_AFTER and thinned:
                 self.trim = loop.call_later(TRIM_DELAY_S, self._release_memory)
 
     def _release_memory(self) -> None:
         self.trim = None
+        self.peak_connections = len(self.connections)
         release_memory()
 
     async def _request(self, conn: Connection, line: bytes) -> None:
