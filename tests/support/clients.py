@@ -103,7 +103,7 @@ class Crowd:
                     self.refused += 1
             finally:
                 sock.close()
-            time.sleep(0.01)
+            time.sleep(0.05)
 
     def _big_lines(self) -> None:
         sock = self._connect()
