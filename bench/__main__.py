@@ -21,6 +21,7 @@ from pathlib import Path
 from bench import (
     checkpoint_verify,
     checkpoint_write,
+    control_load,
     divergence,
     follow_rates,
     history,
@@ -43,6 +44,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "parse": (parse_suite.TITLE, parse_suite.run),
     "follow": (follow_rates.TITLE, follow_rates.run),
     "torch-verify": (torch_verify.TITLE, torch_verify.run),
+    "control-load": (control_load.TITLE, control_load.run),
 }
 
 
