@@ -139,24 +139,20 @@ class Turns:
 
     def __init__(self) -> None:
         self.slice_start: float | None = None
-        self.reset_pending = False
 
     async def turn(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             now = time.monotonic()
             if self.slice_start is None:
+                # The slice lasts for the rest of this pass: the reset runs in the next.
                 self.slice_start = now
+                asyncio.get_running_loop().call_soon(self._next_slice)
             if now - self.slice_start < SLICE_S:
                 return
-            if not self.reset_pending:
-                self.reset_pending = True
-                loop.call_soon(self._next_slice)
             await asyncio.sleep(0)
 
     def _next_slice(self) -> None:
         self.slice_start = None
-        self.reset_pending = False
 
 
 class Outbox:
