@@ -22,6 +22,7 @@ from pathlib import Path
 from bench import (
     checkpoint_verify,
     checkpoint_write,
+    control_load,
     divergence,
     follow_rates,
     history,
@@ -46,6 +47,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "follow": (follow_rates.TITLE, follow_rates.run),
     "torch-verify": (torch_verify.TITLE, torch_verify.run),
     "long-runs": (long_runs.TITLE, long_runs.run),
+    "control-load": (control_load.TITLE, control_load.run),
 }
 
 

@@ -153,11 +153,16 @@ class Client:
         self.close()
 
     def read_message(self) -> dict[str, Any]:
+        """The next message: any line the daemon may send (up to MAX_LINE bytes)."""
         while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_LINE:
+                raise ProtocolError(f"the daemon sent a line over the {MAX_LINE}-byte limit")
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self.sock.recv(1 << 20)
             except TimeoutError:
                 raise ProtocolError("the daemon did not answer in time") from None
+            except ConnectionError:
+                raise ProtocolError("the daemon closed the connection") from None
             if not chunk:
                 raise ProtocolError("the daemon closed the connection")
             self.buffer += chunk
@@ -172,7 +177,7 @@ class Client:
         rid = next(self.ids)
         try:
             self.sock.sendall(encode({"id": rid, "cmd": cmd, **args}))
-        except (BrokenPipeError, ConnectionResetError):
+        except ConnectionError:
             pass  # refused before we asked: the refusal itself is still ours to read
         while True:
             message = self.read_message()
@@ -211,7 +216,10 @@ class AsyncClient:
         fd = None
         try:
             address, fd = connect_path(self.socket_path)
-            self.reader, self.writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
+            self.reader, self.writer = await asyncio.open_unix_connection(
+                address,
+                limit=MAX_LINE + 1,  # the limit counts the newline
+            )
             try:
                 _check_server(self.socket_path, self.writer.get_extra_info("socket"), fd)
             except UntrustedServer:
@@ -236,7 +244,7 @@ class AsyncClient:
                 line = await self.reader.readline()
                 if not line:
                     break
-                message = decode(line)
+                message = decode(line.removesuffix(b"\n"))
                 if "topic" in message:
                     self.pushes.put_nowait(message)
                     continue

@@ -127,6 +127,11 @@ class ControlConfig:
     """Other user ids allowed to connect (the daemon's own uid always is); needs group."""
     group: str | int | None = None
     """Group (name or gid) given the socket and its folder so that allow_uids can reach them."""
+    max_clients: int = 64
+    """Connections the other allowed uids may hold together; the daemon's own uid has as many
+    again of its own, so others can never lock it out (over either limit: a `busy` reply)."""
+    slow_client_s: float = 10.0
+    """Seconds a client may leave its replies and pushes unread before it is dropped."""
 
 
 @dataclass(frozen=True)
@@ -316,6 +321,10 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             cfg.trainer.command,
             'a program as its first item, for example command = ["python", "train.py"]',
         )
+    if cfg.control.max_clients < 1:
+        raise bad("control.max_clients", cfg.control.max_clients, "an integer >= 1")
+    if not 0 < cfg.control.slow_client_s < float("inf"):
+        raise bad("control.slow_client_s", cfg.control.slow_client_s, "a finite number > 0")
     if cfg.checkpoints.keep_last < 1:
         raise bad("checkpoints.keep_last", cfg.checkpoints.keep_last, "an integer >= 1")
     # Comparisons written so that nan fails them too: a nan deadline never comes due and

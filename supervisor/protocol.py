@@ -32,6 +32,7 @@ from trainwarden.supervisor.client import Client as Client
 from trainwarden.supervisor.client import not_running_message as not_running_message
 from trainwarden.supervisor.client import result_of as result_of
 from trainwarden.supervisor.client import unreachable as unreachable
+from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.core.phases import HALTED as HALTED
 from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
 from trainwarden.supervisor.core.phases import Phase as Phase
@@ -145,7 +146,7 @@ class HistoryArgs(TypedDict, total=False):
     end: int | None
     """First and last step, inclusive (None: the whole history)."""
     points: int
-    """Buckets to decimate to (default 200)."""
+    """Buckets to decimate to (default 200; at most HISTORY_MAX_POINTS are sent)."""
 
 
 class EventsArgs(TypedDict, total=False):
@@ -329,9 +330,89 @@ class Marker(TypedDict):
 
 
 BanditState = dict[str, Any]
-"""The trainer's .state.json as it wrote it (arms with pulls, prob, cap, floor; zombies)."""
+"""The trainer's .state.json as it wrote it (arms with pulls, prob, cap, floor; zombies),
+or, over SIDECAR_MAX_BYTES, bounded_sidecar's cut of it (`truncated: true`)."""
 SamplesFile = dict[str, Any]
-"""The trainer's .samples.json as it wrote it ({"samples": [{"step", "arm", "text"}]})."""
+"""The trainer's .samples.json as it wrote it ({"samples": [{"step", "arm", "text"}]}),
+or, over SIDECAR_MAX_BYTES, bounded_sidecar's cut of it (`truncated: true`)."""
+
+# ----------------------------------------------------------------------------- bounds
+
+SIDECAR_MAX_BYTES: Final = 256 << 10
+"""The most of a .state.json or .samples.json the daemon sends (256 KiB, encoded): a
+subscribe's snapshot carries both and must stay one line."""
+SIDECAR_READ_MAX_BYTES: Final = 64 << 20
+"""A sidecar file larger than this is not even read: only its size is sent."""
+SIDECAR_TEXT_MAX: Final = 2000
+"""Characters kept of one string inside a truncated sidecar."""
+RUN_NAME_MAX: Final = 200
+"""Characters of `[run] name` that hello and status send; a longer one ends with "…"."""
+_FLOAT_CHARS = len("-2.2250738585072014e-308")
+_STEP_CHARS = len(str(MAX_STEP))
+HISTORY_MAX_POINTS: Final = (MAX_LINE // 2) // (2 * _STEP_CHARS + 3 * _FLOAT_CHARS + 5)
+"""Buckets a history reply holds at most, whatever `points` asks: the widest bucket
+(step, min, mean, max, nonfinite) times this fills half a line, the other half is for
+the markers."""
+
+
+def clip_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clip_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return clip_text(value, SIDECAR_TEXT_MAX)
+    if isinstance(value, dict):
+        return {k: _clip_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clip_strings(v) for v in value]
+    return value
+
+
+def sidecar_too_large(size: int) -> dict[str, Any]:
+    """What is sent for a sidecar of `size` bytes that cannot be cut down."""
+    return {"truncated": True, "bytes": size}
+
+
+def bounded_sidecar(data: dict[str, Any], size: int) -> dict[str, Any]:
+    """`data` (a sidecar of `size` bytes) cut to at most SIDECAR_MAX_BYTES encoded.
+
+    Each top-level list keeps its newest (last) items and each top-level table its first
+    entries, long strings clipped, as many as share the budget; `truncated: true` and the
+    file's `bytes` say it is a cut. The TUI shows what is left.
+    """
+    if len(encode(data)) <= SIDECAR_MAX_BYTES:
+        return data
+    containers = [k for k, v in data.items() if isinstance(v, list | dict)]
+    budget = SIDECAR_MAX_BYTES // (len(containers) + 2)
+    cut: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, list):
+            kept: list[Any] = []
+            used = 0
+            for item in reversed(value):
+                item = _clip_strings(item)
+                used += len(encode({"x": item})) - 7
+                if used > budget:
+                    break
+                kept.append(item)
+            cut[key] = kept[::-1]
+        elif isinstance(value, dict):
+            table: dict[str, Any] = {}
+            used = 0
+            for name, item in value.items():
+                item = _clip_strings(item)
+                used += len(encode({str(name): item}))
+                if used > budget:
+                    break
+                table[name] = item
+            cut[key] = table
+        else:
+            cut[key] = _clip_strings(value)
+    cut["truncated"] = True
+    cut["bytes"] = size
+    return cut if len(encode(cut)) <= SIDECAR_MAX_BYTES else sidecar_too_large(size)
+
 
 # ----------------------------------------------------------------------------- results
 

@@ -29,6 +29,7 @@ HEADINGS = [
     "## 8. Checkpoint verification (andrea-bin)",
     "## 9. Checkpoint verification (torch-pt), per checkpoint",
     "## 10. Long runs",
+    "## 11. Control-plane load: NaN -> kill and status under 200 misbehaving clients",
 ]
 
 pytestmark = pytest.mark.skipif(
@@ -66,11 +67,12 @@ def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
     assert document["mode"] == "quick"
     assert set(document["sections"]) == {
         "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow", "verify",
-        "torch-verify",
+        "torch-verify", "control-load",
     }  # fmt: skip
     # Each latency comparison measured trainwarden itself, not only its peers.
     assert document["sections"]["restart"]["raw"]["summary"]["trainwarden"]["n"] > 0
     assert document["sections"]["divergence"]["raw"]["summary"]["trainwarden"]["n"] > 0
+    assert document["sections"]["control-load"]["raw"]["nan"]["n"] > 0
     # The follow section matched lines the daemon saw at every rate.
     follow = document["sections"]["follow"]["raw"]["figures"]
     assert set(follow) == {"10", "100", "10000"}, follow.keys()

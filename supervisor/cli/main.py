@@ -181,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     except TrainwardenError as exc:
         print(f"trainwarden: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ConnectionError as exc:  # the daemon hung up mid-exchange (a refusal, an exit)
+        print(
+            f"trainwarden: the daemon closed the connection ({exc.strerror or exc})",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import logging
 import os
 import select
 import socket
 import struct
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
@@ -28,9 +33,12 @@ from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
 from trainwarden.supervisor.errors import LockHeld, ProtocolError
 from trainwarden.supervisor.protocol import (
+    HISTORY_MAX_POINTS,
     MAX_LINE,
     REPLACEABLE_TOPICS,
+    RUN_NAME_MAX,
     TOPICS,
+    clip_text,
     connect_path,
     decode,
     encode,
@@ -42,9 +50,30 @@ from trainwarden.supervisor.store.journal import tail_records
 log = logging.getLogger("trainwarden.control")
 
 MAX_QUEUED = 2000
-MAX_CONNECTIONS = 256
+"""Messages one connection's outbox holds at most (with OUTBOX_BYTES: a drop past it)."""
+OUTBOX_BYTES = 64 << 10
+"""Encoded bytes queued for one connection past which its next request waits (its client
+is not reading); past OUTBOX_LIMIT, or MAX_QUEUED messages, the connection is dropped."""
+OUTBOX_LIMIT = OUTBOX_BYTES + MAX_LINE + 1
+"""Room for one reply of the longest line beyond OUTBOX_BYTES (replies stop there)."""
+WRITE_BUFFER_HIGH = 16 << 10
+"""The transport's high-water mark (asyncio's default is 64 KiB) and the socket's send
+buffer: what a client that does not read can have in flight beyond its outbox."""
+SLICE_S = 0.002
+"""Request work the loop does between two looks at its other events (the log, the
+trainer, timers): past it, the remaining requests wait for the next turn."""
+TRIM_DELAY_S = 2.0
+"""How long after the connections thinned out (to half their peak, at least TRIM_AFTER
+closed) freed memory is handed back to the system: once per flood, not per client (a full
+collection takes the loop for a while)."""
+TRIM_AFTER = 8
 READ_AHEAD = 64
 """Request lines read ahead of the one being answered, per connection."""
+READ_AHEAD_BYTES = 64 << 10
+"""Bytes of request lines read ahead, per connection (one longer line is read alone)."""
+READ_CHUNK = 64 << 10
+"""The StreamReader's buffer limit: a connection buffers about twice this unread; longer
+lines are assembled in pieces up to MAX_LINE."""
 TOO_LARGE = b"\0too large"
 """What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
 PRE_EMPT = {"stop": ("save",), "shutdown": ("save",)}
@@ -72,14 +101,78 @@ async def _hang_up_after(
         pass
 
 
+def admission(
+    uid: int | None, owner: int, allowed: set[int], connected: list[int | None], max_clients: int
+) -> tuple[str, str] | None:
+    """Why a newcomer from `uid` is refused (code, message), or None to let it in.
+
+    The owner's uid and the other allowed uids each have `max_clients` connections: the
+    owner's own count apart, so other users can never lock the daemon's user out.
+    """
+    if uid not in allowed:
+        return "forbidden", f"uid {uid} may not control this run; add it to [control] allow_uids"
+    same_side = sum(1 for other in connected if (other == owner) == (uid == owner))
+    if same_side >= max_clients:
+        whose = "the daemon's user" if uid == owner else "other users"
+        return "busy", (
+            f"too many connections ({same_side} of {whose}, [control] max_clients = "
+            f"{max_clients}); try again later"
+        )
+    return None
+
+
+def _bounded_line(message: dict[str, Any]) -> bytes:
+    """`message` as its line, or, if that would exceed MAX_LINE, what is sent instead: an
+    error for a reply, a `truncated` marker for a push."""
+    line = encode(message)
+    if len(line) <= MAX_LINE + 1:
+        return line
+    if "topic" in message:
+        return encode({"topic": message["topic"], "data": {"truncated": True, "bytes": len(line)}})
+    why = f"the reply would be {len(line)} bytes, over the {MAX_LINE}-byte line limit"
+    return encode(_error(message.get("id"), "too_large", why))
+
+
+class Turns:
+    """Time slices for answering requests, so many busy clients cannot starve the loop:
+    within one pass of the loop requests are answered for at most SLICE_S, then the rest
+    wait until the loop has been round once (its I/O and timers handled)."""
+
+    def __init__(self) -> None:
+        self.slice_start: float | None = None
+
+    async def turn(self) -> None:
+        while True:
+            now = time.monotonic()
+            if self.slice_start is None:
+                # The slice lasts for the rest of this pass: the reset runs in the next.
+                self.slice_start = now
+                asyncio.get_running_loop().call_soon(self._next_slice)
+            if now - self.slice_start < SLICE_S:
+                return
+            await asyncio.sleep(0)
+
+    def _next_slice(self) -> None:
+        self.slice_start = None
+
+
 class Outbox:
-    """What one connection has yet to be sent."""
+    """What one connection has yet to be sent, as encoded lines."""
 
     def __init__(self) -> None:
         self.latest: dict[str, Any] = {}
-        self.ordered: deque[dict[str, Any]] = deque()
+        self.ordered: deque[bytes] = deque()
+        self.bytes = 0
+        """Encoded bytes in `ordered`."""
         self.wake = asyncio.Event()
+        self.room = asyncio.Event()
+        """Set while below OUTBOX_BYTES (or closed): the next request may be answered."""
+        self.room.set()
         self.overflowed = False
+
+    @property
+    def full(self) -> bool:
+        return self.bytes >= OUTBOX_BYTES or len(self.ordered) >= MAX_QUEUED
 
     def push_topic(self, topic: str, data: Any) -> None:
         if topic in REPLACEABLE_TOPICS:
@@ -90,72 +183,222 @@ class Outbox:
         self.wake.set()
 
     def put(self, message: dict[str, Any]) -> None:
-        if len(self.ordered) >= MAX_QUEUED:
+        if self.overflowed:
+            return
+        line = _bounded_line(message)
+        if self.bytes + len(line) > OUTBOX_LIMIT or len(self.ordered) >= MAX_QUEUED:
             self.overflowed = True
         else:
-            self.ordered.append(message)
+            self.ordered.append(line)
+            self.bytes += len(line)
+            if self.full:
+                self.room.clear()
         self.wake.set()
 
-    def take(self) -> list[dict[str, Any]]:
-        messages = list(self.ordered)
-        self.ordered.clear()
-        messages += [{"topic": t, "data": d} for t, d in self.latest.items()]
-        self.latest.clear()
+    def pop(self) -> bytes | None:
+        """The next line to send (ordered ones first, then the newest of each topic)."""
+        if self.ordered:
+            line = self.ordered.popleft()
+            self.bytes -= len(line)
+            if not self.full:
+                self.room.set()
+            return line
+        if self.latest:
+            topic = next(iter(self.latest))
+            return _bounded_line({"topic": topic, "data": self.latest.pop(topic)})
         self.wake.clear()
-        return messages
+        return None
+
+    @property
+    def empty(self) -> bool:
+        return not self.ordered and not self.latest
+
+
+class Inbox:
+    """Request lines read ahead, bounded in lines and bytes; None ends them."""
+
+    def __init__(self) -> None:
+        self.lines: deque[bytes | None] = deque()
+        self.bytes = 0
+        self.ready = asyncio.Event()
+        self.room = asyncio.Event()
+
+    async def put(self, line: bytes) -> None:
+        while self.lines and (
+            len(self.lines) >= READ_AHEAD or self.bytes + len(line) > READ_AHEAD_BYTES
+        ):
+            self.room.clear()
+            await self.room.wait()
+        self.lines.append(line)
+        self.bytes += len(line)
+        self.ready.set()
+
+    def end(self) -> None:
+        self.lines.append(None)  # after the lines before it, however many wait
+        self.ready.set()
+
+    async def get(self) -> bytes | None:
+        while not self.lines:
+            self.ready.clear()
+            await self.ready.wait()
+        line = self.lines.popleft()
+        if line is not None:
+            self.bytes -= len(line)
+        self.room.set()
+        return line
 
 
 class Connection:
-    def __init__(self, writer: asyncio.StreamWriter, uid: int | None) -> None:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        uid: int | None,
+        slow_client_s: float = 10.0,
+        on_drop: Callable[[Connection, str, int], None] | None = None,
+    ) -> None:
         self.writer = writer
         self.uid = uid
+        self.slow_client_s = slow_client_s
+        self.on_drop = on_drop
         self.outbox = Outbox()
         self.topics: set[str] = set()
         self.closed = False
         self.finishing = False
         """No more requests (EOF or daemon exit): flush what is queued, then close."""
         self.pump_task: asyncio.Task[None] | None = None
-        self.lines: asyncio.Queue[bytes | None] = asyncio.Queue(READ_AHEAD)
+        self.lines = Inbox()
         """Request lines read ahead; None: no more (EOF or a read error)."""
         self.gone = asyncio.Event()
         """The client hung up (or the connection closed): nobody reads a reply any more."""
 
+    def unsent_bytes(self) -> int:
+        transport = self.writer.transport
+        return self.outbox.bytes + (transport.get_write_buffer_size() if transport else 0)
+
     async def pump(self) -> None:
-        """Send the outbox until the connection closes; drops it when it overflows."""
+        """Send the outbox until the connection closes; drops the connection when its
+        outbox overflows or its client leaves what is sent unread for slow_client_s."""
+        transport = self.writer.transport
         try:
             while not self.closed:
                 await self.outbox.wake.wait()
+                while not self.closed and (line := self.outbox.pop()) is not None:
+                    if self.outbox.overflowed:
+                        self.drop("overflow")
+                        return
+                    self.writer.write(line)
+                    # Only a full transport buffer makes drain wait: the client is not
+                    # reading, and may not keep us waiting past slow_client_s.
+                    if transport.get_write_buffer_size() > 0:
+                        try:
+                            async with asyncio.timeout(self.slow_client_s):
+                                await self.writer.drain()
+                        except TimeoutError:
+                            self.drop("slow")
+                            return
                 if self.outbox.overflowed:
-                    log.warning("dropping a client that does not keep up (uid %s)", self.uid)
-                    break
-                for message in self.outbox.take():
-                    self.writer.write(encode(message))
-                await self.writer.drain()
-                if self.finishing and not self.outbox.ordered:
+                    self.drop("overflow")
+                    return
+                if self.finishing and self.outbox.empty:
                     break
         except (ConnectionError, OSError):
             pass
         finally:
             self.close()
 
+    def drop(self, reason: str) -> None:
+        queued = self.unsent_bytes()
+        log.warning(
+            "dropping a client that does not keep up (uid %s, %s, %d bytes unsent)",
+            self.uid,
+            reason,
+            queued,
+        )
+        if self.on_drop is not None:
+            self.on_drop(self, reason, queued)
+        self.close()
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.gone.set()
             self.outbox.wake.set()
+            self.outbox.room.set()
+            self.outbox.ordered.clear()
+            self.outbox.latest.clear()
+            self.outbox.bytes = 0
             with contextlib.suppress(Exception):
                 self.writer.close()
+
+
+M_MMAP_THRESHOLD = -3
+"""glibc's mallopt parameter: allocations from this size up get their own mapping."""
+LARGE_ALLOCATION = 128 << 10
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 (glibc only)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_libc = _glibc()
+
+
+def map_large_allocations() -> None:
+    """Have every allocation over LARGE_ALLOCATION mapped on its own, so it goes back to
+    the system when freed. glibc raises its mmap threshold each time such a block is
+    freed, after which request lines, replies and read buffers of a flood of clients
+    land in the heap and keep RSS at the flood's peak long after the clients left."""
+    if _libc is not None:
+        _libc.mallopt(M_MMAP_THRESHOLD, LARGE_ALLOCATION)
+
+
+def release_memory() -> None:
+    """Free what closed connections held and give the heap's free pages back to the
+    system. A connection's stream objects refer to each other, so only the cycle
+    collector frees them (with their buffers), and it may not run for a long while."""
+    gc.collect()
+    if _libc is not None:
+        _libc.malloc_trim(0)
 
 
 def hung_up(writer: asyncio.StreamWriter) -> bool:
     """The peer closed its end entirely (POLLHUP), not merely its writing half: a client
     that half-closes after its request still reads the reply."""
     sock = writer.get_extra_info("socket")
-    if sock is None:
+    if sock is None or sock.fileno() < 0:
         return True
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLHUP)
     return any(mask & (select.POLLHUP | select.POLLERR) for _fd, mask in poller.poll(0))
+
+
+async def read_line(reader: asyncio.StreamReader) -> bytes:
+    """The next line (b"" at EOF, a last line without newline as it is; TOO_LARGE for one
+    over MAX_LINE, consumed whole), read in pieces of the reader's small limit."""
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            piece = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            piece = exc.partial
+            if size + len(piece) > MAX_LINE:
+                return TOO_LARGE
+            return b"".join([*pieces, piece])
+        except asyncio.LimitOverrunError as exc:
+            piece = await reader.read(exc.consumed or READ_CHUNK)
+            size += len(piece)
+            if size <= MAX_LINE:
+                pieces.append(piece)
+            continue
+        if size + len(piece) > MAX_LINE + 1:
+            return TOO_LARGE
+        return b"".join([*pieces, piece])
 
 
 async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
@@ -163,12 +406,12 @@ async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
     try:
         while True:
             try:
-                line = await reader.readline()
-            except (ValueError, asyncio.LimitOverrunError):
-                await conn.lines.put(TOO_LARGE)
-                return
+                line = await read_line(reader)
             except (ConnectionError, OSError):
                 conn.gone.set()
+                return
+            if line == TOO_LARGE:
+                await conn.lines.put(TOO_LARGE)
                 return
             if not line:
                 if hung_up(conn.writer):
@@ -177,7 +420,7 @@ async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
             if line.strip():
                 await conn.lines.put(line)
     finally:
-        await conn.lines.put(None)  # after the lines before it, however many wait
+        conn.lines.end()
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
@@ -193,7 +436,8 @@ class ControlServer:
     def __init__(self, daemon: Supervised) -> None:
         self.daemon = daemon
         self.path = daemon.cfg.socket_path
-        self.allowed = {os.getuid(), *daemon.cfg.control.allow_uids}
+        self.owner = os.getuid()
+        self.allowed = {self.owner, *daemon.cfg.control.allow_uids}
         self.connections: set[Connection] = set()
         self.server: asyncio.AbstractServer | None = None
         self.acting = asyncio.Lock()
@@ -202,6 +446,11 @@ class ControlServer:
         """A stop or shutdown that started while a save waited (see PRE_EMPT)."""
         self.answering: set[asyncio.Task[None]] = set()
         """Requests being answered, up to their reply's place in the outbox."""
+        self.trim: asyncio.TimerHandle | None = None
+        self.peak_connections = 0
+        self.turns = Turns()
+        """The most connections at once since memory was last handed back."""
+        map_large_allocations()
 
     # -------------------------------------------------------------- socket setup
 
@@ -224,7 +473,7 @@ class ControlServer:
         old_umask = os.umask(0o777 & ~socket_mode)
         try:
             self.server = await asyncio.start_unix_server(
-                self._serve, address, limit=MAX_LINE + 1, backlog=512
+                self._serve, address, limit=READ_CHUNK, backlog=512
             )
         finally:
             os.umask(old_umask)
@@ -265,6 +514,8 @@ class ControlServer:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        if self.trim is not None:
+            self.trim.cancel()
         # Replies to the last commands (shutdown's own) must reach their clients first:
         # into their outboxes, then out.
         if self.answering:
@@ -281,6 +532,21 @@ class ControlServer:
             conn.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+    def _admission(self, uid: int | None) -> tuple[str, str] | None:
+        # A closed connection still flushing or finishing its request holds no slot.
+        connected = [conn.uid for conn in self.connections if not conn.closed]
+        return admission(
+            uid, self.owner, self.allowed, connected, self.daemon.cfg.control.max_clients
+        )
+
+    def _dropped(self, conn: Connection, reason: str, queued_bytes: int) -> None:
+        self.connections.discard(conn)
+        journal = self.daemon.journal
+        if journal is not None:
+            journal.append(
+                "client_dropped", {"uid": conn.uid, "reason": reason, "queued_bytes": queued_bytes}
+            )
 
     # -------------------------------------------------------------- broadcast
 
@@ -300,18 +566,27 @@ class ControlServer:
             uid = peer_uid(writer)
         except OSError:
             uid = None
-        if uid not in self.allowed or len(self.connections) >= MAX_CONNECTIONS:
-            code, why = (
-                ("forbidden", f"uid {uid} may not control this run; add it to [control] allow_uids")
-                if uid not in self.allowed
-                else ("busy", f"too many connections ({MAX_CONNECTIONS}); try again later")
-            )
+        refusal = self._admission(uid)
+        if refusal is not None and refusal[0] == "busy":
+            # Slots of clients that hung up but are not yet noticed are free.
+            for conn in [c for c in self.connections if c.closed or hung_up(c.writer)]:
+                conn.gone.set()
+                conn.close()
+                self.connections.discard(conn)
+            refusal = self._admission(uid)
+        if refusal is not None:
+            code, why = refusal
             with contextlib.suppress(Exception):
                 await _hang_up_after(encode(_error(None, code, why)), reader, writer)
             writer.close()
             return
-        conn = Connection(writer, uid)
+        sock = writer.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, WRITE_BUFFER_HIGH)
+            writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        conn = Connection(writer, uid, self.daemon.cfg.control.slow_client_s, self._dropped)
         self.connections.add(conn)
+        self.peak_connections = max(self.peak_connections, len(self.connections))
         loop = asyncio.get_running_loop()
         pump = conn.pump_task = loop.create_task(conn.pump())
         lines = loop.create_task(read_lines(reader, conn))
@@ -323,12 +598,21 @@ class ControlServer:
                 if line == TOO_LARGE:
                     conn.outbox.put(_error(None, "too_large", f"line exceeds {MAX_LINE} bytes"))
                     break
+                await self.turns.turn()
                 answer = loop.create_task(self._request(conn, line))
                 self.answering.add(answer)
                 try:
                     await asyncio.shield(answer)
                 finally:
                     self.answering.discard(answer)
+                # A client that sends without reading waits for its replies to go out
+                # (its pump drops it after slow_client_s); one that reads still yields
+                # between requests (and waits its turn), so pipelining cannot hold a
+                # decision off.
+                if conn.outbox.full:
+                    await conn.outbox.room.wait()
+                else:
+                    await asyncio.sleep(0)
         finally:
             lines.cancel()
             self.connections.discard(conn)
@@ -338,6 +622,14 @@ class ControlServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(pump), 5.0)
             conn.close()
+            thinned = len(self.connections) <= self.peak_connections // 2
+            if self.trim is None and self.peak_connections >= TRIM_AFTER and thinned:
+                self.trim = loop.call_later(TRIM_DELAY_S, self._release_memory)
+
+    def _release_memory(self) -> None:
+        self.trim = None
+        self.peak_connections = len(self.connections)
+        release_memory()
 
     async def _request(self, conn: Connection, line: bytes) -> None:
         try:
@@ -436,14 +728,17 @@ class ControlServer:
         return {
             "protocol": PROTOCOL_VERSION,
             "version": __version__,
-            "run": self.daemon.cfg.run.name,
+            "run": clip_text(self.daemon.cfg.run.name, RUN_NAME_MAX),
             "run_dir": str(self.daemon.cfg.run_dir),
             "log": str(self.daemon.cfg.log_path),
             "pid": os.getpid(),
         }
 
     def cmd_status(self, conn: Connection, args: dict[str, Any]) -> Any:
-        return self.daemon.status_view()
+        view = self.daemon.status_view()
+        if isinstance(view.get("run"), str):
+            view["run"] = clip_text(view["run"], RUN_NAME_MAX)
+        return view
 
     def cmd_checkpoints(self, conn: Connection, args: dict[str, Any]) -> Any:
         return self.daemon.checkpoints_view()
@@ -456,7 +751,8 @@ class ControlServer:
         start = _int_arg(args, "start", None, 0, MAX_STEP)
         end = _int_arg(args, "end", None, 0, MAX_STEP)
         points = _int_arg(args, "points", 200, 1, 100_000)
-        return await self.daemon.history_query(start, end, points)
+        # More buckets than fit one line are not sent: the reply says how many it holds.
+        return await self.daemon.history_query(start, end, min(points, HISTORY_MAX_POINTS))
 
     def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
         topics = args.get("topics", list(TOPICS))

@@ -7,12 +7,14 @@ from typing import Any, Protocol
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import Command, Reply
+from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
 
 
 class Supervised(Protocol):
     cfg: Config
     files: RunFiles
+    journal: Journal | None
 
     async def operator(
         self, command: Command, uid: int | None, progress: Callable[[str], None] | None = None

@@ -21,6 +21,11 @@ from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.inputs.logfollow import LogFollower
+from trainwarden.supervisor.protocol import (
+    SIDECAR_READ_MAX_BYTES,
+    bounded_sidecar,
+    sidecar_too_large,
+)
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
@@ -464,20 +469,24 @@ class TelemetryHub:
 
     def _read_if_changed(self, topic: str, path: Path) -> Any:
         try:
-            mtime = path.stat().st_mtime
+            info = path.stat()
         except OSError:
             return None
+        mtime = info.st_mtime
         if self._file_mtimes.get(topic) == mtime:
             return None
+        self._file_mtimes[topic] = mtime
+        if info.st_size > SIDECAR_READ_MAX_BYTES:
+            return sidecar_too_large(info.st_size)
         try:
-            data = orjson.loads(path.read_bytes())
+            raw = path.read_bytes()
+            data = orjson.loads(raw)
         except (OSError, orjson.JSONDecodeError) as exc:
             # The trainer writes these atomically; a bad one is its bug, not ours.
             log.warning("ignoring %s: %s", path.name, exc)
-            self._file_mtimes[topic] = mtime
             return None
-        self._file_mtimes[topic] = mtime
-        return data if isinstance(data, dict) else None
+        # Cut to what a subscribe's one line can carry (the cut is marked `truncated`).
+        return bounded_sidecar(data, len(raw)) if isinstance(data, dict) else None
 
     def close(self) -> None:
         if self._sampler_task is not None:

@@ -5,6 +5,7 @@ process-ownership check and one wait helper. No pytest in here: bench runs witho
     runs    make_run (reference_run, scripted_run), trainer argv, journal/checkpoint readers
     procs   belongs_to_run (guards every kill of a recorded pid), pid_alive, kill_quietly
     wait    wait_for (raises), poll (returns None), wait_for_async (for pilots)
+    clients Crowd: misbehaving control-socket clients on threads (import it from there)
 """
 
 from tests.support.daemon import DaemonProcess, running_daemon

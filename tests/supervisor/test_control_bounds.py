@@ -1,0 +1,291 @@
+"""The control socket's bounds: clients that do not read, pipeline, flood or overstay are
+dropped or refused without costing the daemon memory or the owner its `status`, and no
+reply the daemon may send is too long for the project's own clients."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+
+from tests.support import (
+    PYTHON,
+    DaemonProcess,
+    checkpoints,
+    journal,
+    running_daemon,
+    scripted_run,
+    wait_for,
+)
+from tests.support.clients import Crowd
+from trainwarden.supervisor.protocol import (
+    HISTORY_MAX_POINTS,
+    MAX_LINE,
+    RUN_NAME_MAX,
+    SIDECAR_MAX_BYTES,
+    AsyncClient,
+    Client,
+    bounded_sidecar,
+    encode,
+)
+from trainwarden.supervisor.serve.control import ControlServer
+
+pytestmark = pytest.mark.timeout(300)
+
+LONG_RUN = ("--steps", "100000000", "--dt", "0.05", "--save-every", "20")
+
+
+def scripted_daemon_run(run_dir: Path, **control: Any) -> Path:
+    return scripted_run(run_dir, *LONG_RUN, control=control, telemetry={"sample_interval_s": 0.5})
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    run_dir = scripted_daemon_run(tmp_path_factory.mktemp("bounds") / "run", slow_client_s=3.0)
+    with running_daemon(run_dir) as d:
+        d.wait_state("running", timeout=60)
+        yield d
+
+
+def rss_mb(pid: int) -> float:
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
+
+
+def timed_status(daemon: DaemonProcess) -> float:
+    t0 = time.monotonic()
+    assert daemon.request("status", timeout=30)["state"] == "running"
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------ in process
+
+
+def test_the_owner_has_slots_that_other_users_cannot_take():
+    from trainwarden.supervisor.serve.control import admission
+
+    owner, other = 1000, 1001
+    allowed = {owner, other}
+    strangers: list[int | None] = [other] * 4
+    assert admission(other, owner, allowed, strangers, 4) is not None
+    assert admission(other, owner, allowed, strangers, 4)[0] == "busy"  # type: ignore[index]
+    assert admission(owner, owner, allowed, strangers, 4) is None
+    owners: list[int | None] = [owner] * 4
+    refusal = admission(owner, owner, allowed, owners, 4)
+    assert refusal is not None and refusal[0] == "busy" and "max_clients = 4" in refusal[1]
+    assert admission(other, owner, allowed, owners, 4) is None
+    assert admission(1002, owner, allowed, [], 4)[0] == "forbidden"  # type: ignore[index]
+
+
+def fake_daemon(name: str = "run") -> Any:
+    async def history_query(start: int | None, end: int | None, points: int) -> dict[str, Any]:
+        widest = -2.2250738585072014e-308
+        return {
+            "step": [2**31 - 1] * points,
+            "min": [widest] * points,
+            "mean": [widest] * points,
+            "max": [widest] * points,
+            "nonfinite": [2**31 - 1] * points,
+            "first_step": 0,
+            "last_step": 2**31 - 1,
+            "count": 2**31 - 1,
+            "markers": [],
+            "collapse_loss": None,
+        }
+
+    cfg = SimpleNamespace(
+        socket_path=Path("/nonexistent/control.sock"),
+        control=SimpleNamespace(allow_uids=[], max_clients=64, slow_client_s=10.0),
+        run=SimpleNamespace(name=name),
+        run_dir=Path("/nonexistent"),
+        log_path=Path("/nonexistent/training.log"),
+    )
+    return SimpleNamespace(
+        cfg=cfg,
+        history_query=history_query,
+        status_view=lambda: {"run": name, "state": "running"},
+    )
+
+
+async def test_a_history_reply_of_the_widest_buckets_fits_one_line():
+    server = ControlServer(fake_daemon())
+    result = await server.cmd_history(None, {"points": 100_000})  # type: ignore[arg-type]
+    assert len(result["step"]) == HISTORY_MAX_POINTS
+    line = encode({"id": 123456789, "ok": True, "result": result})
+    print(f"widest history reply: {len(line)} bytes for {HISTORY_MAX_POINTS} buckets")
+    assert len(line) <= MAX_LINE // 2 + 1000
+
+
+def test_a_five_megabyte_run_name_is_clipped_in_replies():
+    server = ControlServer(fake_daemon("x" * 5_000_000))
+    for result in (
+        server.cmd_hello(None, {}),  # type: ignore[arg-type]
+        server.cmd_status(None, {}),  # type: ignore[arg-type]
+    ):
+        assert len(result["run"]) == RUN_NAME_MAX and result["run"].endswith("…")
+        assert len(encode(result)) < 10_000
+
+
+def test_a_large_sidecar_is_cut_to_its_newest_part_and_marked():
+    samples = [{"step": i, "arm": f"arm{i % 3}", "text": "t" * 3000} for i in range(1000)]
+    raw = orjson.dumps({"samples": samples})
+    assert len(raw) > 2 * 2**20
+    cut = bounded_sidecar(orjson.loads(raw), len(raw))
+    assert len(encode(cut)) <= SIDECAR_MAX_BYTES
+    assert cut["truncated"] is True and cut["bytes"] == len(raw)
+    assert cut["samples"] and cut["samples"][-1]["step"] == 999
+    assert len(cut["samples"][-1]["text"]) <= 2000
+    small = {"samples": samples[:3]}
+    assert bounded_sidecar(small, 100) is small
+
+
+def serve_one_line(path: Path, line: bytes) -> threading.Thread:
+    """A server that answers one connection's first request with `line` (any id)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\n" not in data:
+                data += conn.recv(4096)
+            conn.sendall(line)
+            conn.recv(1)  # until the client hangs up
+        listener.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+def largest_legal_reply() -> tuple[bytes, int]:
+    """A reply line of exactly MAX_LINE bytes (newline not counted), its result's length."""
+    head = b'{"id":1,"ok":true,"result":"'
+    tail = b'"}'
+    width = MAX_LINE - len(head) - len(tail)
+    line = head + b"x" * width + tail
+    assert len(line) == MAX_LINE
+    return line + b"\n", width
+
+
+def test_both_clients_read_the_largest_line_the_daemon_may_send(tmp_path: Path):
+    line, width = largest_legal_reply()
+    serve_one_line(tmp_path / "a.sock", line)
+    with Client(tmp_path / "a.sock", timeout=10) as client:
+        assert len(client.request("hello")) == width
+
+    serve_one_line(tmp_path / "b.sock", line)
+
+    async def ask() -> Any:
+        client = AsyncClient(tmp_path / "b.sock")
+        await client.connect()
+        try:
+            return await client.request("hello", timeout=10)
+        finally:
+            await client.close()
+
+    assert len(asyncio.run(ask())) == width
+
+
+# ------------------------------------------------------------------ a live daemon
+
+
+def test_a_client_that_does_not_read_is_dropped_and_journaled(daemon: DaemonProcess):
+    crowd = Crowd(daemon.socket, ["pipelining"]).start()
+    try:
+        dropped = wait_for(
+            lambda: [r for r in journal(daemon.run_dir) if r["kind"] == "client_dropped"],
+            30,
+            0.2,
+            what="a client_dropped record",
+        )
+    finally:
+        crowd.close()
+    record = dropped[0]
+    assert record["uid"] == os.getuid() and record["reason"] == "slow"
+    assert record["queued_bytes"] > 0
+    assert timed_status(daemon) < 10
+
+
+def test_memory_returns_near_its_baseline_after_a_flood(daemon: DaemonProcess):
+    pid = daemon.proc.pid  # type: ignore[union-attr]
+    # The baseline of a daemon that has settled: checkpoints verified, sidecars read.
+    wait_for(lambda: len(checkpoints(daemon.run_dir)) >= 2, 60, 0.2, what="two checkpoints")
+    time.sleep(3)
+    baseline = rss_mb(pid)
+    kinds = ["pipelining"] * 20 + ["never_reading"] * 10 + ["big_lines"] * 6 + ["slow_reading"] * 4
+    crowd = Crowd(daemon.socket, kinds).start()
+    peak, slowest = baseline, 0.0
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mb(pid))
+            slowest = max(slowest, timed_status(daemon))
+            time.sleep(0.2)
+    finally:
+        crowd.close()
+    time.sleep(5)  # dropped and closed connections are gone; what they held is freed
+    after = rss_mb(pid)
+    print(
+        f"daemon RSS: baseline {baseline:.1f} MB, peak {peak:.1f} MB under {len(kinds)} "
+        f"misbehaving clients, {after:.1f} MB after they left; slowest status {slowest:.2f} s"
+    )
+    assert daemon.alive
+    assert peak < baseline + 150
+    assert after < baseline * 1.2 + 10
+    assert slowest < 10
+
+
+def test_a_large_samples_file_never_breaks_a_subscribe(daemon: DaemonProcess):
+    samples = [{"step": i, "arm": "a", "text": "s" * 2000} for i in range(800)]
+    path = daemon.run_dir / ".samples.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps({"samples": samples}))
+    os.replace(tmp, path)
+
+    def truncated_snapshot() -> Any:
+        with daemon.client(timeout=30) as client:
+            snapshot = client.request("subscribe", topics=["samples", "bandit"])["snapshot"]
+        return snapshot["samples"] if (snapshot["samples"] or {}).get("truncated") else None
+
+    cut = wait_for(truncated_snapshot, 30, 0.2, what="the truncated samples")
+    assert cut["samples"][-1]["step"] == 799
+    assert cut["bytes"] == path.stat().st_size
+
+
+def test_over_max_clients_a_newcomer_gets_one_line_busy(tmp_path: Path):
+    run_dir = scripted_daemon_run(tmp_path / "run", max_clients=3)
+    with running_daemon(run_dir) as d:
+        held = []
+        for _ in range(3):
+            client = d.client(timeout=30)
+            client.request("hello")
+            held.append(client)
+        try:
+            cli = subprocess.run(
+                [PYTHON, "-m", "trainwarden.supervisor", "status", str(run_dir)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert cli.returncode == 1, cli
+            assert "Traceback" not in cli.stderr
+            assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+            assert "busy" in cli.stderr and "max_clients = 3" in cli.stderr
+        finally:
+            held.pop().close()
+        assert timed_status(d) < 10
+        for client in held:
+            client.close()
