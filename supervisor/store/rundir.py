@@ -69,7 +69,12 @@ class RunFiles:
 
     def make_state_dir(self) -> None:
         """.trainwarden/ as a private folder of the daemon's user; a link or a file in its
-        place is refused (a chmod through a link would make its target private instead)."""
+        place is refused (a chmod through a link would make its target private instead).
+
+        Only ever narrowed: anything beyond 0710 goes, but the group's search bit that a
+        daemon with `[control] group` gave it stays (a second `daemon --detach` must not
+        lock the allowed users out of the running daemon's socket); the control server sets
+        the exact mode when it binds."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             os.mkdir(self.state_dir, 0o700)
@@ -82,7 +87,7 @@ class RunFiles:
         except OSError as exc:
             raise UnsafePath(_state_dir_problem(self.state_dir, exc)) from None
         try:
-            os.fchmod(fd, 0o700)
+            os.fchmod(fd, (stat.S_IMODE(os.fstat(fd).st_mode) & 0o710) | 0o700)
         finally:
             os.close(fd)
 

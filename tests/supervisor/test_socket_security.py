@@ -190,6 +190,26 @@ def test_allow_uids_lets_exactly_the_listed_users_of_the_group_in(
 
 
 @needs_users
+def test_a_second_detached_start_leaves_the_allowed_users_their_way_in(
+    group_run: tuple[Path, User, User],
+):
+    """`daemon --detach` prepares .trainwarden/ before it finds the lock held: it must not
+    take the group's search bit the running daemon gave the folder (it made it 0700)."""
+    run_dir, allowed, _other = group_run
+    folder = run_dir / ".trainwarden"
+    second = subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", "--detach", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0, second.stdout
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o710
+    code, out, err = cli_as(allowed, "status", str(run_dir), "--json")
+    assert code == 0, err
+
+
+@needs_users
 def test_a_user_outside_the_group_is_told_what_keeps_it_out(group_run: tuple[Path, User, User]):
     run_dir, _allowed, _other = group_run
     with throwaway_user() as stranger:
