@@ -491,6 +491,9 @@ class HistoryResult(TypedDict):
 class EventsResult(TypedDict):
     events: list[JournalRecord]
     """Oldest first."""
+    truncated: NotRequired[bool]
+    """True when the newest records asked for did not all fit one line (half of MAX_LINE):
+    the oldest were left out."""
 
 
 class SaveRequested(TypedDict):

@@ -150,6 +150,12 @@ def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
 def cmd_events(args: argparse.Namespace) -> int:
     with _client(args, timeout=None if args.follow else 30.0) as client:
         recent: EventsResult = client.request("events", n=args.n)
+        if recent.get("truncated"):
+            print(
+                f"trainwarden: only the newest {len(recent['events'])} of the {args.n} records "
+                "asked for fit one reply; the whole journal is .trainwarden/journal.jsonl",
+                file=sys.stderr,
+            )
         for record in recent["events"]:
             print_event(record, args.json)
         if not args.follow:

@@ -743,9 +743,13 @@ class ControlServer:
     def cmd_checkpoints(self, conn: Connection, args: dict[str, Any]) -> Any:
         return self.daemon.checkpoints_view()
 
-    def cmd_events(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_events(self, conn: Connection, args: dict[str, Any]) -> Any:
         n = _int_arg(args, "n", 50, 1, 100_000)
-        return {"events": tail_records(self.daemon.files.journal, n)}
+        # Read off the loop (up to 100,000 records), then joined on it with what a full
+        # disk holds in memory.
+        written = await asyncio.to_thread(tail_records, self.daemon.files.journal, n)
+        journal = self.daemon.journal
+        return fit_events(written if journal is None else journal.with_held(written, n))
 
     async def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
         start = _int_arg(args, "start", None, 0, MAX_STEP)
@@ -771,6 +775,22 @@ class ControlServer:
 
 
 READS = ("hello", "status", "checkpoints", "events", "history", "subscribe")
+
+
+EVENTS_MAX_BYTES = MAX_LINE // 2
+"""Encoded journal records one `events` reply holds at most (the newest; then truncated)."""
+
+
+def fit_events(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The newest records that fit EVENTS_MAX_BYTES, oldest first; `truncated` if any did not."""
+    kept: list[dict[str, Any]] = []
+    size = 0
+    for record in reversed(records):
+        size += len(encode(record))
+        if size > EVENTS_MAX_BYTES:
+            return {"events": kept[::-1], "truncated": True}
+        kept.append(record)
+    return {"events": kept[::-1]}
 
 
 class CommandError(Exception):

@@ -121,7 +121,11 @@ class Journal:
 
     def tail(self, n: int) -> list[dict[str, Any]]:
         """The newest n records, those held in memory on a full disk included."""
-        records = tail_records(self.path, n)
+        return self.with_held(tail_records(self.path, n), n)
+
+    def with_held(self, written: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+        """The newest n of `written` (read from the file) and the records held in memory."""
+        records = list(written)
         if self.file.full:
             # Held lines are the newest; a held line's written start is a torn line, skipped.
             held = min(self.file.held_lines, len(self.recent))

@@ -87,7 +87,7 @@ def test_the_owner_has_slots_that_other_users_cannot_take():
     assert admission(1002, owner, allowed, [], 4)[0] == "forbidden"  # type: ignore[index]
 
 
-def fake_daemon(name: str = "run") -> Any:
+def fake_daemon(name: str = "run", journal: Path | None = None) -> Any:
     async def history_query(start: int | None, end: int | None, points: int) -> dict[str, Any]:
         widest = -2.2250738585072014e-308
         return {
@@ -114,7 +114,27 @@ def fake_daemon(name: str = "run") -> Any:
         cfg=cfg,
         history_query=history_query,
         status_view=lambda: {"run": name, "state": "running"},
+        files=SimpleNamespace(journal=journal or Path("/nonexistent/journal.jsonl")),
+        journal=None,
     )
+
+
+async def test_an_events_reply_of_many_records_fits_one_line(tmp_path: Path):
+    """`events n=100000` over a journal of megabytes: the newest records that fit half a
+    line, oldest first, marked truncated (before: a reply no client could read)."""
+    journal = tmp_path / "journal.jsonl"
+    records = [{"kind": "log", "seq": i, "text": "x" * 200} for i in range(20_000)]
+    journal.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    server = ControlServer(fake_daemon(journal=journal))
+    result = await server.cmd_events(None, {"n": 100_000})  # type: ignore[arg-type]
+    assert result["truncated"] is True
+    events = result["events"]
+    assert events[-1]["seq"] == 19_999 and len(events) > 1000
+    assert [e["seq"] for e in events] == list(range(20_000 - len(events), 20_000))
+    assert len(encode({"id": 1, "ok": True, "result": result})) <= MAX_LINE
+    small = await server.cmd_events(None, {"n": 10})  # type: ignore[arg-type]
+    assert [e["seq"] for e in small["events"]] == list(range(19_990, 20_000))
+    assert "truncated" not in small
 
 
 async def test_a_history_reply_of_the_widest_buckets_fits_one_line():
