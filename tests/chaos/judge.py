@@ -351,8 +351,11 @@ class Judge:
             if divergence is None or kill is None:
                 fault.problem = "no divergence record with a SIGKILL"
             else:
-                # The start that rolls back from this divergence says so in its spawn record.
-                spawn = self.after("spawn", kill["t"], rollback_from=soak.nan_step)
+                # The start that rolls back from this divergence says so in its spawn record
+                # (unless the daemon was killed before it: then the next daemon's first start).
+                spawn = self.after("spawn", kill["t"], rollback_from=soak.nan_step) or self.after(
+                    "spawn", kill["t"]
+                )
                 resumed = ((spawn or {}).get("resume") or {}).get("step")
                 fault.reaction = {
                     "quarantined": divergence.get("quarantined"),
