@@ -13,6 +13,8 @@ class Spawn:
     seg: int
     resume: Ckpt | None
     pivot: bool = False
+    rollback_from: int | None = None
+    """The step of the divergence this start rolls back from, if it is that start."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ unchanged. Until then the checkpoint is pending, and what would name a checkpoin
 - the replies of stop and shutdown, and the daemon's exit after a shutdown (`stop_due`);
 - a waiting save's reply: it names the first checkpoint at or after the save's step
   committed since the request, never one beyond a checkpoint still pending.
+- the rollback target a divergence record names: while a checkpoint before the divergence
+  is pending the record names none (it lists them); the start, once they are verified,
+  resumes from the newest good one and its spawn names the divergence.
 
 The first two also wait while the last start's other processes are being stopped
 (`containing`). What those commit meanwhile (a worker saving on the SIGTERM) is stray, like
@@ -51,6 +54,11 @@ def resolved(state: State, name: str) -> State:
     if name in state.unverified:
         state = replace(state, unverified=tuple(n for n in state.unverified if n != name))
     return state
+
+
+def in_flight_before(state: State, step: int) -> list[str]:
+    """Checkpoints before `step` still being verified: each may yet become the newest."""
+    return [p.name for p in state.pending if p.step < step and not p.stray]
 
 
 def deadline(state: State, rules: Rules) -> float | None:

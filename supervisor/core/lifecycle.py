@@ -42,6 +42,7 @@ from trainwarden.supervisor.core.transitions import (
     exit_text,
     fail_waiters,
     finish_stop,
+    halts_on_divergence,
     reply_error,
     spawn,
     stop_trainer,
@@ -130,7 +131,9 @@ def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[A
 
 
 def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
-    return replace(state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t)
+    return replace(
+        state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t, rollback_from=None
+    )
 
 
 def on_spawn_failed(state: State, ev: SpawnFailed, rules: Rules, actions: list[Action]) -> State:
@@ -172,6 +175,9 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         return finish_stop(state, actions, {})
     if reason == "divergence":
         actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
+        if not halts_on_divergence(state, rules):
+            # Its spawn record names the divergence and the checkpoint really resumed from.
+            return spawn(replace(state, rollback_from=state.poisoned_from), ev.t, actions)
         if state.fallbacks > rules.max_fallbacks:
             actions.append(
                 Record(
@@ -192,15 +198,13 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
                     f" after {rules.max_fallbacks} fallbacks to older checkpoints"
                 ),
             )
-        if state.divergences > rules.divergence_retries:
-            actions.append(Record("halt", {"state": "diverged", "step": state.divergence_step}))
-            return replace(
-                state,
-                phase=Phase.DIVERGED,
-                stop_reason=None,
-                halt_reason=f"loss diverged again at step {state.divergence_step}",
-            )
-        return spawn(state, ev.t, actions)
+        actions.append(Record("halt", {"state": "diverged", "step": state.divergence_step}))
+        return replace(
+            state,
+            phase=Phase.DIVERGED,
+            stop_reason=None,
+            halt_reason=f"loss diverged again at step {state.divergence_step}",
+        )
     if reason is None and ev.returncode == 0:
         actions.append(Record("trainer_finished", exit_fields))
         state = fail_waiters(state, actions, "wrong_state", "the trainer finished")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from trainwarden.supervisor.core import barrier, pivot, suspects
 from trainwarden.supervisor.core.actions import (
@@ -36,7 +37,7 @@ from trainwarden.supervisor.core.state import (
     with_failures,
     without_checkpoints,
 )
-from trainwarden.supervisor.core.transitions import fail_waiters, tell
+from trainwarden.supervisor.core.transitions import fail_waiters, halts_on_divergence, tell
 
 
 def is_divergent(loss: float, max_loss: float) -> bool:
@@ -193,20 +194,16 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
                 fallbacks = state.fallbacks
             else:
                 fallbacks = rules.max_fallbacks + 1
-    actions.append(
-        Record(
-            "divergence",
-            {
-                "step": ev.step,
-                "loss": loss,
-                "max_loss": rules.max_loss,
-                "count": divergences,
-                "quarantined": [c.step for c in poisoned],
-                "suspect": resumed.step if resumed is not None else None,
-                "rollback_to": state.newest.step if state.newest else None,
-            },
-        )
-    )
+    fields = {
+        "step": ev.step,
+        "loss": loss,
+        "max_loss": rules.max_loss,
+        "count": divergences,
+        "quarantined": [c.step for c in poisoned],
+        "suspect": resumed.step if resumed is not None else None,
+        **_rollback(replace(state, divergences=divergences, fallbacks=fallbacks), ev.step, rules),
+    }
+    actions.append(Record("divergence", fields))
     state = fail_waiters(state, actions, "wrong_state", "the trainer diverged and was killed")
     state = pivot.abort(state, actions, f"the loss diverged at step {ev.step}")
     return replace(
@@ -219,6 +216,19 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         poisoned_from=ev.step,
         fallbacks=fallbacks,
     )
+
+
+def _rollback(state: State, step: int, rules: Rules) -> dict[str, Any]:
+    """What the divergence record says of the restart: the checkpoint it will resume from
+    only when nothing can change that any more. A checkpoint before `step` still being
+    verified may become the newest (the start waits for it, see core.barrier); the spawn
+    record names the checkpoint then resumed from, and the divergence (`rollback_from`)."""
+    if halts_on_divergence(state, rules):
+        return {"halts": True}
+    awaiting = barrier.in_flight_before(state, step)
+    if awaiting:
+        return {"awaiting_verification": awaiting}
+    return {"rollback_to": state.newest.step if state.newest else None}
 
 
 def on_mirror_pointer(

@@ -181,6 +181,8 @@ class State:
     divergence_step: int | None = None
     poisoned_from: int | None = None
     """Checkpoints at or after this step belong to a diverged trainer."""
+    rollback_from: int | None = None
+    """The step of the divergence whose restart has not started a trainer yet."""
     waiters: tuple[Waiter, ...] = ()
     shutdown: bool = False
     halt_reason: str | None = None

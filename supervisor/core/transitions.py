@@ -50,7 +50,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         and state.last_pivot_step is not None
         and resume.step <= state.last_pivot_step
     )
-    actions.append(Spawn(seg=seg, resume=resume, pivot=pivot))
+    actions.append(Spawn(seg=seg, resume=resume, pivot=pivot, rollback_from=state.rollback_from))
     return replace(
         state,
         phase=Phase.STARTING,
@@ -66,6 +66,12 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         poisoned_from=None,
         halt_reason=None,
     )
+
+
+def halts_on_divergence(state: State, rules: Rules) -> bool:
+    """A trainer killed for a divergence is not restarted: the run halts in `diverged`
+    (too many fallbacks in a row, or the same divergence again)."""
+    return state.fallbacks > rules.max_fallbacks or state.divergences > rules.divergence_retries
 
 
 def stop_trainer(

@@ -180,17 +180,16 @@ class Executor:
         env = trainer_env(self.cfg, self.store.dir, action, marker)
         # The intent, durable before the fork: a daemon killed at any instant after it finds
         # this start's processes by the marker even if it never learned the trainer's pid.
-        self.journal.append(
-            "spawn",
-            {
-                "seg": action.seg,
-                "resume": core.ckpt_json(action.resume),
-                "pivot": action.pivot,
-                "argv": argv,
-                "marker": marker,
-            },
-            sync=True,
-        )
+        intent: dict[str, Any] = {
+            "seg": action.seg,
+            "resume": core.ckpt_json(action.resume),
+            "pivot": action.pivot,
+            "argv": argv,
+            "marker": marker,
+        }
+        if action.rollback_from is not None:
+            intent["rollback_from"] = action.rollback_from
+        self.journal.append("spawn", intent, sync=True)
         self.hub.begin_segment(
             action.seg, action.resume.step if action.resume else None, pivot=action.pivot
         )

@@ -351,16 +351,25 @@ class Judge:
             if divergence is None or kill is None:
                 fault.problem = "no divergence record with a SIGKILL"
             else:
-                spawn = self.after("spawn", kill["t"])
+                # The start that rolls back from this divergence says so in its spawn record
+                # (unless the daemon was killed before it: then the next daemon's first start).
+                spawn = self.after("spawn", kill["t"], rollback_from=soak.nan_step) or self.after(
+                    "spawn", kill["t"]
+                )
+                resumed = ((spawn or {}).get("resume") or {}).get("step")
                 fault.reaction = {
                     "quarantined": divergence.get("quarantined"),
                     "rollback_to": divergence.get("rollback_to"),
-                    "spawn_resume": ((spawn or {}).get("resume") or {}).get("step"),
+                    "awaiting_verification": divergence.get("awaiting_verification"),
+                    "spawn_resume": resumed,
                 }
                 fault.latency_s = max(0.0, kill["t"] - fault.t)
-                fault.survived = spawn is not None and (
-                    divergence.get("rollback_to") is None
-                    or divergence["rollback_to"] < soak.nan_step
+                # A rollback target the divergence names is the one resumed from (it names
+                # none while a checkpoint before the NaN is still being verified).
+                fault.survived = (
+                    spawn is not None
+                    and (resumed is None or resumed < soak.nan_step)
+                    and divergence.get("rollback_to", resumed) == resumed
                 )
             soak.faults.append(fault)
         hang_line = self.first_log(rf"injected hang at step {soak.hang_step}\b")

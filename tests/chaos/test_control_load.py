@@ -115,12 +115,22 @@ def test_two_hundred_misbehaving_clients_do_not_hold_supervision_off(tmp_path: P
         f"NaN line seen -> trainer gone {nan_ms} ms, -> divergence journaled {read_ms} ms, "
         f"divergence -> SIGKILL journaled {decided_ms} ms; owner status: {len(status_s)} answered, slowest "
         f"{max(status_s):.3f} s; daemon RSS baseline {baseline:.1f} MB, peak {peak:.1f} MB, "
-        f"after {after:.1f} MB; {len(dropped)} clients dropped"
+        f"after {after:.1f} MB; {len(dropped)} clients dropped; divergence record: "
+        f"{ {k: (divergence or {}).get(k) for k in ('rollback_to', 'awaiting_verification')} }"
     )
     assert divergence is not None and divergence["step"] == NAN_STEP
     assert kill is not None and kill["signal"] == "SIGKILL"
-    spawns = [r for r in records if r["kind"] == "spawn"]
-    assert len(spawns) >= 2 and spawns[1]["resume"]["step"] < NAN_STEP
+    # The restart resumes from the newest checkpoint verified before the NaN, and that is
+    # the rollback target the divergence record names (it names none, and says which
+    # verifications it awaits, while a checkpoint before the NaN is still being verified).
+    at = next(i for i, r in enumerate(records) if r["kind"] == "spawn" and r["seg"] > 1)
+    rollback = records[at]
+    verified = [r["step"] for r in records[:at] if r["kind"] == "checkpoint"]
+    resumed = rollback["resume"]["step"]
+    assert rollback["rollback_from"] == NAN_STEP
+    assert resumed == max(s for s in verified if s < NAN_STEP)
+    assert divergence.get("rollback_to", resumed) == resumed
+    assert "rollback_to" in divergence or divergence["awaiting_verification"]
     assert nan_ms is not None and nan_ms < 5000
     assert max(status_s) < 10
     assert peak < 300

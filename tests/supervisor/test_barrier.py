@@ -310,3 +310,115 @@ def test_a_stop_is_answered_once_the_start_s_other_processes_are_gone():
     state, actions = run([p.StartContained(4.0)], state)
     (reply,) = kinds(actions, p.Reply)
     assert reply.ok and reply.result is not None and reply.result["checkpoint"]["step"] == 40
+
+
+# --------------------------------------------------------------- divergence rollback target
+
+
+def diverged_with_pending(rules: p.Rules = RULES) -> tuple[p.State, list[object]]:
+    """360 verified, 380 committed but still being verified, then a NaN at 400."""
+    state = running()
+    events = [seen(360, 1.0), commit(360, 1.1), p.StepLogged(1.5, 390, 3.0), seen(380, 2.0)]
+    state, _ = run(events, state, rules)
+    return run([p.StepLogged(2.1, 400, float("nan"))], state, rules)
+
+
+def test_a_divergence_names_no_rollback_target_a_verification_in_flight_may_change():
+    """380 (before the NaN at 400, so not poisoned, and outside the suspect window of a
+    fresh start) is verified after the divergence: the restart resumes from it. The
+    divergence record cannot know that yet: it names no target and says what it awaits;
+    the start names the divergence it rolls back from."""
+    state, actions = diverged_with_pending()
+    (divergence,) = records(actions, "divergence")
+    assert "rollback_to" not in divergence.fields
+    assert divergence.fields["awaiting_verification"] == [name(380)]
+    state, actions = run([p.TrainerExited(2.2, 7, -9, "SIGKILL")], state)
+    assert not kinds(actions, p.Spawn) and state.spawn_due
+    state, actions = run([commit(380, 3.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 380
+    assert spawn.rollback_from == 400
+
+
+def test_a_rejected_checkpoint_in_flight_leaves_the_older_one_as_the_rollback_target():
+    state, _ = diverged_with_pending()
+    state, _ = run([p.TrainerExited(2.2, 7, -9, "SIGKILL")], state)
+    state, actions = run([p.CheckpointRejected(3.0, 380, name(380), "torn")], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 360
+    assert spawn.rollback_from == 400
+
+
+def test_a_divergence_with_nothing_in_flight_names_the_checkpoint_the_restart_resumes_from():
+    state = running()
+    state, _ = run([seen(360, 1.0), commit(360, 1.1), seen(380, 1.2), commit(380, 1.3)], state)
+    state, actions = run([seen(400, 1.9), p.StepLogged(2.1, 400, float("nan"))], state)
+    (divergence,) = records(actions, "divergence")
+    # 400 is in flight, but at the divergence's step: poisoned whatever its verification says.
+    assert divergence.fields["rollback_to"] == 380
+    assert "awaiting_verification" not in divergence.fields
+    state, actions = run([p.TrainerExited(2.2, 7, -9, "SIGKILL"), commit(400, 3.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 380 and spawn.rollback_from == 400
+    state, actions = run([p.TrainerSpawned(3.1, 8), p.TrainerExited(4.0, 8, 1), p.Tick(9.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.rollback_from is None  # a crash after the rollback started is no rollback
+
+
+@given(
+    st.lists(st.sampled_from(["verified", "rejected", "pending"]), min_size=0, max_size=5),
+    st.permutations(range(5)),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_divergence_s_rollback_target_is_the_checkpoint_the_restart_resumes_from(
+    fates: list[str], order: list[int]
+):
+    """Checkpoints at 10, 20, ... before a NaN at 100, each verified or rejected before the
+    divergence or still in flight (then verified or rejected after it, in any order): a
+    rollback target the divergence record names is the one the restart resumes from."""
+    state = running()
+    in_flight: list[tuple[int, bool]] = []
+    t = 1.0
+    for i, fate in enumerate(fates):
+        step = 10 * (i + 1)
+        state, _ = run([seen(step, t)], state)
+        if fate == "pending":
+            in_flight.append((step, i % 2 == 0))
+        elif fate == "verified":
+            state, _ = run([commit(step, t + 0.1)], state)
+        else:
+            state, _ = run([p.CheckpointRejected(t + 0.1, step, name(step), "torn")], state)
+        t += 1.0
+    state, actions = run([p.StepLogged(t, 100, float("nan"))], state)
+    (divergence,) = records(actions, "divergence")
+    state, actions = run([p.TrainerExited(t + 0.1, 7, -9, "SIGKILL")], state)
+    spawns = kinds(actions, p.Spawn)
+    for k in [k for k in order if k < len(in_flight)]:
+        step, good = in_flight[k]
+        t += 1.0
+        end = commit(step, t) if good else p.CheckpointRejected(t, step, name(step), "torn")
+        state, actions = run([end], state)
+        spawns += kinds(actions, p.Spawn)
+    (spawn,) = spawns
+    assert spawn.rollback_from == 100
+    resumed = spawn.resume.step if spawn.resume is not None else None
+    if in_flight:
+        assert "rollback_to" not in divergence.fields
+        assert divergence.fields["awaiting_verification"] == [name(s) for s, _ in in_flight]
+    else:
+        assert divergence.fields["rollback_to"] == resumed
+
+
+def test_a_divergence_that_halts_the_run_names_no_rollback():
+    """The same divergence again (divergence_retries = 1): no restart follows, so the record
+    names no checkpoint to roll back to; it says the run halts, as it then does."""
+    state = running()
+    state, _ = run([seen(20, 1.0), commit(20, 1.1), p.StepLogged(1.5, 25, float("nan"))], state)
+    state, actions = run([p.TrainerExited(1.6, 7, -9, "SIGKILL")], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    state, _ = run([p.TrainerSpawned(1.7, 8)], state)
+    state, actions = run([p.StepLogged(2.0, 25, float("nan"))], state)
+    (divergence,) = records(actions, "divergence")
+    assert divergence.fields["halts"] is True and "rollback_to" not in divergence.fields
+    state, actions = run([p.TrainerExited(2.1, 8, -9, "SIGKILL")], state)
+    assert state.phase == "diverged" and not kinds(actions, p.Spawn) and records(actions, "halt")
