@@ -488,12 +488,15 @@ class HistoryResult(TypedDict):
     collapse_loss: float | None
 
 
-class EventsResult(TypedDict):
+class _EventsCut(TypedDict, total=False):
+    truncated: bool
+    """True when the newest records asked for did not all fit one line (half of MAX_LINE):
+    the oldest were left out. Absent when all are there."""
+
+
+class EventsResult(_EventsCut):
     events: list[JournalRecord]
     """Oldest first."""
-    truncated: NotRequired[bool]
-    """True when the newest records asked for did not all fit one line (half of MAX_LINE):
-    the oldest were left out."""
 
 
 class SaveRequested(TypedDict):
