@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import pivot, suspects
+from trainwarden.supervisor.core import barrier, pivot, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     Exit,
@@ -241,6 +241,9 @@ def crashed(
     actions.append(Record("crash", {**(exit_fields or {}), "cause": cause}))
     state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
     state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
+    if state.progress_since_start:
+        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
+    halts = state.restarts_without_progress >= rules.max_restarts_without_progress
     suspect = state.resume_step
     if suspect is not None and (state.last_step is None or state.last_step <= suspect):
         count = failures_of(state, suspect) + 1
@@ -251,7 +254,9 @@ def crashed(
             state, marks = suspects.suspect(state, resumed)
         if resumed is not None and count >= rules.fallback_after_failures:
             reason = f"the trainer died {count} times resuming from it before logging a step"
-            state = suspects.fall_back(state, resumed, reason, rules, actions, counted=False)
+            state = suspects.fall_back(
+                state, resumed, reason, rules, actions, counted=False, halts=halts
+            )
         elif (
             resumed is not None
             and marks >= rules.fallback_after_failures
@@ -262,13 +267,11 @@ def crashed(
                 f"the trainer diverged or died {marks} times within"
                 f" {rules.suspect_window_steps} steps of resuming from it"
             )
-            state = suspects.fall_back(state, resumed, reason, rules, actions)
+            state = suspects.fall_back(state, resumed, reason, rules, actions, halts=halts)
             count = rules.fallback_after_failures
         if count >= rules.fallback_after_failures:
             state = with_failures(state, suspect, 0)
-    if state.progress_since_start:
-        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
-    if state.restarts_without_progress >= rules.max_restarts_without_progress:
+    if halts:
         actions.append(
             Record(
                 "halt",
@@ -290,7 +293,8 @@ def crashed(
             {
                 "backoff_s": delay,
                 "attempt": state.restarts_without_progress + 1,
-                "resume_step": state.newest.step if state.newest else None,
+                # The restart waits for what is still being verified (see core.barrier).
+                **barrier.resume_forecast(state, "resume_step"),
             },
         )
     )
