@@ -125,8 +125,6 @@ def release(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
         state = finish_stop(state, actions, unverified(state))
     if state.spawn_due and not state.trainer_alive:
         state = spawn(replace(state, spawn_due=False), t, actions)
-        if not state.spawn_due:
-            state = _answer_starts(state, actions)
     return state
 
 
@@ -155,13 +153,3 @@ def _answer_saves(state: State, actions: list[Action]) -> State:
     if not done:
         return state
     return replace(state, waiters=tuple(w for w in state.waiters if w not in done))
-
-
-def _answer_starts(state: State, actions: list[Action]) -> State:
-    starts = [w for w in state.waiters if w.kind == "start"]
-    if not starts:
-        return state
-    for w in starts:
-        result = {"state": "starting", "resume_step": state.resume_step, **unverified(state)}
-        actions.append(Reply(w.request_id, ok=True, result=result))
-    return replace(state, waiters=tuple(w for w in state.waiters if w.kind != "start"))

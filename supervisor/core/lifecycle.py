@@ -12,6 +12,7 @@ from trainwarden.supervisor.core.actions import (
     Quarantine,
     ReadMirrorPointer,
     Record,
+    Reply,
     SignalTrainer,
 )
 from trainwarden.supervisor.core.events import (
@@ -131,9 +132,21 @@ def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[A
 
 
 def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
-    return replace(
+    state = replace(
         state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t, rollback_from=None
     )
+    return _answer_starts(state, actions)
+
+
+def _answer_starts(state: State, actions: list[Action]) -> State:
+    """The trainer started: `start` requests learn the checkpoint it resumed from."""
+    starts = [w for w in state.waiters if w.kind == "start"]
+    if not starts:
+        return state
+    result = {"state": "starting", "resume_step": state.resume_step, **barrier.unverified(state)}
+    for w in starts:
+        actions.append(Reply(w.request_id, ok=True, result=result))
+    return replace(state, waiters=tuple(w for w in state.waiters if w.kind != "start"))
 
 
 def on_spawn_failed(state: State, ev: SpawnFailed, rules: Rules, actions: list[Action]) -> State:

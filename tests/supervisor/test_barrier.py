@@ -78,8 +78,9 @@ def test_start_answers_with_the_checkpoint_it_really_resumes_from():
     assert not kinds(actions, p.Spawn) and not kinds(actions, p.Reply)
     state, actions = run([commit(50, 4.0)], state)
     (spawn,) = kinds(actions, p.Spawn)
-    (reply,) = kinds(actions, p.Reply)
     assert spawn.resume is not None and spawn.resume.step == 57
+    state, actions = run([p.TrainerSpawned(4.1, 8)], state)
+    (reply,) = kinds(actions, p.Reply)
     assert reply.result == {"state": "starting", "resume_step": 57}
 
 
@@ -557,3 +558,29 @@ def test_a_fallback_the_run_halts_after_names_no_resume_step():
     assert fallback.fields["halts"] is True and "resume_step" not in fallback.fields
     assert state.phase == "crash_loop" and records(actions, "halt")
     assert not kinds(actions, p.Spawn) and not records(actions, "restart_scheduled")
+
+
+def test_start_answers_with_the_checkpoint_resumed_from_after_a_refused_one():
+    """57's files no longer read as they did at its commit: the start refuses it and resumes
+    from 50. The reply comes once the trainer has started and names 50, not 57."""
+    state = running()
+    state, _ = run([seen(50, 1.0), commit(50, 1.1), seen(57, 1.2), commit(57, 1.3)], state)
+    state, _ = run([p.Operator(2.0, 1, p.Stop()), p.TrainerExited(2.5, 7, 0)], state)
+    state, actions = run([p.Operator(3.0, 2, p.Start())], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 57 and not kinds(actions, p.Reply)
+    state, actions = run([p.ResumeRefused(3.1, 57, name(57), "content changed")], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 50 and not kinds(actions, p.Reply)
+    state, actions = run([p.TrainerSpawned(3.2, 8)], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.ok and reply.result == {"state": "starting", "resume_step": 50}
+
+
+def test_start_that_cannot_spawn_the_trainer_says_so():
+    state = running()
+    state, _ = run([seen(50, 1.0), commit(50, 1.1)], state)
+    state, _ = run([p.Operator(2.0, 1, p.Stop()), p.TrainerExited(2.5, 7, 0)], state)
+    state, actions = run([p.Operator(3.0, 2, p.Start()), p.SpawnFailed(3.1, "no such file")], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert not reply.ok and "no such file" in reply.message
