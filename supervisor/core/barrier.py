@@ -10,9 +10,11 @@ unchanged. Until then the checkpoint is pending, and what would name a checkpoin
 - the replies of stop and shutdown, and the daemon's exit after a shutdown (`stop_due`);
 - a waiting save's reply: it names the first checkpoint at or after the save's step
   committed since the request, never one beyond a checkpoint still pending.
-- the rollback target a divergence record names: while a checkpoint before the divergence
-  is pending the record names none (it lists them); the start, once they are verified,
-  resumes from the newest good one and its spawn names the divergence.
+- the resume step a record foretells (`resume_forecast`): the divergence record's rollback
+  target, the `restart_scheduled` and `fallback` records' `resume_step`. While a checkpoint
+  that may become the newest is pending, the record names none (it lists them); the start,
+  once they are verified, resumes from the newest good one, and its spawn record says which
+  (after a divergence, beside the divergence it rolls back from).
 
 The first two also wait while the last start's other processes are being stopped
 (`containing`). What those commit meanwhile (a worker saving on the SIGTERM) is stray, like
@@ -56,9 +58,21 @@ def resolved(state: State, name: str) -> State:
     return state
 
 
-def in_flight_before(state: State, step: int) -> list[str]:
-    """Checkpoints before `step` still being verified: each may yet become the newest."""
-    return [p.name for p in state.pending if p.step < step and not p.stray]
+def in_flight_before(state: State, step: int | None) -> list[str]:
+    """Checkpoints before `step` (None: any) still being verified: each may yet become the
+    newest."""
+    return [p.name for p in state.pending if (step is None or p.step < step) and not p.stray]
+
+
+def resume_forecast(state: State, key: str, before: int | None = None) -> dict[str, Any]:
+    """What a record may say now of the checkpoint the next start resumes from: its step,
+    under `key`, only when no checkpoint still being verified can change it (one before
+    `before`, the first poisoned step, if any); otherwise the ones it awaits. The start's
+    spawn record names what it really resumed from."""
+    awaiting = in_flight_before(state, before)
+    if awaiting:
+        return {"awaiting_verification": awaiting}
+    return {key: state.newest.step if state.newest else None}
 
 
 def deadline(state: State, rules: Rules) -> float | None:
@@ -111,8 +125,6 @@ def release(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
         state = finish_stop(state, actions, unverified(state))
     if state.spawn_due and not state.trainer_alive:
         state = spawn(replace(state, spawn_due=False), t, actions)
-        if not state.spawn_due:
-            state = _answer_starts(state, actions)
     return state
 
 
@@ -141,13 +153,3 @@ def _answer_saves(state: State, actions: list[Action]) -> State:
     if not done:
         return state
     return replace(state, waiters=tuple(w for w in state.waiters if w not in done))
-
-
-def _answer_starts(state: State, actions: list[Action]) -> State:
-    starts = [w for w in state.waiters if w.kind == "start"]
-    if not starts:
-        return state
-    for w in starts:
-        result = {"state": "starting", "resume_step": state.resume_step, **unverified(state)}
-        actions.append(Reply(w.request_id, ok=True, result=result))
-    return replace(state, waiters=tuple(w for w in state.waiters if w.kind != "start"))

@@ -199,16 +199,11 @@ def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
         actions.append(Reply(ev.request_id, ok=True, result={"state": state.phase}))
         return state
     state = spawn(state, ev.t, actions)
-    if state.spawn_due:
-        # Answered once the trainer starts, naming the checkpoint it really resumes from.
-        waiter = Waiter(ev.request_id, "start", 0, ev.t + rules.verify_timeout_s)
-        return replace(state, waiters=(*state.waiters, waiter))
-    actions.append(
-        Reply(
-            ev.request_id, ok=True, result={"state": "starting", "resume_step": state.resume_step}
-        )
-    )
-    return state
+    # Answered once the trainer has started, naming the checkpoint it really resumes from:
+    # the start may wait for verifications, and the shell refuses a checkpoint whose files
+    # changed since its commit (then the next older one is tried).
+    waiter = Waiter(ev.request_id, "start", 0, ev.t + rules.verify_timeout_s)
+    return replace(state, waiters=(*state.waiters, waiter))
 
 
 def pin(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import pivot, suspects
+from trainwarden.supervisor.core import barrier, pivot, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     Exit,
     Quarantine,
     ReadMirrorPointer,
     Record,
+    Reply,
     SignalTrainer,
 )
 from trainwarden.supervisor.core.events import (
@@ -131,9 +132,21 @@ def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[A
 
 
 def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
-    return replace(
+    state = replace(
         state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t, rollback_from=None
     )
+    return _answer_starts(state, actions)
+
+
+def _answer_starts(state: State, actions: list[Action]) -> State:
+    """The trainer started: `start` requests learn the checkpoint it resumed from."""
+    starts = [w for w in state.waiters if w.kind == "start"]
+    if not starts:
+        return state
+    result = {"state": "starting", "resume_step": state.resume_step, **barrier.unverified(state)}
+    for w in starts:
+        actions.append(Reply(w.request_id, ok=True, result=result))
+    return replace(state, waiters=tuple(w for w in state.waiters if w.kind != "start"))
 
 
 def on_spawn_failed(state: State, ev: SpawnFailed, rules: Rules, actions: list[Action]) -> State:
@@ -241,6 +254,9 @@ def crashed(
     actions.append(Record("crash", {**(exit_fields or {}), "cause": cause}))
     state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
     state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
+    if state.progress_since_start:
+        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
+    halts = state.restarts_without_progress >= rules.max_restarts_without_progress
     suspect = state.resume_step
     if suspect is not None and (state.last_step is None or state.last_step <= suspect):
         count = failures_of(state, suspect) + 1
@@ -251,7 +267,9 @@ def crashed(
             state, marks = suspects.suspect(state, resumed)
         if resumed is not None and count >= rules.fallback_after_failures:
             reason = f"the trainer died {count} times resuming from it before logging a step"
-            state = suspects.fall_back(state, resumed, reason, rules, actions, counted=False)
+            state = suspects.fall_back(
+                state, resumed, reason, rules, actions, counted=False, halts=halts
+            )
         elif (
             resumed is not None
             and marks >= rules.fallback_after_failures
@@ -262,13 +280,11 @@ def crashed(
                 f"the trainer diverged or died {marks} times within"
                 f" {rules.suspect_window_steps} steps of resuming from it"
             )
-            state = suspects.fall_back(state, resumed, reason, rules, actions)
+            state = suspects.fall_back(state, resumed, reason, rules, actions, halts=halts)
             count = rules.fallback_after_failures
         if count >= rules.fallback_after_failures:
             state = with_failures(state, suspect, 0)
-    if state.progress_since_start:
-        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
-    if state.restarts_without_progress >= rules.max_restarts_without_progress:
+    if halts:
         actions.append(
             Record(
                 "halt",
@@ -290,7 +306,8 @@ def crashed(
             {
                 "backoff_s": delay,
                 "attempt": state.restarts_without_progress + 1,
-                "resume_step": state.newest.step if state.newest else None,
+                # The restart waits for what is still being verified (see core.barrier).
+                **barrier.resume_forecast(state, "resume_step"),
             },
         )
     )

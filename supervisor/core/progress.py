@@ -188,7 +188,7 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
                     f"the loss diverged (loss {loss} at step {ev.step}) within"
                     f" {ev.step - resumed.step} steps of resuming from it, {count} times"
                 )
-                state = suspects.fall_back(state, resumed, reason, rules, actions)
+                state = suspects.fall_back(state, resumed, reason, rules, actions, before=ev.step)
                 # The checkpoint took the blame: the older one starts with a clean slate.
                 divergences, first_bad = 0, None
                 fallbacks = state.fallbacks
@@ -225,10 +225,7 @@ def _rollback(state: State, step: int, rules: Rules) -> dict[str, Any]:
     record names the checkpoint then resumed from, and the divergence (`rollback_from`)."""
     if halts_on_divergence(state, rules):
         return {"halts": True}
-    awaiting = barrier.in_flight_before(state, step)
-    if awaiting:
-        return {"awaiting_verification": awaiting}
-    return {"rollback_to": state.newest.step if state.newest else None}
+    return barrier.resume_forecast(state, "rollback_to", before=step)
 
 
 def on_mirror_pointer(

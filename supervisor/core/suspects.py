@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trainwarden.supervisor.core import barrier
 from trainwarden.supervisor.core.actions import Action, Quarantine, Record
 from trainwarden.supervisor.core.state import (
     Ckpt,
@@ -51,16 +52,21 @@ def fall_back(
     actions: list[Action],
     *,
     counted: bool = True,
+    before: int | None = None,
+    halts: bool = False,
 ) -> State:
     """Abandon `ckpt` for the next older verified checkpoint, and say so in the journal.
 
     Fallbacks for deaths alone are not `counted` toward max_fallbacks: crash_loop bounds them.
+    The record names the step the restart resumes from only when nothing can change it (see
+    barrier.resume_forecast; `before`: the divergence's step, whatever is pending from it on
+    is poisoned), and says when the run `halts` instead of restarting.
     """
     actions.append(Quarantine(ckpt.step, ckpt.name, reason))
     state = with_suspicion(without_checkpoints(state, {ckpt.step}), ckpt.step, 0)
     if counted:
         state = replace(state, fallbacks=state.fallbacks + 1)
-    newest = state.newest
+    restart = {"halts": True} if halts else barrier.resume_forecast(state, "resume_step", before)
     actions.append(
         Record(
             "fallback",
@@ -68,7 +74,7 @@ def fall_back(
                 "abandoned": ckpt.step,
                 "name": ckpt.name,
                 "reason": reason,
-                "resume_step": newest.step if newest else None,
+                **restart,
                 "fallbacks": state.fallbacks,
                 "max_fallbacks": rules.max_fallbacks,
             },

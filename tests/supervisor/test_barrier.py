@@ -78,8 +78,9 @@ def test_start_answers_with_the_checkpoint_it_really_resumes_from():
     assert not kinds(actions, p.Spawn) and not kinds(actions, p.Reply)
     state, actions = run([commit(50, 4.0)], state)
     (spawn,) = kinds(actions, p.Spawn)
-    (reply,) = kinds(actions, p.Reply)
     assert spawn.resume is not None and spawn.resume.step == 57
+    state, actions = run([p.TrainerSpawned(4.1, 8)], state)
+    (reply,) = kinds(actions, p.Reply)
     assert reply.result == {"state": "starting", "resume_step": 57}
 
 
@@ -422,3 +423,164 @@ def test_a_divergence_that_halts_the_run_names_no_rollback():
     assert divergence.fields["halts"] is True and "rollback_to" not in divergence.fields
     state, actions = run([p.TrainerExited(2.1, 8, -9, "SIGKILL")], state)
     assert state.phase == "diverged" and not kinds(actions, p.Spawn) and records(actions, "halt")
+
+
+# --------------------------------------------------- the resume step a restart is said to take
+
+
+def test_a_scheduled_restart_names_no_resume_step_a_verification_in_flight_may_change():
+    """The trainer saved 50 and crashed while 50 was being verified: the restart resumes
+    from 50 once it is verified, so the restart_scheduled record cannot name 30."""
+    state = running()
+    state, _ = run([seen(30, 1.0), commit(30, 1.5), seen(50, 2.0)], state)
+    state, actions = run([p.TrainerExited(2.1, 7, 1)], state)
+    (scheduled,) = records(actions, "restart_scheduled")
+    assert "resume_step" not in scheduled.fields
+    assert scheduled.fields["awaiting_verification"] == [name(50)]
+    state, actions = run([p.Tick(3.2), commit(50, 4.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 50
+
+
+def test_a_scheduled_restart_with_nothing_in_flight_names_the_step_it_resumes_from():
+    state = running()
+    state, _ = run([seen(30, 1.0), commit(30, 1.5), seen(50, 2.0), commit(50, 2.1)], state)
+    state, actions = run([p.TrainerExited(2.2, 7, 1)], state)
+    (scheduled,) = records(actions, "restart_scheduled")
+    assert scheduled.fields["resume_step"] == 50 and "awaiting_verification" not in scheduled.fields
+    state, actions = run([p.Tick(3.3)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 50
+
+
+@given(
+    st.lists(st.sampled_from(["verified", "rejected", "pending"]), min_size=0, max_size=5),
+    st.permutations(range(5)),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_scheduled_restart_s_resume_step_is_the_checkpoint_the_restart_resumes_from(
+    fates: list[str], order: list[int]
+):
+    """Checkpoints at 10, 20, ... each verified or rejected before a crash or still in
+    flight (then verified or rejected after it, before or after the backoff ends, in any
+    order): a resume step the restart_scheduled record names is the one resumed from."""
+    state = running()
+    in_flight: list[tuple[int, bool]] = []
+    t = 1.0
+    for i, fate in enumerate(fates):
+        step = 10 * (i + 1)
+        state, _ = run([p.StepLogged(t, step, 3.0), seen(step, t)], state)
+        if fate == "pending":
+            in_flight.append((step, i % 2 == 0))
+        elif fate == "verified":
+            state, _ = run([commit(step, t + 0.1)], state)
+        else:
+            state, _ = run([p.CheckpointRejected(t + 0.1, step, name(step), "torn")], state)
+        t += 1.0
+    state, actions = run([p.TrainerExited(t, 7, 1)], state)
+    (scheduled,) = records(actions, "restart_scheduled")
+    spawns = kinds(actions, p.Spawn)
+    for i, k in enumerate([k for k in order if k < len(in_flight)]):
+        step, good = in_flight[k]
+        t += 1.0
+        end = commit(step, t) if good else p.CheckpointRejected(t, step, name(step), "torn")
+        events: list[object] = [end]
+        if i == 1:
+            events.insert(0, p.Tick(t))  # the backoff (1 s) ends among the verifications
+        state, actions = run(events, state)
+        spawns += kinds(actions, p.Spawn)
+    state, actions = run([p.Tick(t + 10.0)], state)
+    (spawn,) = spawns + kinds(actions, p.Spawn)
+    resumed = spawn.resume.step if spawn.resume is not None else None
+    if in_flight:
+        assert "resume_step" not in scheduled.fields
+        assert scheduled.fields["awaiting_verification"] == [name(s) for s, _ in in_flight]
+    else:
+        assert scheduled.fields["resume_step"] == resumed
+
+
+def respawned(state: p.State, t: float, pid: int) -> p.State:
+    state, _ = run([p.TrainerSpawned(t, pid)], state)
+    return state
+
+
+def test_a_divergence_fallback_names_no_resume_step_a_verification_in_flight_may_change():
+    """Resumed from 300, the loss diverges at 302 twice: 300 is abandoned. 301, committed
+    before the NaN and still being verified, is not poisoned: once verified the restart
+    resumes from it, so the fallback record cannot name 200 (nor the divergence record)."""
+    ckpts = tuple(p.Ckpt(s, name(s), 1) for s in (100, 200, 300))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 7)], p.State(checkpoints=ckpts))
+    nan = float("nan")
+    events = [p.StepLogged(1.0, 301, 3.0), p.StepLogged(1.1, 302, nan), p.TrainerExited(1.2, 7, -9)]
+    state, actions = run(events, state)
+    state = respawned(state, 1.3, 8)
+    events = [p.StepLogged(2.0, 301, 3.0), seen(301, 2.05), p.StepLogged(2.1, 302, nan)]
+    state, actions = run(events, state)
+    (fallback,) = records(actions, "fallback")
+    assert fallback.fields["abandoned"] == 300
+    assert "resume_step" not in fallback.fields
+    assert fallback.fields["awaiting_verification"] == [name(301)]
+    (divergence,) = records(actions, "divergence")
+    assert divergence.fields["awaiting_verification"] == [name(301)]
+    state, actions = run([p.TrainerExited(2.2, 8, -9), commit(301, 3.0)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 301
+
+
+def test_a_divergence_fallback_with_nothing_in_flight_names_the_step_it_resumes_from():
+    ckpts = tuple(p.Ckpt(s, name(s), 1) for s in (100, 200, 300))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 7)], p.State(checkpoints=ckpts))
+    nan = float("nan")
+    for pid, t in ((7, 1.0), (8, 2.0)):
+        events = [p.StepLogged(t, 301, 3.0), p.StepLogged(t + 0.1, 302, nan)]
+        state, actions = run([*events, p.TrainerExited(t + 0.2, pid, -9)], state)
+        state = respawned(state, t + 0.3, pid + 1)
+    (fallback,) = records(actions, "fallback")
+    assert fallback.fields["resume_step"] == 200
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 200
+
+
+def test_a_fallback_the_run_halts_after_names_no_resume_step():
+    """The trainer dies twice resuming from 200 before a step: 200 is abandoned, and with
+    max_restarts_without_progress = 1 the run halts in crash_loop instead of restarting
+    from 100. The fallback record says it halts, as the run then does."""
+    rules = replace(RULES, max_restarts_without_progress=1)
+    ckpts = tuple(p.Ckpt(s, name(s), 1) for s in (100, 200))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 7)], p.State(checkpoints=ckpts), rules)
+    state, _ = run(
+        [p.TrainerExited(1.0, 7, 1), p.Tick(2.5), p.TrainerSpawned(2.6, 8)], state, rules
+    )
+    assert state.resume_step == 200
+    state, actions = run([p.TrainerExited(3.0, 8, 1)], state, rules)
+    (fallback,) = records(actions, "fallback")
+    assert fallback.fields["abandoned"] == 200
+    assert fallback.fields["halts"] is True and "resume_step" not in fallback.fields
+    assert state.phase == "crash_loop" and records(actions, "halt")
+    assert not kinds(actions, p.Spawn) and not records(actions, "restart_scheduled")
+
+
+def test_start_answers_with_the_checkpoint_resumed_from_after_a_refused_one():
+    """57's files no longer read as they did at its commit: the start refuses it and resumes
+    from 50. The reply comes once the trainer has started and names 50, not 57."""
+    state = running()
+    state, _ = run([seen(50, 1.0), commit(50, 1.1), seen(57, 1.2), commit(57, 1.3)], state)
+    state, _ = run([p.Operator(2.0, 1, p.Stop()), p.TrainerExited(2.5, 7, 0)], state)
+    state, actions = run([p.Operator(3.0, 2, p.Start())], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 57 and not kinds(actions, p.Reply)
+    state, actions = run([p.ResumeRefused(3.1, 57, name(57), "content changed")], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 50 and not kinds(actions, p.Reply)
+    state, actions = run([p.TrainerSpawned(3.2, 8)], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.ok and reply.result == {"state": "starting", "resume_step": 50}
+
+
+def test_start_that_cannot_spawn_the_trainer_says_so():
+    state = running()
+    state, _ = run([seen(50, 1.0), commit(50, 1.1)], state)
+    state, _ = run([p.Operator(2.0, 1, p.Stop()), p.TrainerExited(2.5, 7, 0)], state)
+    state, actions = run([p.Operator(3.0, 2, p.Start()), p.SpawnFailed(3.1, "no such file")], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert not reply.ok and "no such file" in reply.message
