@@ -149,7 +149,7 @@ def run(ctx: Context) -> Section:
     sizes = QUICK_SIZES if ctx.quick else FULL_SIZES
     rows = [measure(ctx, steps) for steps in sizes]
     section = Section(
-        key="long_runs",
+        key="long-runs",
         title=TITLE,
         intro=(
             "A `.loss.json` of N steps (18M = three weeks at 10 lines/s) and the NaN trainer "

@@ -48,6 +48,9 @@ from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_at
 
 log = logging.getLogger("trainwarden.daemon")
 
+BACKGROUND_GRACE_S = 10.0
+"""How long a stopping daemon waits for its background file work (mirror prune and such)."""
+
 REAP_INTERVAL_S = 1.0
 DISK_RETRY_S = 1.0
 """How often the daemon tries again to write what a full disk refused."""
@@ -227,6 +230,8 @@ class Daemon:
                 close_format()  # a format's verifier process (torch-pt) ends with the daemon
             if self.executor.mirror is not None:
                 self.executor.mirror.close()  # interrupts a copy in progress; latest.json stays
+            # A prune decided before the stop still runs (a slow mirror cannot hold us long).
+            await self.executor.settle_background(BACKGROUND_GRACE_S)
             if self.metrics is not None:
                 await asyncio.to_thread(self.metrics.close)
             await self.server.close()

@@ -138,6 +138,12 @@ class Executor:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def settle_background(self, timeout_s: float) -> None:
+        """Let background work in flight (a mirror prune, a retraction, a copy being
+        interrupted) end before the daemon does, for at most `timeout_s`."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout_s)
+
     async def _file_op(self, operation: Any, name: str, failure_kind: str) -> None:
         """Move or delete checkpoint files; a failure is journaled, never fatal to the loop."""
         try:
