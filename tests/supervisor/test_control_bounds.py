@@ -460,3 +460,39 @@ def test_over_max_clients_a_newcomer_gets_one_line_busy(tmp_path: Path):
         assert timed_status(d) < 10
         for client in held:
             client.close()
+
+
+async def test_a_read_request_of_a_client_that_hung_up_is_not_answered():
+    server = ControlServer(fake_daemon())
+    conn = control.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
+    conn.gone.set()
+    assert not await server._take_turn(conn, "status", first=True)
+    assert not await server._take_turn(conn, "history", first=False)
+    # An acting command is still carried out (or abandoned) as the policy says.
+    assert await server._take_turn(conn, "stop", first=True)
+
+
+async def test_turns_past_a_slice_go_first_requests_first_then_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    now = [0.0]
+    monkeypatch.setattr(control, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    turns, order = control.Turns(), []
+    left = asyncio.Event()
+
+    async def ask(name: str, moot: Any = lambda: False, first: bool = False) -> None:
+        await turns.turn(moot, first)
+        order.append(name)
+        now[0] += control.SLICE_S  # each answer takes a whole slice
+
+    # All in the same pass: the first spends its slice, the others wait.
+    asking = [
+        asyncio.ensure_future(ask("spender")),
+        asyncio.ensure_future(ask("pipelined-1")),
+        asyncio.ensure_future(ask("gone", left.is_set)),
+        asyncio.ensure_future(ask("pipelined-2")),
+        asyncio.ensure_future(ask("first", first=True)),
+    ]
+    left.set()
+    await asyncio.wait_for(asyncio.gather(*asking), 10)
+    assert order == ["spender", "first", "pipelined-1", "gone", "pipelined-2"]
