@@ -724,10 +724,15 @@ class ControlServer:
         if cmd in ACTING:
             await self.turns.turn(first=first)
             return True
-        if conn.gone.is_set():
+
+        def left() -> bool:
+            # Asked directly (one poll): its reader may not have seen the end yet.
+            return conn.gone.is_set() or hung_up(conn.writer)
+
+        if left():
             return False
-        await self.turns.turn(conn.gone.is_set, first)
-        return not conn.gone.is_set()
+        await self.turns.turn(left, first)
+        return not left()
 
     def _release_memory(self) -> None:
         self.trim = None

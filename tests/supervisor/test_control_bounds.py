@@ -496,3 +496,17 @@ async def test_turns_past_a_slice_go_first_requests_first_then_in_order(
     left.set()
     await asyncio.wait_for(asyncio.gather(*asking), 10)
     assert order == ["spender", "first", "pipelined-1", "gone", "pipelined-2"]
+
+
+async def test_a_read_request_is_not_answered_once_its_client_closed_before_we_noticed():
+    server = ControlServer(fake_daemon())
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    _reader, writer = await asyncio.open_unix_connection(sock=ours)
+    conn = control.Connection(writer, os.getuid())
+    try:
+        assert await server._take_turn(conn, "status", first=True)
+        theirs.close()  # the reader task has not seen the end: only the socket says so
+        assert not conn.gone.is_set()
+        assert not await server._take_turn(conn, "status", first=False)
+    finally:
+        writer.close()
