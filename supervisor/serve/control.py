@@ -25,7 +25,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
@@ -74,6 +74,10 @@ READ_AHEAD_BYTES = 64 << 10
 READ_CHUNK = 64 << 10
 """The StreamReader's buffer limit: a connection buffers about twice this unread; longer
 lines are assembled in pieces up to MAX_LINE."""
+ACCEPT_BATCH = 8
+"""Connections taken in per pass of the loop (the rest wait in the listen queue)."""
+LISTEN_BACKLOG = 512
+"""Connections the kernel queues for us before it refuses newcomers (EAGAIN)."""
 TOO_LARGE = b"\0too large"
 """What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
 PRE_EMPT = {"stop": ("save",), "shutdown": ("save",)}
@@ -136,31 +140,93 @@ def _bounded_line(message: dict[str, Any]) -> bytes:
 class Turns:
     """Time slices for answering requests, so many busy clients cannot starve the loop:
     within one pass of the loop requests are answered for at most SLICE_S, then the rest
-    wait until the loop has been round once (its I/O and timers handled)."""
+    wait until the loop has been round once (its I/O and timers handled).
+
+    A request's work is done inside its turn (see ControlServer._answer), so the slice
+    measures it. Requests past the slice queue in arrival order and are woken a slice's
+    worth at a time (sized by what the last slice answered), one batch per pass: a crowd of
+    waiting clients costs the loop nothing until its turn comes.
+    """
 
     def __init__(self) -> None:
         self.slice_start: float | None = None
+        self.answered = 0
+        """Turns given in the current slice (what the next batch of waiters is sized by)."""
+        self.exhausted = False
+        """The current slice ran out (someone found no time left in it)."""
+        self.waiting: deque[tuple[asyncio.Future[None], Callable[[], bool]]] = deque()
+        self.firsts: deque[tuple[asyncio.Future[None], Callable[[], bool]]] = deque()
+        """Connections' first requests: woken before the others."""
+        self.woken: deque[tuple[asyncio.Future[None], Callable[[], bool]]] = deque()
+        """Waiters woken for a slice that ended before they ran: first in the next."""
+        self.scheduled = False
 
-    async def turn(self) -> None:
+    async def turn(self, moot: Callable[[], bool] = lambda: False, first: bool = False) -> None:
+        """Wait for a turn; `moot` says the turn is no longer wanted (its client left): it
+        is then given at once, without counting against the slice or the batch. A `first`
+        request (a connection's first) waits only behind other first ones: a client that
+        asks once is never queued behind the pipelines of clients that ask thousands."""
+        loop = asyncio.get_running_loop()
+        woken = False
         while True:
+            if woken and moot():
+                return
             now = time.monotonic()
             if self.slice_start is None:
                 # The slice lasts for the rest of this pass: the reset runs in the next.
                 self.slice_start = now
-                asyncio.get_running_loop().call_soon(self._next_slice)
+                self.answered = 0
+                self.exhausted = False
+                self._schedule(loop)
+            queued = bool(self.firsts or self.woken or (self.waiting and not first))
             if now - self.slice_start < SLICE_S:
-                return
-            await asyncio.sleep(0)
+                if woken or not queued:
+                    self.answered += 1
+                    return
+            else:
+                self.exhausted = True
+            place = loop.create_future()
+            (self.woken if woken else self.firsts if first else self.waiting).append((place, moot))
+            self._schedule(loop)
+            try:
+                await place
+            except asyncio.CancelledError:
+                for queue in (self.firsts, self.waiting, self.woken):
+                    with contextlib.suppress(ValueError):
+                        queue.remove((place, moot))
+                raise
+            woken = True
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            loop.call_soon(self._next_slice)
 
     def _next_slice(self) -> None:
+        self.scheduled = False
         self.slice_start = None
+        # As many as the last slice had time for; twice as many if it had time left.
+        batch = max(1, self.answered if self.exhausted else 2 * self.answered)
+        ready, self.woken = self.woken, deque()
+        while batch and (ready or self.firsts or self.waiting):
+            queue = ready if ready else self.firsts if self.firsts else self.waiting
+            place, moot = queue.popleft()
+            if not place.done():
+                place.set_result(None)
+                batch -= 0 if moot() else 1
+        self.woken.extend(ready)
+        if self.woken or self.firsts or self.waiting:
+            # Wake the next batch in the next pass, whoever else asks for a turn.
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._next_slice)
 
 
 class Outbox:
     """What one connection has yet to be sent, as encoded lines."""
 
     def __init__(self) -> None:
-        self.latest: dict[str, Any] = {}
+        self.latest: dict[str, bytes] = {}
+        """The newest line of each replaceable topic."""
         self.ordered: deque[bytes] = deque()
         self.bytes = 0
         """Encoded bytes in `ordered`."""
@@ -174,18 +240,20 @@ class Outbox:
     def full(self) -> bool:
         return self.bytes >= OUTBOX_BYTES or len(self.ordered) >= MAX_QUEUED
 
-    def push_topic(self, topic: str, data: Any) -> None:
+    def push_topic(self, topic: str, line: bytes) -> None:
+        """Queue a push already encoded (once for every subscriber: see publish)."""
         if topic in REPLACEABLE_TOPICS:
-            self.latest[topic] = data
+            self.latest[topic] = line
+            self.wake.set()
         else:
-            self.put({"topic": topic, "data": data})
-            return
-        self.wake.set()
+            self.put_line(line)
 
     def put(self, message: dict[str, Any]) -> None:
+        self.put_line(_bounded_line(message))
+
+    def put_line(self, line: bytes) -> None:
         if self.overflowed:
             return
-        line = _bounded_line(message)
         if self.bytes + len(line) > OUTBOX_LIMIT or len(self.ordered) >= MAX_QUEUED:
             self.overflowed = True
         else:
@@ -204,8 +272,7 @@ class Outbox:
                 self.room.set()
             return line
         if self.latest:
-            topic = next(iter(self.latest))
-            return _bounded_line({"topic": topic, "data": self.latest.pop(topic)})
+            return self.latest.pop(next(iter(self.latest)))
         self.wake.clear()
         return None
 
@@ -423,6 +490,20 @@ async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
         conn.lines.end()
 
 
+async def serve_unix(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], address: str
+) -> asyncio.AbstractServer:
+    """A Unix stream server at `address` that takes in at most ACCEPT_BATCH connections per
+    pass of the loop, while the kernel queues up to LISTEN_BACKLOG."""
+    # asyncio accepts up to `backlog` connections per wake-up, all in the same pass (and
+    # listens with it): a small batch there, then the kernel's queue made long again.
+    server = await asyncio.start_unix_server(serve, address, limit=READ_CHUNK, backlog=ACCEPT_BATCH)
+    for listening in server.sockets:
+        with socket.fromfd(listening.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.listen(LISTEN_BACKLOG)
+    return server
+
+
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     sock = writer.get_extra_info("socket")
     if sock is None:
@@ -472,9 +553,7 @@ class ControlServer:
         socket_mode = 0o600 if gid is None else 0o660
         old_umask = os.umask(0o777 & ~socket_mode)
         try:
-            self.server = await asyncio.start_unix_server(
-                self._serve, address, limit=READ_CHUNK, backlog=512
-            )
+            self.server = await serve_unix(self._serve, address)
         finally:
             os.umask(old_umask)
             if fd is not None:
@@ -555,9 +634,12 @@ class ControlServer:
         return any(topic in conn.topics for conn in self.connections)
 
     def publish(self, topic: str, data: Any) -> None:
+        line: bytes | None = None
         for conn in self.connections:
             if topic in conn.topics:
-                conn.outbox.push_topic(topic, data)
+                if line is None:  # encoded once, for every subscriber
+                    line = _bounded_line({"topic": topic, "data": data})
+                conn.outbox.push_topic(topic, line)
 
     # -------------------------------------------------------------- one connection
 
@@ -590,6 +672,7 @@ class ControlServer:
         loop = asyncio.get_running_loop()
         pump = conn.pump_task = loop.create_task(conn.pump())
         lines = loop.create_task(read_lines(reader, conn))
+        answered = 0
         try:
             while not conn.closed:
                 line = await conn.lines.get()
@@ -598,13 +681,21 @@ class ControlServer:
                 if line == TOO_LARGE:
                     conn.outbox.put(_error(None, "too_large", f"line exceeds {MAX_LINE} bytes"))
                     break
-                await self.turns.turn()
-                answer = loop.create_task(self._request(conn, line))
-                self.answering.add(answer)
-                try:
-                    await asyncio.shield(answer)
-                finally:
-                    self.answering.discard(answer)
+                request = self._parse(conn, line)
+                if request is not None:
+                    if not await self._take_turn(conn, request[1], answered == 0):
+                        break
+                    answered += 1
+                    # Answered within the turn, so the slice counts the work; only a
+                    # command that waits (an acting one, history) goes on in a task.
+                    rest = self._answer(conn, *request)
+                    if rest is not None:
+                        answer = loop.create_task(rest)
+                        self.answering.add(answer)
+                        try:
+                            await asyncio.shield(answer)
+                        finally:
+                            self.answering.discard(answer)
                 # A client that sends without reading waits for its replies to go out
                 # (its pump drops it after slow_client_s); one that reads still yields
                 # between requests (and waits its turn), so pipelining cannot hold a
@@ -626,48 +717,86 @@ class ControlServer:
             if self.trim is None and self.peak_connections >= TRIM_AFTER and thinned:
                 self.trim = loop.call_later(TRIM_DELAY_S, self._release_memory)
 
+    async def _take_turn(self, conn: Connection, cmd: str, first: bool) -> bool:
+        """Wait for the turn to answer `cmd`; False if nobody would read the answer: the
+        client asked and hung up (a crowd of them must not queue ahead of clients that
+        wait for theirs). An acting command is still carried out, or abandoned, as asked."""
+        if cmd in ACTING:
+            await self.turns.turn(first=first)
+            return True
+
+        def left() -> bool:
+            # Asked directly (one poll): its reader may not have seen the end yet.
+            return conn.gone.is_set() or hung_up(conn.writer)
+
+        if left():
+            return False
+        await self.turns.turn(left, first)
+        return not left()
+
     def _release_memory(self) -> None:
         self.trim = None
         self.peak_connections = len(self.connections)
         release_memory()
 
-    async def _request(self, conn: Connection, line: bytes) -> None:
+    def _parse(self, conn: Connection, line: bytes) -> tuple[Any, str, dict[str, Any]] | None:
+        """The request on `line` as (id, command, arguments), or None once an error about
+        it is queued."""
         try:
             message = decode(line)
         except ProtocolError as exc:
             conn.outbox.put(_error(None, "bad_request", str(exc)))
-            return
+            return None
         rid = message.get("id")
         if rid is not None and (not isinstance(rid, int | str) or isinstance(rid, bool)):
             conn.outbox.put(_error(None, "bad_request", "'id' must be an integer or a string"))
-            return
+            return None
         cmd = message.get("cmd")
         if not isinstance(cmd, str):
             conn.outbox.put(_error(rid, "bad_request", "'cmd' must be a string naming a command"))
-            return
-        args = {k: v for k, v in message.items() if k not in ("id", "cmd")}
+            return None
+        return rid, cmd, {k: v for k, v in message.items() if k not in ("id", "cmd")}
+
+    def _answer(
+        self, conn: Connection, rid: Any, cmd: str, args: dict[str, Any]
+    ) -> Coroutine[Any, Any, None] | None:
+        """Answer a request now, or return what finishes answering it (a command that
+        waits: an acting one, history)."""
+        if cmd in ACTING:
+            return self._reply(conn, rid, cmd, lambda: self._acting(conn, rid, cmd, args))
+        handler = getattr(self, f"cmd_{cmd}", None)
+        if handler is None:
+            known = ", ".join(sorted([*READS, *ACTING]))
+            conn.outbox.put(
+                _error(rid, "unknown_command", f"unknown command '{cmd}'; known: {known}")
+            )
+            return None
+        if asyncio.iscoroutinefunction(handler):  # answered off the loop (history, events)
+            return self._reply(conn, rid, cmd, lambda: handler(conn, args))
         try:
-            if cmd in ACTING:
-                result = await self._acting(conn, rid, cmd, args)
-            else:
-                handler = getattr(self, f"cmd_{cmd}", None)
-                if handler is None:
-                    known = ", ".join(sorted([*READS, *ACTING]))
-                    conn.outbox.put(
-                        _error(rid, "unknown_command", f"unknown command '{cmd}'; known: {known}")
-                    )
-                    return
-                result = handler(conn, args)
-                if asyncio.iscoroutine(result):  # answered off the loop (history)
-                    result = await result
-        except CommandError as exc:
-            conn.outbox.put(_error(rid, exc.code, str(exc)))
-            return
-        except Exception as exc:  # never let one request take the daemon down
-            log.exception("control request %r failed", cmd)
-            conn.outbox.put(_error(rid, "internal", f"{type(exc).__name__}: {exc}"))
+            result = handler(conn, args)
+        except Exception as exc:
+            self._failed(conn, rid, cmd, exc)
+            return None
+        conn.outbox.put({"id": rid, "ok": True, "result": result})
+        return None
+
+    async def _reply(
+        self, conn: Connection, rid: Any, cmd: str, answer: Callable[[], Awaitable[Any]]
+    ) -> None:
+        try:
+            result = await answer()
+        except Exception as exc:
+            self._failed(conn, rid, cmd, exc)
             return
         conn.outbox.put({"id": rid, "ok": True, "result": result})
+
+    @staticmethod
+    def _failed(conn: Connection, rid: Any, cmd: str, exc: Exception) -> None:
+        if not isinstance(exc, CommandError):  # never let one request take the daemon down
+            log.exception("control request %r failed", cmd, exc_info=exc)
+            exc = CommandError("internal", f"{type(exc).__name__}: {exc}")
+        conn.outbox.put(_error(rid, exc.code, str(exc)))
 
     async def _acting(self, conn: Connection, rid: Any, cmd: str, args: dict[str, Any]) -> Any:
         command = parse_command(cmd, args)

@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ from trainwarden.supervisor.protocol import (
     bounded_sidecar,
     encode,
 )
+from trainwarden.supervisor.serve import control
 from trainwarden.supervisor.serve.control import ControlServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -87,7 +89,7 @@ def test_the_owner_has_slots_that_other_users_cannot_take():
     assert admission(1002, owner, allowed, [], 4)[0] == "forbidden"  # type: ignore[index]
 
 
-def fake_daemon(name: str = "run", journal: Path | None = None) -> Any:
+def fake_daemon(name: str = "run", status_view: Any = None, journal: Path | None = None) -> Any:
     async def history_query(start: int | None, end: int | None, points: int) -> dict[str, Any]:
         widest = -2.2250738585072014e-308
         return {
@@ -112,10 +114,10 @@ def fake_daemon(name: str = "run", journal: Path | None = None) -> Any:
     )
     return SimpleNamespace(
         cfg=cfg,
-        history_query=history_query,
-        status_view=lambda: {"run": name, "state": "running"},
-        files=SimpleNamespace(journal=journal or Path("/nonexistent/journal.jsonl")),
         journal=None,
+        history_query=history_query,
+        status_view=status_view or (lambda: {"run": name, "state": "running"}),
+        files=SimpleNamespace(journal=journal or Path("/nonexistent/journal.jsonl")),
     )
 
 
@@ -135,6 +137,174 @@ async def test_an_events_reply_of_many_records_fits_one_line(tmp_path: Path):
     small = await server.cmd_events(None, {"n": 10})  # type: ignore[arg-type]
     assert [e["seq"] for e in small["events"]] == list(range(19_990, 20_000))
     assert "truncated" not in small
+
+
+class PerPass:
+    """How often `count()` is called between two passes of the loop: a tick rescheduled
+    with call_soon runs once per pass (so one figure spans the end of a pass and the
+    start of the next)."""
+
+    def __init__(self) -> None:
+        self.figures = [0]
+        self.handle: asyncio.Handle | None = None
+
+    def start(self) -> None:
+        self.figures.append(0)
+        self.handle = asyncio.get_running_loop().call_soon(self.start)
+
+    def stop(self) -> None:
+        assert self.handle is not None
+        self.handle.cancel()
+
+    def count(self) -> None:
+        self.figures[-1] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.figures)
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:  # a Unix socket path is short
+        yield Path(folder) / "s"
+
+
+async def ask_at_once(path: Path, cmd: bytes, n: int, replies: list[Any]) -> None:
+    """One client that sends `n` requests at once, then reads every reply."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b"".join(b'{"id": %d, "cmd": "%s"}\n' % (i, cmd) for i in range(n)))
+    await writer.drain()
+    for _ in range(n):
+        replies.append(orjson.loads(await reader.readline()))
+    writer.close()
+
+
+def costly_status(monkeypatch: pytest.MonkeyPatch, calls: PerPass) -> Any:
+    """A status view that takes half a slice of the control server's clock."""
+    now = [0.0]
+    monkeypatch.setattr(control, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def status_view() -> dict[str, Any]:
+        now[0] += control.SLICE_S / 2
+        calls.count()
+        return {"state": "running"}
+
+    return status_view
+
+
+async def test_the_answers_given_in_one_pass_of_the_loop_fit_its_slice(
+    monkeypatch: pytest.MonkeyPatch, socket_path: Path
+):
+    calls = PerPass()
+    server = ControlServer(fake_daemon(status_view=costly_status(monkeypatch, calls)))
+    listening = await control.serve_unix(server._serve, str(socket_path))
+    replies: list[Any] = []
+    calls.start()
+    try:
+        clients = [ask_at_once(socket_path, b"status", 5, replies) for _ in range(20)]
+        await asyncio.wait_for(asyncio.gather(*clients), 60)
+    finally:
+        calls.stop()
+        listening.close()
+    assert len(replies) == 100 and all(reply["ok"] for reply in replies)
+    # Two answers fit a slice; a figure spans parts of two passes (and a little slack).
+    print(f"status answers per pass of the loop: at most {max(calls.figures)}")
+    assert max(calls.figures) <= 6
+
+
+async def test_a_clients_first_request_does_not_wait_behind_other_clients_pipelines(
+    monkeypatch: pytest.MonkeyPatch, socket_path: Path
+):
+    calls = PerPass()
+    server = ControlServer(fake_daemon(status_view=costly_status(monkeypatch, calls)))
+    server.daemon.cfg.control.max_clients = 256
+    hello = server.cmd_hello
+    answered_after: list[int] = []
+
+    def counted_hello(conn: Any, args: dict[str, Any]) -> Any:
+        answered_after.append(calls.total)
+        return hello(conn, args)
+
+    server.cmd_hello = counted_hello  # type: ignore[method-assign]
+    listening = await control.serve_unix(server._serve, str(socket_path))
+    replies: list[Any] = []
+    calls.start()
+    try:
+        pipelines = [
+            asyncio.ensure_future(ask_at_once(socket_path, b"status", 10, replies))
+            for _ in range(100)
+        ]
+        while calls.total < 200:  # every pipeline is queued for its next turn
+            await asyncio.sleep(0)
+        asked_after = calls.total
+        newcomer: list[Any] = []
+        await asyncio.wait_for(ask_at_once(socket_path, b"hello", 1, newcomer), 60)
+        await asyncio.wait_for(asyncio.gather(*pipelines), 60)
+    finally:
+        calls.stop()
+        listening.close()
+    assert newcomer[0]["ok"] and len(replies) == 100 * 10
+    waited = answered_after[0] - asked_after
+    print(f"status answers given between the newcomer's hello and its answer: {waited}")
+    # Behind the 100 pipelines' next requests, it would wait for at least 100 answers.
+    assert waited < 50
+
+
+async def test_a_burst_of_connections_is_taken_in_a_batch_per_pass_and_none_refused(
+    socket_path: Path,
+):
+    accepted = PerPass()
+    server = ControlServer(fake_daemon())
+
+    async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.count()
+        await server._serve(reader, writer)
+
+    listening = await control.serve_unix(counted, str(socket_path))
+    clients, refused = [], 0
+    for _ in range(100):  # all queued before the loop runs once more
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.setblocking(False)
+        try:
+            client.connect(str(socket_path))
+        except BlockingIOError:
+            refused += 1
+        clients.append(client)
+    accepted.start()
+    try:
+        for _ in range(10_000):
+            if accepted.total >= 100 - refused:
+                break
+            await asyncio.sleep(0)
+    finally:
+        accepted.stop()
+        for client in clients:
+            client.close()
+        listening.close()
+    print(f"connections taken in per pass of the loop: at most {max(accepted.figures)}")
+    assert refused == 0
+    assert accepted.total == 100
+    assert max(accepted.figures) <= 2 * control.ACCEPT_BATCH
+
+
+def test_a_push_is_encoded_once_for_all_its_subscribers(monkeypatch: pytest.MonkeyPatch):
+    server = ControlServer(fake_daemon())
+    encoded: list[Any] = []
+    real_encode = control.encode
+    monkeypatch.setattr(control, "encode", lambda m: encoded.append(m) or real_encode(m))
+    subscribers = []
+    for _ in range(10):
+        conn = control.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
+        conn.topics = {"telemetry", "events"}
+        subscribers.append(conn)
+    server.connections = set(subscribers)
+    server.publish("telemetry", {"step": 7})
+    server.publish("events", {"kind": "spawn"})
+    lines = [[conn.outbox.pop(), conn.outbox.pop()] for conn in subscribers]
+    assert len(encoded) == 2
+    assert all(pair == lines[0] for pair in lines)
+    assert sorted(orjson.loads(line)["topic"] for line in lines[0]) == ["events", "telemetry"]
 
 
 async def test_a_history_reply_of_the_widest_buckets_fits_one_line():
@@ -309,3 +479,53 @@ def test_over_max_clients_a_newcomer_gets_one_line_busy(tmp_path: Path):
         assert timed_status(d) < 10
         for client in held:
             client.close()
+
+
+async def test_a_read_request_of_a_client_that_hung_up_is_not_answered():
+    server = ControlServer(fake_daemon())
+    conn = control.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
+    conn.gone.set()
+    assert not await server._take_turn(conn, "status", first=True)
+    assert not await server._take_turn(conn, "history", first=False)
+    # An acting command is still carried out (or abandoned) as the policy says.
+    assert await server._take_turn(conn, "stop", first=True)
+
+
+async def test_turns_past_a_slice_go_first_requests_first_then_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    now = [0.0]
+    monkeypatch.setattr(control, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    turns, order = control.Turns(), []
+    left = asyncio.Event()
+
+    async def ask(name: str, moot: Any = lambda: False, first: bool = False) -> None:
+        await turns.turn(moot, first)
+        order.append(name)
+        now[0] += control.SLICE_S  # each answer takes a whole slice
+
+    # All in the same pass: the first spends its slice, the others wait.
+    asking = [
+        asyncio.ensure_future(ask("spender")),
+        asyncio.ensure_future(ask("pipelined-1")),
+        asyncio.ensure_future(ask("gone", left.is_set)),
+        asyncio.ensure_future(ask("pipelined-2")),
+        asyncio.ensure_future(ask("first", first=True)),
+    ]
+    left.set()
+    await asyncio.wait_for(asyncio.gather(*asking), 10)
+    assert order == ["spender", "first", "pipelined-1", "gone", "pipelined-2"]
+
+
+async def test_a_read_request_is_not_answered_once_its_client_closed_before_we_noticed():
+    server = ControlServer(fake_daemon())
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    _reader, writer = await asyncio.open_unix_connection(sock=ours)
+    conn = control.Connection(writer, os.getuid())
+    try:
+        assert await server._take_turn(conn, "status", first=True)
+        theirs.close()  # the reader task has not seen the end: only the socket says so
+        assert not conn.gone.is_set()
+        assert not await server._take_turn(conn, "status", first=False)
+    finally:
+        writer.close()
