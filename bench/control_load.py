@@ -13,26 +13,13 @@ from __future__ import annotations
 import threading
 import time
 
-import psutil
-
 from bench.common import Context, DeathWatch, Section, Target, fmt_ms, latency_summary
 from bench.divergence import armed_pid, nan_written_t, tell_to_diverge, trainer_argv
 from bench.peers import trainwarden_config
 from tests.support import poll
-from tests.support.clients import Crowd
+from tests.support.clients import CROWD, Crowd, rss_mb
 
 TITLE = "11. Control-plane load: NaN -> kill and status under 200 misbehaving clients"
-CROWD = (
-    ["never_reading"] * 60
-    + ["pipelining"] * 60
-    + ["slow_reading"] * 40
-    + ["vanishing"] * 30
-    + ["big_lines"] * 10
-)
-
-
-def _rss_mb(pid: int) -> float:
-    return float(psutil.Process(pid).memory_info().rss) / 2**20
 
 
 class StatusProbe:
@@ -78,7 +65,7 @@ def run(ctx: Context) -> Section:
     problems: list[str] = []
     first = poll(lambda: armed_pid(events, used), 30.0)
     time.sleep(2)
-    baseline = _rss_mb(pid)
+    baseline = rss_mb(pid)
     peak = baseline
     crowd = Crowd(daemon.socket, CROWD).start()
     probe = StatusProbe(daemon.request)
@@ -93,7 +80,7 @@ def run(ctx: Context) -> Section:
             tell_to_diverge(go, trainer)
             dead_t = watch.wait(10.0)
             written_t = poll(lambda t=trainer: nan_written_t(events, t), 2.0)
-            peak = max(peak, _rss_mb(pid))
+            peak = max(peak, rss_mb(pid))
             if dead_t is None or written_t is None:
                 problems.append(f"trainer {trainer} was not killed within 10 s")
                 break
@@ -103,7 +90,7 @@ def run(ctx: Context) -> Section:
         crowd.close()
         probe.close()
     time.sleep(5)
-    after = _rss_mb(pid)
+    after = rss_mb(pid)
     daemon.stop()
     nan = latency_summary(nan_ms)
     status = latency_summary(probe.ms)

@@ -13,27 +13,15 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.support import checkpoints, journal, pid_alive, reference_run, running_daemon, wait_for
-from tests.support.clients import Crowd
+from tests.support.clients import CROWD, Crowd, rss_mb
 
 pytestmark = pytest.mark.timeout(600)
 
 NAN_STEP = 400
 SAVE_EVERY = 20
-CROWD = (
-    ["never_reading"] * 60
-    + ["pipelining"] * 60
-    + ["slow_reading"] * 40
-    + ["vanishing"] * 30
-    + ["big_lines"] * 10
-)
-
-
-def rss_mb(pid: int) -> float:
-    return float(psutil.Process(pid).memory_info().rss) / 2**20
 
 
 class NanWatch:

@@ -366,6 +366,29 @@ def test_a_divergence_with_nothing_in_flight_names_the_checkpoint_the_restart_re
     assert spawn.rollback_from is None  # a crash after the rollback started is no rollback
 
 
+def checkpoints_with_fates(
+    fates: list[str], log_steps: bool
+) -> tuple[p.State, list[tuple[int, bool]], float]:
+    """A running trainer that commits checkpoints at 10, 20, ...: each verified or rejected
+    at once, or still in flight ("pending"; it will pass if its index is even). Returns the
+    state, the in-flight (step, will pass) and the next free time."""
+    state = running()
+    in_flight: list[tuple[int, bool]] = []
+    t = 1.0
+    for i, fate in enumerate(fates):
+        step = 10 * (i + 1)
+        logged = [p.StepLogged(t, step, 3.0)] if log_steps else []
+        state, _ = run([*logged, seen(step, t)], state)
+        if fate == "pending":
+            in_flight.append((step, i % 2 == 0))
+        elif fate == "verified":
+            state, _ = run([commit(step, t + 0.1)], state)
+        else:
+            state, _ = run([p.CheckpointRejected(t + 0.1, step, name(step), "torn")], state)
+        t += 1.0
+    return state, in_flight, t
+
+
 @given(
     st.lists(st.sampled_from(["verified", "rejected", "pending"]), min_size=0, max_size=5),
     st.permutations(range(5)),
@@ -377,19 +400,7 @@ def test_a_divergence_s_rollback_target_is_the_checkpoint_the_restart_resumes_fr
     """Checkpoints at 10, 20, ... before a NaN at 100, each verified or rejected before the
     divergence or still in flight (then verified or rejected after it, in any order): a
     rollback target the divergence record names is the one the restart resumes from."""
-    state = running()
-    in_flight: list[tuple[int, bool]] = []
-    t = 1.0
-    for i, fate in enumerate(fates):
-        step = 10 * (i + 1)
-        state, _ = run([seen(step, t)], state)
-        if fate == "pending":
-            in_flight.append((step, i % 2 == 0))
-        elif fate == "verified":
-            state, _ = run([commit(step, t + 0.1)], state)
-        else:
-            state, _ = run([p.CheckpointRejected(t + 0.1, step, name(step), "torn")], state)
-        t += 1.0
+    state, in_flight, t = checkpoints_with_fates(fates, log_steps=False)
     state, actions = run([p.StepLogged(t, 100, float("nan"))], state)
     (divergence,) = records(actions, "divergence")
     state, actions = run([p.TrainerExited(t + 0.1, 7, -9, "SIGKILL")], state)
@@ -464,19 +475,7 @@ def test_a_scheduled_restart_s_resume_step_is_the_checkpoint_the_restart_resumes
     """Checkpoints at 10, 20, ... each verified or rejected before a crash or still in
     flight (then verified or rejected after it, before or after the backoff ends, in any
     order): a resume step the restart_scheduled record names is the one resumed from."""
-    state = running()
-    in_flight: list[tuple[int, bool]] = []
-    t = 1.0
-    for i, fate in enumerate(fates):
-        step = 10 * (i + 1)
-        state, _ = run([p.StepLogged(t, step, 3.0), seen(step, t)], state)
-        if fate == "pending":
-            in_flight.append((step, i % 2 == 0))
-        elif fate == "verified":
-            state, _ = run([commit(step, t + 0.1)], state)
-        else:
-            state, _ = run([p.CheckpointRejected(t + 0.1, step, name(step), "torn")], state)
-        t += 1.0
+    state, in_flight, t = checkpoints_with_fates(fates, log_steps=True)
     state, actions = run([p.TrainerExited(t, 7, 1)], state)
     (scheduled,) = records(actions, "restart_scheduled")
     spawns = kinds(actions, p.Spawn)

@@ -24,6 +24,23 @@ KINDS = ("never_reading", "pipelining", "slow_reading", "vanishing", "big_lines"
 SUBSCRIBE_ALL = b'{"id": 1, "cmd": "subscribe"}\n'
 
 
+CROWD = (
+    ["never_reading"] * 60
+    + ["pipelining"] * 60
+    + ["slow_reading"] * 40
+    + ["vanishing"] * 30
+    + ["big_lines"] * 10
+)
+"""The 200 misbehaving clients of the load test and its bench section."""
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MiB."""
+    import psutil
+
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
+
+
 class Crowd:
     def __init__(self, socket_path: Path, kinds: Sequence[str], requests: int = 3000) -> None:
         self.socket_path = socket_path
