@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 
 from tests.support import PYTHON, DaemonProcess, make_run, pid_alive, poll, running_daemon, wait_for
+from tests.support.longrun import fast_trainer_argv, small_refresh_wrap
 from trainwarden.supervisor.errors import ProtocolError
 from trainwarden.supervisor.protocol import Client
 
@@ -166,33 +167,10 @@ def test_the_first_start_of_a_long_uncached_run_holds_one_chunk_in_memory(tmp_pa
     assert first_peak - baseline < 20 * steps / 2**20
 
 
-# Prints argv[1] step lines, at most 20,000 a second (a burst as fast as it can write would
-# measure the log follower's backlog, not the history), then waits to be stopped.
-FAST_TRAINER = """
-import sys, time
-steps = int(sys.argv[1])
-for lo in range(1, steps + 1, 2000):
-    hi = min(lo + 2000, steps + 1)
-    sys.stdout.write("".join(f"step: {s}, loss: {2.0 + 1.0 / s:.6f}, dt: 0.01\\n" for s in range(lo, hi)))
-    sys.stdout.flush()
-    time.sleep(0.1)
-time.sleep(3600)
-"""
-
-# The daemon with a smaller CACHE_REFRESH_ROWS (argv[1]); the daemon's own argv follows.
-SMALL_REFRESH = """
-import runpy, sys
-from trainwarden.supervisor.shell import hub
-hub.CACHE_REFRESH_ROWS = int(sys.argv[1])
-sys.argv = ["trainwarden", *sys.argv[5:]]
-runpy.run_module("trainwarden.supervisor", run_name="__main__", alter_sys=True)
-"""
-
-
 def test_a_long_lived_daemon_keeps_its_memory_flat_while_steps_are_logged(tmp_path):
     steps, refresh = 1_000_000, 100_000
-    run_dir = make_run(tmp_path / "run", [PYTHON, "-c", FAST_TRAINER, str(steps)])
-    daemon = DaemonProcess(run_dir, wrap=[PYTHON, "-c", SMALL_REFRESH, str(refresh)])
+    run_dir = make_run(tmp_path / "run", fast_trainer_argv(steps))
+    daemon = DaemonProcess(run_dir, wrap=small_refresh_wrap(refresh))
     try:
         daemon.start()
 
