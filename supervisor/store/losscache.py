@@ -16,6 +16,7 @@ atomic rename, so a crash mid-write leaves the previous cache (or none) in force
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -101,7 +102,7 @@ def save(
         raise
 
 
-COPY_BYTES = 16 << 20
+COPY_BYTES = 1 << 20
 HEADER_BYTES = 128
 """Each column's .npy header, padded to this length so that it can be written first with
 no row count and again, in place, with the final one."""
@@ -223,11 +224,24 @@ class Builder:
 
 def _copy_mapped(out: Any, piece: np.memmap) -> None:
     # Copy the old generation's bytes file to file instead of through the map: touching
-    # the map would count every page of a long run in the daemon's resident memory.
+    # the map would count every page of a long run in the daemon's resident memory. In the
+    # kernel where it can (copy_file_range), so no buffer of them passes through ours.
     start = _file_position(piece)
     left = piece.nbytes
     out.flush()
     with open(str(piece.filename), "rb") as src:
+        try:
+            while left:
+                done = os.copy_file_range(src.fileno(), out.fileno(), min(COPY_BYTES, left), start)
+                if not done:
+                    raise OSError(f"{piece.filename}: shorter than its header says")
+                start += done
+                left -= done
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        finally:
+            out.seek(0, os.SEEK_END)
         src.seek(start)
         while left:
             data = src.read(min(COPY_BYTES, left))

@@ -38,8 +38,9 @@ from trainwarden.supervisor.store.appendfile import AppendFile
 LOAD_CHUNK_BYTES = 1 << 20
 BUILD_CHUNK_ROWS = 1 << 18
 """Rows a load that builds the cache parses before it writes them out (about 10 MB)."""
-MARK_MAX_ROWS = 1 << 22
-"""Rows a mark (LossHistory.mark) records at most: past it the remap is given up."""
+MARK_MAX_ROWS = 1 << 20
+"""Rows a mark (LossHistory.mark) records at most (40 bytes each): past it the remap is
+given up (a rebuild that slow has not kept up with the steps anyway)."""
 _KEYS = ("step", "loss", "dt", "t", "seg")
 
 
@@ -278,8 +279,8 @@ class LossHistory:
         """Rows load() parsed from the file itself rather than took from the cache."""
         self._unterminated = False
         self._changed = False
-        self._since_mark: list[tuple[int, float, float | None, float, int]] | None = None
-        """Rows added since mark(), in order; None when not marked."""
+        self._since_mark: _Live | None = None
+        """Rows added since mark(), in order (not sorted); None when not marked."""
 
     @classmethod
     def load(
@@ -431,7 +432,7 @@ class LossHistory:
 
     def mark(self) -> None:
         """Note the rows added from now on, for remap()."""
-        self._since_mark = []
+        self._since_mark = _Live()
 
     def remap(self, base: LossHistory) -> bool:
         """Take `base`'s rows (a load of the history file over the cache, as the file was
@@ -444,8 +445,8 @@ class LossHistory:
             return False
         self._parts = base._parts
         base._parts = []
-        for row in since:
-            self.add(*row)
+        for step, loss, dt, t, seg in since.rows(0, len(since)):
+            self.add(step, loss, dt, t, seg)  # a nan dt stays unknown
         return True
 
     def remap_cancel(self) -> None:
@@ -458,12 +459,12 @@ class LossHistory:
 
     def add(self, step: int, loss: float, dt: float | None, t: float, seg: int) -> None:
         """A live step; a replayed step of a newer (or the same) segment replaces the old one."""
+        dt_value = math.nan if dt is None else dt
         since = self._since_mark
         if since is not None:
-            since.append((step, loss, dt, t, seg))
+            since.append(step, loss, dt_value, t, seg)
             if len(since) > MARK_MAX_ROWS:
                 self._since_mark = None
-        dt_value = math.nan if dt is None else dt
         self._changed = True
         parts = self._parts
         row = (step, loss, dt_value, t, seg)
