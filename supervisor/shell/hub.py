@@ -55,6 +55,7 @@ class TelemetryHub:
         loop: asyncio.AbstractEventLoop,
         on_step: Callable[[int, float], None],
         trainer_pid: Callable[[], int | None] = lambda: None,
+        cache_refresh_rows: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.files = files
@@ -100,7 +101,9 @@ class TelemetryHub:
         )
         """History queries and cache rebuilds, one at a time, off the event loop."""
         self._rows_since_cache = 0
-        self._cache_job: asyncio.Future[bool] | None = None
+        self._cache_job: asyncio.Future[LossHistory | None] | None = None
+        self.cache_refresh_rows = cache_refresh_rows or CACHE_REFRESH_ROWS
+        """Logged rows between cache rebuilds (a parameter for tests)."""
 
     # -------------------------------------------------------------- history and log
 
@@ -108,9 +111,13 @@ class TelemetryHub:
         """Rebuild telemetry from .loss.json (not the whole log) at daemon start."""
         self.seg = seg
         path, cache = self.files.loss_history, self.loss_cache_dir
-        self.history = LossHistory.load(path, cache)
-        if self.history.parsed_rows >= CACHE_MIN_ROWS and self._save_cache(self.history):
-            # Reopen over the new cache: the rows just parsed leave memory for its maps.
+        try:
+            # Many rows past the cache go into a new generation as they are parsed, so the
+            # first start of a long run holds one chunk of them in memory, not all.
+            self.history = LossHistory.load(path, cache, cache_rows=CACHE_MIN_ROWS)
+        except OSError as exc:
+            # Only a start-up's speed depends on the cache: the run goes on without it.
+            log.warning("could not write the loss cache in %s: %s", cache, exc)
             self.history = LossHistory.load(path, cache)
         for step, loss, dt, t in self.history.recent(self.cfg.telemetry.window * 2):
             self.monitor.observe(step, loss, dt, t)
@@ -122,31 +129,45 @@ class TelemetryHub:
     def loss_cache_dir(self) -> Path:
         return self.files.state_dir / "loss-cache"
 
-    def _save_cache(self, history: LossHistory) -> bool:
+    def _rebuild_cache(self, upto: int) -> LossHistory | None:
+        """In the history thread: the cache for .loss.json's first `upto` bytes (what had
+        been logged when the rebuild began), and the history over it."""
         try:
-            return history.save_cache(self.files.loss_history, self.loss_cache_dir)
+            return LossHistory.load(
+                self.files.loss_history, self.loss_cache_dir, upto=upto, cache_rows=1
+            )
         except OSError as exc:
-            # Only a start-up's speed depends on the cache: the run goes on without it.
             log.warning("could not write the loss cache in %s: %s", self.loss_cache_dir, exc)
-            return False
-
-    def _rebuild_cache(self) -> bool:
-        """In the history thread: the cache for what .loss.json holds now."""
-        return self._save_cache(LossHistory.load(self.files.loss_history, self.loss_cache_dir))
+            return None
 
     def _count_for_cache(self, rows: int) -> None:
         self._rows_since_cache += rows
-        if self._rows_since_cache < CACHE_REFRESH_ROWS or self._cache_job is not None:
+        if self._rows_since_cache < self.cache_refresh_rows or self._cache_job is not None:
             return
+        upto = self.writer.size() if self.writer is not None else None
+        if upto is None:
+            return  # lines held on a full disk: the file is behind the history for now
         self._rows_since_cache = 0
-        job = self.loop.run_in_executor(self._history_thread, self._rebuild_cache)
+        self.history.mark()
+        job = self.loop.run_in_executor(self._history_thread, self._rebuild_cache, upto)
         self._cache_job = job
         job.add_done_callback(self._cache_rebuilt)
 
-    def _cache_rebuilt(self, job: asyncio.Future[bool]) -> None:
+    def _cache_rebuilt(self, job: asyncio.Future[LossHistory | None]) -> None:
+        """On the loop: the running history trades the rows the new cache holds for maps
+        of it (the steps logged meanwhile are added again), so its memory stays about
+        CACHE_REFRESH_ROWS rows however long the daemon runs."""
         self._cache_job = None
-        if not job.cancelled() and job.exception() is not None:
-            log.warning("loss cache rebuild failed: %r", job.exception())
+        base = None
+        if not job.cancelled():
+            if job.exception() is not None:
+                log.warning("loss cache rebuild failed: %r", job.exception())
+            else:
+                base = job.result()
+        if base is None:
+            self.history.remap_cancel()
+            return
+        self.history.remap(base)
 
     def history_last_step(self) -> int | None:
         return self.history.last_step

@@ -19,6 +19,7 @@ import contextlib
 import math
 import mmap
 import operator
+import os
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
@@ -35,6 +36,11 @@ from trainwarden.supervisor.store import losscache
 from trainwarden.supervisor.store.appendfile import AppendFile
 
 LOAD_CHUNK_BYTES = 1 << 20
+BUILD_CHUNK_ROWS = 1 << 18
+"""Rows a load that builds the cache parses before it writes them out (about 10 MB)."""
+MARK_MAX_ROWS = 1 << 20
+"""Rows a mark (LossHistory.mark) records at most (40 bytes each): past it the remap is
+given up (a rebuild that slow has not kept up with the steps anyway)."""
 _KEYS = ("step", "loss", "dt", "t", "seg")
 
 
@@ -96,6 +102,14 @@ class LossWriter:
             )
         if lines:
             self.file.write(b"\n".join(lines) + b"\n", len(lines))
+
+    def size(self) -> int | None:
+        """The file's length while it holds every line handed in (None while some are
+        held in memory): the prefix that says exactly what has been logged."""
+        file = self.file
+        if file.fd < 0 or file.held_bytes:
+            return None
+        return os.fstat(file.fd).st_size
 
     def retry(self) -> bool:
         """Write the lines held since the disk filled; True once none is held."""
@@ -265,13 +279,26 @@ class LossHistory:
         """Rows load() parsed from the file itself rather than took from the cache."""
         self._unterminated = False
         self._changed = False
+        self._since_mark: _Live | None = None
+        """Rows added since mark(), in order (not sorted); None when not marked."""
 
     @classmethod
-    def load(cls, path: Path | str, cache_dir: Path | None = None) -> LossHistory:
+    def load(
+        cls,
+        path: Path | str,
+        cache_dir: Path | None = None,
+        *,
+        upto: int | None = None,
+        cache_rows: int | None = None,
+        chunk_rows: int = BUILD_CHUNK_ROWS,
+    ) -> LossHistory:
         """Read a history file (missing: empty). Damaged lines are skipped and counted.
 
         With `cache_dir`, a valid cache (losscache) stands for the prefix it resolves and
-        only the lines after it are parsed.
+        only the lines after it are parsed. `upto`: read the file as it was at that length.
+        `cache_rows`: when at least this many rows are parsed past the cache, they go into
+        a new generation of it as they are parsed, `chunk_rows` at a time, and the history
+        maps them: a first start over weeks of steps holds one chunk in memory, not all.
         """
         history = cls()
         offset = 0
@@ -280,23 +307,50 @@ class LossHistory:
         if cached is not None:
             offset = cached.prefix_bytes
             base_stats = cached.stats
+        end = math.inf if upto is None else upto
         raw = _Live()
         n_lines = garbage = 0
         tail = b""
+        build: _Build | None = None
         try:
             with open(path, "rb") as f:
                 f.seek(offset)
                 # Chunks rather than one read: the peak memory of a start-up stays a few MB
                 # above the arrays themselves however long the run has been.
-                while chunk := f.read(LOAD_CHUNK_BYTES):
+                while offset < end and (chunk := f.read(int(min(LOAD_CHUNK_BYTES, end - offset)))):
                     offset += len(chunk)
                     lines = (tail + chunk).split(b"\n")
                     tail = lines.pop()  # unterminated: completed by the next chunk, or torn
                     n_lines += len(lines)
                     garbage += _read_lines(raw, lines)
+                    if cache_dir is not None and cache_rows is not None and len(raw) >= chunk_rows:
+                        build = build or _Build(cache_dir, cached)
+                        build.add(raw)
+                        raw = _Live()
         except FileNotFoundError:
             return history
-        history.parsed_bytes = offset - len(tail)
+        except BaseException:
+            if build is not None:
+                build.builder.abort()
+            raise
+        parsed_bytes = offset - len(tail)
+        if cache_dir is not None and cache_rows is not None:
+            parsed = len(raw) + (build.rows if build else 0)
+            if build is None and parsed and parsed >= cache_rows:
+                build = _Build(cache_dir, cached)
+            if build is not None:
+                stats = {
+                    "lines": base_stats["lines"] + n_lines,
+                    "garbage": base_stats["garbage"] + garbage,
+                    "superseded": base_stats["superseded"],
+                }
+                build.finish(raw, Path(path), parsed_bytes, stats)
+                # Over the generation just written: only a last line without its newline
+                # is left to parse.
+                history = cls.load(path, cache_dir, upto=upto)
+                history.parsed_rows += parsed
+                return history
+        history.parsed_bytes = parsed_bytes
         history.parsed_rows = len(raw)
         torn = False
         if tail.strip():
@@ -332,27 +386,13 @@ class LossHistory:
             self._parts = [_Mapped(base, 0, nb)] + ([rows] if len(rows) else [])
             return 0
         # Later lines replay cached steps: merge the cached rows of their range with them.
-        new = {name: np.array(c) for name, c in zip(_KEYS, rows.columns(), strict=True)}
-        lo = int(np.searchsorted(base[0], new["step"][0], side="left"))
-        hi = int(np.searchsorted(base[0], new["step"][-1], side="right"))
-        old_step, old_seg = base[0][lo:hi], base[4][lo:hi]
-        at = np.searchsorted(new["step"], old_step)
-        at_clipped = np.minimum(at, len(new["step"]) - 1)
-        same = new["step"][at_clipped] == old_step
-        # A later line wins a tie: replaced unless the cached row's seg is newer.
-        old_wins = same & (old_seg > new["seg"][at_clipped])
-        keep_old = ~same | old_wins
-        keep_new = np.ones(len(new["step"]), bool)
-        keep_new[at_clipped[old_wins]] = False
-        merged = [
-            np.concatenate([base[i][lo:hi][keep_old], new[name][keep_new]])
-            for i, name in enumerate(_KEYS)
-        ]
-        order = np.argsort(merged[0], kind="stable")
+        lo = int(np.searchsorted(base[0], rows.step[0], side="left"))
+        hi = int(np.searchsorted(base[0], rows.step[-1], side="right"))
+        merged, replaced = _merge(tuple(c[lo:hi] for c in base), rows)
         live = _Live()
-        live.extend(tuple(column[order] for column in merged))
+        live.extend(merged)
         self._parts = [p for p in (_Mapped(base, 0, lo), live, _Mapped(base, hi, nb)) if len(p)]
-        return int(np.count_nonzero(same & ~old_wins)) + int(np.count_nonzero(~keep_new))
+        return replaced
 
     def save_cache(self, path: Path | str, cache_dir: Path) -> bool:
         """Write the cache for the prefix load() resolved; False when there is none to
@@ -390,9 +430,41 @@ class LossHistory:
             k -= 1
         return k
 
+    def mark(self) -> None:
+        """Note the rows added from now on, for remap()."""
+        self._since_mark = _Live()
+
+    def remap(self, base: LossHistory) -> bool:
+        """Take `base`'s rows (a load of the history file over the cache, as the file was
+        at mark(): mapped, next to no memory) for the ones held then, and add again the
+        rows added since. The rows are the same; the memory they held is let go. Snapshots
+        made before keep what they hold. False (nothing changed) without a mark, or when
+        too many rows came since it."""
+        since, self._since_mark = self._since_mark, None
+        if since is None:
+            return False
+        self._parts = base._parts
+        base._parts = []
+        for step, loss, dt, t, seg in since.rows(0, len(since)):
+            self.add(step, loss, dt, t, seg)  # a nan dt stays unknown
+        return True
+
+    def remap_cancel(self) -> None:
+        """Stop noting rows for a remap that will not come."""
+        self._since_mark = None
+
+    def in_memory_rows(self) -> int:
+        """Rows held in memory (the rest are maps of the cache)."""
+        return sum(len(part) for part in self._parts if isinstance(part, _Live))
+
     def add(self, step: int, loss: float, dt: float | None, t: float, seg: int) -> None:
         """A live step; a replayed step of a newer (or the same) segment replaces the old one."""
         dt_value = math.nan if dt is None else dt
+        since = self._since_mark
+        if since is not None:
+            since.append(step, loss, dt_value, t, seg)
+            if len(since) > MARK_MAX_ROWS:
+                self._since_mark = None
         self._changed = True
         parts = self._parts
         row = (step, loss, dt_value, t, seg)
@@ -579,6 +651,72 @@ def _keep_newest_segments(raw: _Live) -> tuple[_Live, int]:
     for mine, theirs in zip(resolved.columns(), raw.columns(), strict=True):
         mine.extend(theirs[row] for row in order)
     return resolved, len(steps) - len(order)
+
+
+def _merge(old: tuple[Any, ...], rows: _Live) -> tuple[tuple[np.ndarray, ...], int]:
+    """Older rows (sorted, one per step) merged with later lines' rows (the same): per
+    step the newer seg, the later line on a tie; and how many rows that dropped."""
+    new = {name: np.array(c) for name, c in zip(_KEYS, rows.columns(), strict=True)}
+    old_step, old_seg = old[0], old[4]
+    at = np.searchsorted(new["step"], old_step)
+    at_clipped = np.minimum(at, len(new["step"]) - 1)
+    same = new["step"][at_clipped] == old_step
+    # A later line wins a tie: replaced unless the older row's seg is newer.
+    old_wins = same & (old_seg > new["seg"][at_clipped])
+    keep_old = ~same | old_wins
+    keep_new = np.ones(len(new["step"]), bool)
+    keep_new[at_clipped[old_wins]] = False
+    merged = [
+        np.concatenate([np.asarray(old[i])[keep_old], new[name][keep_new]])
+        for i, name in enumerate(_KEYS)
+    ]
+    order = np.argsort(merged[0], kind="stable")
+    replaced = int(np.count_nonzero(same & ~old_wins)) + int(np.count_nonzero(~keep_new))
+    return tuple(column[order] for column in merged), replaced
+
+
+class _Build:
+    """A load writing what it parses into a new cache generation, a chunk at a time: the
+    old generation's rows first (copied file to file), then each chunk resolved and merged
+    with the rows it replays."""
+
+    def __init__(self, cache_dir: Path, cached: losscache.Cached | None) -> None:
+        self.builder = losscache.Builder(cache_dir)
+        self.rows = 0
+        """Rows parsed from the file into this generation."""
+        self.superseded = 0
+        try:
+            if cached is not None:
+                self.builder.append(cached.columns)
+        except BaseException:
+            self.builder.abort()
+            raise
+
+    def add(self, raw: _Live) -> None:
+        self.rows += len(raw)
+        rows, superseded = _keep_newest_segments(raw)
+        self.superseded += superseded
+        if not len(rows):
+            return
+        builder = self.builder
+        if builder.last_step is None or rows.step[0] > builder.last_step:
+            builder.append(rows.columns())
+            return
+        # A replay of steps already written: those rows come back and are merged (a chunk
+        # reaching far back costs memory for the rows it reaches over).
+        old = builder.take_tail(builder.index(rows.step[0]))
+        merged, replaced = _merge(old, rows)
+        self.superseded += replaced
+        builder.append(merged)
+
+    def finish(self, raw: _Live, path: Path, prefix_bytes: int, stats: dict[str, int]) -> None:
+        try:
+            self.add(raw)
+            stats = {**stats, "superseded": stats["superseded"] + self.superseded}
+            self.builder.commit(path, prefix_bytes, stats)
+        except BaseException:
+            self.builder.abort()
+            raise
 
 
 ITER_CHUNK_ROWS = 1 << 16

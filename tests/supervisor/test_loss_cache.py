@@ -4,7 +4,9 @@ the history file alone gives; a cache that no longer describes the file counts f
 
 from __future__ import annotations
 
+import gc
 import math
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainwarden.supervisor.store import losscache
+from trainwarden.supervisor.store import losscache, lossdb
 from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter, ResumeAudit
 
 Record = tuple[int, float, int]  # step, loss, seg
@@ -140,6 +142,155 @@ def test_a_history_over_its_cache_answers_as_the_file_alone(
         assert [r.step for r in recent] == sorted(rows)[-5:]
 
 
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    records=st.lists(st.tuples(st.integers(0, 200), LOSSES, st.integers(1, 4)), max_size=300),
+    cut=st.integers(0, 300),
+    chunk_rows=st.integers(1, 40),
+    junk=st.sampled_from([b"", b"not json\n", b'{"step": 7, "loss": 1.0']),
+)
+def test_a_load_that_builds_the_cache_chunk_by_chunk_answers_as_the_file_alone(
+    tmp_path_factory, records, cut, chunk_rows, junk
+):
+    directory = tmp_path_factory.mktemp("b")
+    path, cache = directory / ".loss.json", directory / "loss-cache"
+    cut = min(cut, len(records))
+    write(path, records[:cut])  # a cache for a prefix, or (cut 0) none at all
+    if cut:
+        LossHistory.load(path, cache).save_cache(path, cache)
+    write(path, records[cut:])  # replays reach back into the cache and into earlier chunks
+    with open(path, "ab") as f:
+        f.write(junk)
+    alone = LossHistory.load(path)
+    built = LossHistory.load(path, cache, cache_rows=1, chunk_rows=chunk_rows)
+    assert built.load_stats == alone.load_stats
+    same_history(built, alone)
+    if len(built):
+        assert built.in_memory_rows() == 0  # all of it mapped
+    again = LossHistory.load(path, cache)
+    assert again.parsed_rows == 0 and again.load_stats == alone.load_stats
+    same_history(again, alone)
+    assert len(list(cache.glob("gen-*"))) <= 1
+
+
+def test_a_history_over_a_cache_with_replays_saves_a_cache_of_the_same_rows(tmp_path):
+    path, cache = tmp_path / ".loss.json", tmp_path / "loss-cache"
+    write(path, [(s, float(s), 1) for s in range(1, 3001)])
+    LossHistory.load(path, cache).save_cache(path, cache)
+    write(path, [(s, -float(s), 2) for s in range(1000, 1011)])  # replays mid-cache
+    over = LossHistory.load(path, cache)
+    assert [type(p).__name__ for p in over._parts] == ["_Mapped", "_Live", "_Mapped"]
+    assert over.save_cache(path, cache)
+    again = LossHistory.load(path, cache)
+    assert again.parsed_rows == 0
+    same_history(again, LossHistory.load(path))
+
+
+REFRESH = 50
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    live=st.lists(st.tuples(st.integers(0, 400), LOSSES, st.integers(1, 6)), max_size=600),
+    during=st.integers(0, 20),
+    points=st.integers(1, 30),
+)
+def test_a_live_history_remapped_after_each_rebuild_holds_only_the_rows_since(
+    tmp_path_factory, live, during, points
+):
+    """The daemon's loop, without the loop: every REFRESH logged rows a rebuild of the cache
+    for what the file held then, `during` rows logged while it runs, then the remap."""
+    directory = tmp_path_factory.mktemp("r")
+    path, cache = directory / ".loss.json", directory / "loss-cache"
+    history = LossHistory.load(path, cache)
+    pending: tuple[int, int] | None = None  # (upto, rows logged since the mark)
+    snapshot = None
+    with LossWriter(path) as writer:
+        for i, (step, loss, seg) in enumerate(live):
+            history.add(step, loss, 0.25, 1e9 + i, seg)
+            writer.append(step, loss, 0.25, 1e9 + i, seg)
+            if pending is not None:
+                upto, since = pending
+                pending = (upto, since + 1)
+                if since + 1 >= during:
+                    snapshot = history.snapshot()
+                    answer = snapshot.query(None, None, points)
+                    base = LossHistory.load(path, cache, upto=upto, cache_rows=1)
+                    assert history.remap(base)
+                    assert snapshot.query(None, None, points) == answer  # still valid
+                    pending = None
+            elif (i + 1) % REFRESH == 0:
+                size = writer.size()
+                assert size is not None
+                history.mark()
+                pending = (size, 0)
+            assert history.in_memory_rows() <= REFRESH + during + 1
+    alone = LossHistory.load(path)
+    same_history(history, alone)
+    rows = resolved(live)
+    assert_same_query(history.query(None, None, points), reference_query(rows, None, None, points))
+    assert len(list(cache.glob("gen-*"))) <= 1
+
+
+def test_nothing_maps_an_old_generation_once_its_history_and_snapshots_let_go(tmp_path):
+    path, cache = tmp_path / ".loss.json", tmp_path / "loss-cache"
+    long_run(path, 3000)
+    history = LossHistory.load(path, cache, cache_rows=1)
+    with LossWriter(path) as writer:
+        for s in range(3001, 3101):
+            history.add(s, 1.0, 0.25, 2e9, 1)
+            writer.append(s, 1.0, 0.25, 2e9, 1)
+        size = writer.size()
+    snapshot = history.snapshot()
+    history.mark()
+    assert history.remap(LossHistory.load(path, cache, upto=size, cache_rows=1))
+    assert history.in_memory_rows() == 0
+
+    def deleted_maps() -> list[str]:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        return [m for m in maps if str(cache) in m and m.endswith("(deleted)")]
+
+    assert deleted_maps()  # the snapshot still reads the unlinked generation
+    assert snapshot.query(None, None, 10)["count"] == 3100
+    del snapshot
+    gc.collect()
+    assert deleted_maps() == []
+
+
+def test_the_first_load_of_a_long_history_holds_one_chunk_in_memory(tmp_path, monkeypatch):
+    path, cache = tmp_path / ".loss.json", tmp_path / "loss-cache"
+    steps = 200_000
+    long_run(path, steps)
+    # Small reads, so that the parse's own temporaries (a few MB per MB read) stay small
+    # beside the rows themselves.
+    monkeypatch.setattr(lossdb, "LOAD_CHUNK_BYTES", 64 << 10)
+
+    def peak_of(load) -> tuple[LossHistory, int]:
+        tracemalloc.start()
+        try:
+            history = load()
+            return history, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    alone, alone_peak = peak_of(lambda: LossHistory.load(path))
+    built, built_peak = peak_of(
+        lambda: LossHistory.load(path, cache, cache_rows=1, chunk_rows=10_000)
+    )
+    print(
+        f"peak for {steps} rows: {alone_peak / 1e6:.1f} MB all in memory, {built_peak / 1e6:.1f} MB building the cache"
+    )
+    assert len(built) == steps and built.in_memory_rows() == 0
+    same_history(built, alone)
+    # All the rows at once are 40 bytes a row (8 MB); a chunk of 10,000 is 0.4 MB.
+    assert alone_peak > 40 * steps
+    assert built_peak < 15 * steps
+
+
 def long_run(path: Path, steps: int, seg: int = 1, first: int = 1) -> None:
     with LossWriter(path) as writer:
         writer.append_many(
@@ -204,20 +355,17 @@ def test_a_crash_while_writing_the_cache_leaves_the_previous_one_in_force(tmp_pa
     long_run(path, 3000)
     LossHistory.load(path, cache).save_cache(path, cache)
     long_run(path, 2000, first=3001)
-    written = []
-    real = losscache._write_column
 
-    def dies_after_one_column(target, dtype, rows, pieces):
-        if written:
-            target.write_bytes(b"\x93NUMPY torn")
-            raise KeyboardInterrupt  # the process is gone mid-generation
-        written.append(target)
-        real(target, dtype, rows, pieces)
+    def dies_mid_generation(builder, *args):
+        (builder.gen / "loss.npy").write_bytes(b"\x93NUMPY torn")
+        raise KeyboardInterrupt  # the process is gone mid-generation
 
-    monkeypatch.setattr(losscache, "_write_column", dies_after_one_column)
+    monkeypatch.setattr(losscache.Builder, "commit", dies_mid_generation)
+    monkeypatch.setattr(losscache.Builder, "abort", lambda builder: None)  # nothing runs
     with pytest.raises(KeyboardInterrupt):
         LossHistory.load(path, cache).save_cache(path, cache)
-    monkeypatch.setattr(losscache, "_write_column", real)
+    monkeypatch.undo()
+    assert len(list(cache.glob("gen-*"))) == 2  # the torn one beside the one in force
     history = LossHistory.load(path, cache)
     assert history.parsed_rows == 2000  # the old generation, the lines after it parsed
     same_history(history, LossHistory.load(path))

@@ -6,6 +6,7 @@ process-ownership check and one wait helper. No pytest in here: bench runs witho
     procs   belongs_to_run (guards every kill of a recorded pid), pid_alive, kill_quietly
     wait    wait_for (raises), poll (returns None), wait_for_async (for pilots)
     clients Crowd: misbehaving control-socket clients on threads (import it from there)
+    longrun a trainer that logs fast, a daemon with frequent loss-cache rebuilds (likewise)
 """
 
 from tests.support.daemon import DaemonProcess, running_daemon
