@@ -53,7 +53,9 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 1 << 20
-LOOP_READ_BYTES = 4 << 20
+LOOP_READ_BYTES = 256 << 10
+"""Read per callback on the loop: some 6,000 step lines, tens of ms of the daemon's work
+(4 MiB was seconds, during which the control socket answered no one)."""
 """At most this much of the log is read per loop callback; the rest in the next ones."""
 # Only a safety net for events inotify never delivers (a queue overflow, a network
 # filesystem that does not report remote writes): the hot path is event-driven.
@@ -346,13 +348,14 @@ class LogFollower:
         """Read to the end of the file, or until `limit` bytes: then True (more to read)."""
         assert self._fd is not None
         done = 0
-        while chunk := os.pread(self._fd, READ_CHUNK_BYTES, self._read_pos):
+        size = READ_CHUNK_BYTES if limit is None else min(READ_CHUNK_BYTES, limit)
+        while chunk := os.pread(self._fd, size, self._read_pos):
             lines = self._split(chunk)
             self._read_pos += len(chunk)
             done += len(chunk)
             if lines:
                 sink(self._decode(lines))
-            if len(chunk) < READ_CHUNK_BYTES:
+            if len(chunk) < size:
                 return False  # a short read: that was the end
             if limit is not None and done >= limit:
                 return True

@@ -280,6 +280,29 @@ async def test_a_long_backlog_is_read_in_bounded_slices(log, follow, monkeypatch
     assert len(set(calls)) > 5
 
 
+async def test_a_backlog_of_megabytes_leaves_the_loop_to_others_between_slices(log, follow):
+    """As shipped (no patched sizes): 2 MiB of step lines come in many callbacks, each at
+    most LOOP_READ_BYTES, so a status request waits behind one slice, not the backlog.
+    (Slices of 4 MiB, read 1 MiB at a time, held the loop for seconds.)"""
+    from trainwarden.supervisor.inputs.logfollow import LOOP_READ_BYTES
+
+    lines = [f"step: {i}, loss: 3.0, dt: 0.1" for i in range(70_000)]  # ~2 MiB
+    append(log, ("\n".join(lines) + "\n").encode())
+    batches: list[int] = []
+    follower, got = follow()
+    original = follower._on_lines
+
+    def counting(batch):
+        batches.append(sum(len(line) + 1 for line in batch))
+        original(batch)
+
+    follower._on_lines = counting
+    assert await got.wait_for(len(lines)) == lines
+    assert LOOP_READ_BYTES <= 256 << 10  # some 6,000 lines: tens of ms of the daemon's work
+    assert max(batches) <= LOOP_READ_BYTES
+    assert len(batches) >= 2 * 2**20 // LOOP_READ_BYTES
+
+
 async def test_stop_closes_every_descriptor_it_opened(log, follow):
     before = set(os.listdir("/proc/self/fd"))
     follower, got = follow()
