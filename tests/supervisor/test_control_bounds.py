@@ -40,7 +40,7 @@ from trainwarden.supervisor.protocol import (
     bounded_sidecar,
     encode,
 )
-from trainwarden.supervisor.serve import control
+from trainwarden.supervisor.serve import connection, turns
 from trainwarden.supervisor.serve.control import ControlServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -74,7 +74,7 @@ def timed_status(daemon: DaemonProcess) -> float:
 
 
 def test_the_owner_has_slots_that_other_users_cannot_take():
-    from trainwarden.supervisor.serve.control import admission
+    from trainwarden.supervisor.serve.connection import admission
 
     owner, other = 1000, 1001
     allowed = {owner, other}
@@ -183,10 +183,10 @@ async def ask_at_once(path: Path, cmd: bytes, n: int, replies: list[Any]) -> Non
 def costly_status(monkeypatch: pytest.MonkeyPatch, calls: PerPass) -> Any:
     """A status view that takes half a slice of the control server's clock."""
     now = [0.0]
-    monkeypatch.setattr(control, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(turns, "time", SimpleNamespace(monotonic=lambda: now[0]))
 
     def status_view() -> dict[str, Any]:
-        now[0] += control.SLICE_S / 2
+        now[0] += turns.SLICE_S / 2
         calls.count()
         return {"state": "running"}
 
@@ -198,7 +198,7 @@ async def test_the_answers_given_in_one_pass_of_the_loop_fit_its_slice(
 ):
     calls = PerPass()
     server = ControlServer(fake_daemon(status_view=costly_status(monkeypatch, calls)))
-    listening = await control.serve_unix(server._serve, str(socket_path))
+    listening = await connection.serve_unix(server._serve, str(socket_path))
     replies: list[Any] = []
     calls.start()
     try:
@@ -227,7 +227,7 @@ async def test_a_clients_first_request_does_not_wait_behind_other_clients_pipeli
         return hello(conn, args)
 
     server.cmd_hello = counted_hello  # type: ignore[method-assign]
-    listening = await control.serve_unix(server._serve, str(socket_path))
+    listening = await connection.serve_unix(server._serve, str(socket_path))
     replies: list[Any] = []
     calls.start()
     try:
@@ -261,7 +261,7 @@ async def test_a_burst_of_connections_is_taken_in_a_batch_per_pass_and_none_refu
         accepted.count()
         await server._serve(reader, writer)
 
-    listening = await control.serve_unix(counted, str(socket_path))
+    listening = await connection.serve_unix(counted, str(socket_path))
     clients, refused = [], 0
     for _ in range(100):  # all queued before the loop runs once more
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -285,17 +285,17 @@ async def test_a_burst_of_connections_is_taken_in_a_batch_per_pass_and_none_refu
     print(f"connections taken in per pass of the loop: at most {max(accepted.figures)}")
     assert refused == 0
     assert accepted.total == 100
-    assert max(accepted.figures) <= 2 * control.ACCEPT_BATCH
+    assert max(accepted.figures) <= 2 * connection.ACCEPT_BATCH
 
 
 def test_a_push_is_encoded_once_for_all_its_subscribers(monkeypatch: pytest.MonkeyPatch):
     server = ControlServer(fake_daemon())
     encoded: list[Any] = []
-    real_encode = control.encode
-    monkeypatch.setattr(control, "encode", lambda m: encoded.append(m) or real_encode(m))
+    real_encode = connection.encode
+    monkeypatch.setattr(connection, "encode", lambda m: encoded.append(m) or real_encode(m))
     subscribers = []
     for _ in range(10):
-        conn = control.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
+        conn = connection.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
         conn.topics = {"telemetry", "events"}
         subscribers.append(conn)
     server.connections = set(subscribers)
@@ -483,7 +483,7 @@ def test_over_max_clients_a_newcomer_gets_one_line_busy(tmp_path: Path):
 
 async def test_a_read_request_of_a_client_that_hung_up_is_not_answered():
     server = ControlServer(fake_daemon())
-    conn = control.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
+    conn = connection.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
     conn.gone.set()
     assert not await server._take_turn(conn, "status", first=True)
     assert not await server._take_turn(conn, "history", first=False)
@@ -495,14 +495,14 @@ async def test_turns_past_a_slice_go_first_requests_first_then_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ):
     now = [0.0]
-    monkeypatch.setattr(control, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    turns, order = control.Turns(), []
+    monkeypatch.setattr(turns, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    slices, order = turns.Turns(), []
     left = asyncio.Event()
 
     async def ask(name: str, moot: Any = lambda: False, first: bool = False) -> None:
-        await turns.turn(moot, first)
+        await slices.turn(moot, first)
         order.append(name)
-        now[0] += control.SLICE_S  # each answer takes a whole slice
+        now[0] += turns.SLICE_S  # each answer takes a whole slice
 
     # All in the same pass: the first spends its slice, the others wait.
     asking = [
@@ -521,7 +521,7 @@ async def test_a_read_request_is_not_answered_once_its_client_closed_before_we_n
     server = ControlServer(fake_daemon())
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     _reader, writer = await asyncio.open_unix_connection(sock=ours)
-    conn = control.Connection(writer, os.getuid())
+    conn = connection.Connection(writer, os.getuid())
     try:
         assert await server._take_turn(conn, "status", first=True)
         theirs.close()  # the reader task has not seen the end: only the socket says so

@@ -1,0 +1,364 @@
+"""One control connection: what it may queue, how its lines are read, who it comes from.
+
+Each connection has an outbox drained by its own writer task, so the daemon only ever
+appends to outboxes and never waits for a client. Telemetry-like topics keep only the
+newest frame; replies, events and checkpoint lists are kept in order up to a bound,
+past which the connection is dropped (a stuck subscriber costs the daemon nothing).
+
+Each connection's lines are read ahead by a reader task, so a client that hangs up while
+its request waits (a save --wait, a stop) is noticed at once and its request abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import select
+import socket
+import struct
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from trainwarden.supervisor.protocol import MAX_LINE, REPLACEABLE_TOPICS, encode
+
+log = logging.getLogger("trainwarden.control")
+
+MAX_QUEUED = 2000
+"""Messages one connection's outbox holds at most (with OUTBOX_BYTES: a drop past it)."""
+OUTBOX_BYTES = 64 << 10
+"""Encoded bytes queued for one connection past which its next request waits (its client
+is not reading); past OUTBOX_LIMIT, or MAX_QUEUED messages, the connection is dropped."""
+OUTBOX_LIMIT = OUTBOX_BYTES + MAX_LINE + 1
+"""Room for one reply of the longest line beyond OUTBOX_BYTES (replies stop there)."""
+WRITE_BUFFER_HIGH = 16 << 10
+"""The transport's high-water mark (asyncio's default is 64 KiB) and the socket's send
+buffer: what a client that does not read can have in flight beyond its outbox."""
+READ_AHEAD = 64
+"""Request lines read ahead of the one being answered, per connection."""
+READ_AHEAD_BYTES = 64 << 10
+"""Bytes of request lines read ahead, per connection (one longer line is read alone)."""
+READ_CHUNK = 64 << 10
+"""The StreamReader's buffer limit: a connection buffers about twice this unread; longer
+lines are assembled in pieces up to MAX_LINE."""
+ACCEPT_BATCH = 8
+"""Connections taken in per pass of the loop (the rest wait in the listen queue)."""
+LISTEN_BACKLOG = 512
+"""Connections the kernel queues for us before it refuses newcomers (EAGAIN)."""
+TOO_LARGE = b"\0too large"
+"""What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
+
+
+async def hang_up_after(
+    reply: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Send a refused client its one reply and hang up without resetting it.
+
+    A Unix socket closed with unread data resets its peer, whose reads then fail instead
+    of ending, and it may lose the reply. Reading "briefly" first does not settle that: a
+    client (or a loaded loop) can be slower than any deadline. So shut our reading side,
+    after which nothing more can be queued to us, read to its end what already was (at
+    most a socket buffer, and the end comes at once), and only then close.
+    """
+    writer.write(reply)
+    await writer.drain()
+    writer.write_eof()
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.shutdown(socket.SHUT_RD)
+    while await asyncio.wait_for(reader.read(1 << 16), 5.0):
+        pass
+
+
+def admission(
+    uid: int | None, owner: int, allowed: set[int], connected: list[int | None], max_clients: int
+) -> tuple[str, str] | None:
+    """Why a newcomer from `uid` is refused (code, message), or None to let it in.
+
+    The owner's uid and the other allowed uids each have `max_clients` connections: the
+    owner's own count apart, so other users can never lock the daemon's user out.
+    """
+    if uid not in allowed:
+        return "forbidden", f"uid {uid} may not control this run; add it to [control] allow_uids"
+    same_side = sum(1 for other in connected if (other == owner) == (uid == owner))
+    if same_side >= max_clients:
+        whose = "the daemon's user" if uid == owner else "other users"
+        return "busy", (
+            f"too many connections ({same_side} of {whose}, [control] max_clients = "
+            f"{max_clients}); try again later"
+        )
+    return None
+
+
+def bounded_line(message: dict[str, Any]) -> bytes:
+    """`message` as its line, or, if that would exceed MAX_LINE, what is sent instead: an
+    error for a reply, a `truncated` marker for a push."""
+    line = encode(message)
+    if len(line) <= MAX_LINE + 1:
+        return line
+    if "topic" in message:
+        return encode({"topic": message["topic"], "data": {"truncated": True, "bytes": len(line)}})
+    why = f"the reply would be {len(line)} bytes, over the {MAX_LINE}-byte line limit"
+    return encode(error_reply(message.get("id"), "too_large", why))
+
+
+class Outbox:
+    """What one connection has yet to be sent, as encoded lines."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, bytes] = {}
+        """The newest line of each replaceable topic."""
+        self.ordered: deque[bytes] = deque()
+        self.bytes = 0
+        """Encoded bytes in `ordered`."""
+        self.wake = asyncio.Event()
+        self.room = asyncio.Event()
+        """Set while below OUTBOX_BYTES (or closed): the next request may be answered."""
+        self.room.set()
+        self.overflowed = False
+
+    @property
+    def full(self) -> bool:
+        return self.bytes >= OUTBOX_BYTES or len(self.ordered) >= MAX_QUEUED
+
+    def push_topic(self, topic: str, line: bytes) -> None:
+        """Queue a push already encoded (once for every subscriber: see publish)."""
+        if topic in REPLACEABLE_TOPICS:
+            self.latest[topic] = line
+            self.wake.set()
+        else:
+            self.put_line(line)
+
+    def put(self, message: dict[str, Any]) -> None:
+        self.put_line(bounded_line(message))
+
+    def put_line(self, line: bytes) -> None:
+        if self.overflowed:
+            return
+        if self.bytes + len(line) > OUTBOX_LIMIT or len(self.ordered) >= MAX_QUEUED:
+            self.overflowed = True
+        else:
+            self.ordered.append(line)
+            self.bytes += len(line)
+            if self.full:
+                self.room.clear()
+        self.wake.set()
+
+    def pop(self) -> bytes | None:
+        """The next line to send (ordered ones first, then the newest of each topic)."""
+        if self.ordered:
+            line = self.ordered.popleft()
+            self.bytes -= len(line)
+            if not self.full:
+                self.room.set()
+            return line
+        if self.latest:
+            return self.latest.pop(next(iter(self.latest)))
+        self.wake.clear()
+        return None
+
+    @property
+    def empty(self) -> bool:
+        return not self.ordered and not self.latest
+
+
+class Inbox:
+    """Request lines read ahead, bounded in lines and bytes; None ends them."""
+
+    def __init__(self) -> None:
+        self.lines: deque[bytes | None] = deque()
+        self.bytes = 0
+        self.ready = asyncio.Event()
+        self.room = asyncio.Event()
+
+    async def put(self, line: bytes) -> None:
+        while self.lines and (
+            len(self.lines) >= READ_AHEAD or self.bytes + len(line) > READ_AHEAD_BYTES
+        ):
+            self.room.clear()
+            await self.room.wait()
+        self.lines.append(line)
+        self.bytes += len(line)
+        self.ready.set()
+
+    def end(self) -> None:
+        self.lines.append(None)  # after the lines before it, however many wait
+        self.ready.set()
+
+    async def get(self) -> bytes | None:
+        while not self.lines:
+            self.ready.clear()
+            await self.ready.wait()
+        line = self.lines.popleft()
+        if line is not None:
+            self.bytes -= len(line)
+        self.room.set()
+        return line
+
+
+class Connection:
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        uid: int | None,
+        slow_client_s: float = 10.0,
+        on_drop: Callable[[Connection, str, int], None] | None = None,
+    ) -> None:
+        self.writer = writer
+        self.uid = uid
+        self.slow_client_s = slow_client_s
+        self.on_drop = on_drop
+        self.outbox = Outbox()
+        self.topics: set[str] = set()
+        self.closed = False
+        self.finishing = False
+        """No more requests (EOF or daemon exit): flush what is queued, then close."""
+        self.pump_task: asyncio.Task[None] | None = None
+        self.lines = Inbox()
+        """Request lines read ahead; None: no more (EOF or a read error)."""
+        self.gone = asyncio.Event()
+        """The client hung up (or the connection closed): nobody reads a reply any more."""
+
+    def unsent_bytes(self) -> int:
+        transport = self.writer.transport
+        return self.outbox.bytes + (transport.get_write_buffer_size() if transport else 0)
+
+    async def pump(self) -> None:
+        """Send the outbox until the connection closes; drops the connection when its
+        outbox overflows or its client leaves what is sent unread for slow_client_s."""
+        transport = self.writer.transport
+        try:
+            while not self.closed:
+                await self.outbox.wake.wait()
+                while not self.closed and (line := self.outbox.pop()) is not None:
+                    if self.outbox.overflowed:
+                        self.drop("overflow")
+                        return
+                    self.writer.write(line)
+                    # Only a full transport buffer makes drain wait: the client is not
+                    # reading, and may not keep us waiting past slow_client_s.
+                    if transport.get_write_buffer_size() > 0:
+                        try:
+                            async with asyncio.timeout(self.slow_client_s):
+                                await self.writer.drain()
+                        except TimeoutError:
+                            self.drop("slow")
+                            return
+                if self.outbox.overflowed:
+                    self.drop("overflow")
+                    return
+                if self.finishing and self.outbox.empty:
+                    break
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.close()
+
+    def drop(self, reason: str) -> None:
+        queued = self.unsent_bytes()
+        log.warning(
+            "dropping a client that does not keep up (uid %s, %s, %d bytes unsent)",
+            self.uid,
+            reason,
+            queued,
+        )
+        if self.on_drop is not None:
+            self.on_drop(self, reason, queued)
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.gone.set()
+            self.outbox.wake.set()
+            self.outbox.room.set()
+            self.outbox.ordered.clear()
+            self.outbox.latest.clear()
+            self.outbox.bytes = 0
+            with contextlib.suppress(Exception):
+                self.writer.close()
+
+
+def hung_up(writer: asyncio.StreamWriter) -> bool:
+    """The peer closed its end entirely (POLLHUP), not merely its writing half: a client
+    that half-closes after its request still reads the reply."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.fileno() < 0:
+        return True
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLHUP)
+    return any(mask & (select.POLLHUP | select.POLLERR) for _fd, mask in poller.poll(0))
+
+
+async def read_line(reader: asyncio.StreamReader) -> bytes:
+    """The next line (b"" at EOF, a last line without newline as it is; TOO_LARGE for one
+    over MAX_LINE, consumed whole), read in pieces of the reader's small limit."""
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            piece = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            piece = exc.partial
+            if size + len(piece) > MAX_LINE:
+                return TOO_LARGE
+            return b"".join([*pieces, piece])
+        except asyncio.LimitOverrunError as exc:
+            piece = await reader.read(exc.consumed or READ_CHUNK)
+            size += len(piece)
+            if size <= MAX_LINE:
+                pieces.append(piece)
+            continue
+        if size + len(piece) > MAX_LINE + 1:
+            return TOO_LARGE
+        return b"".join([*pieces, piece])
+
+
+async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
+    """Queue the connection's request lines; at its end, None (and `gone` if it hung up)."""
+    try:
+        while True:
+            try:
+                line = await read_line(reader)
+            except (ConnectionError, OSError):
+                conn.gone.set()
+                return
+            if line == TOO_LARGE:
+                await conn.lines.put(TOO_LARGE)
+                return
+            if not line:
+                if hung_up(conn.writer):
+                    conn.gone.set()
+                return
+            if line.strip():
+                await conn.lines.put(line)
+    finally:
+        conn.lines.end()
+
+
+async def serve_unix(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], address: str
+) -> asyncio.AbstractServer:
+    """A Unix stream server at `address` that takes in at most ACCEPT_BATCH connections per
+    pass of the loop, while the kernel queues up to LISTEN_BACKLOG."""
+    # asyncio accepts up to `backlog` connections per wake-up, all in the same pass (and
+    # listens with it): a small batch there, then the kernel's queue made long again.
+    server = await asyncio.start_unix_server(serve, address, limit=READ_CHUNK, backlog=ACCEPT_BATCH)
+    for listening in server.sockets:
+        with socket.fromfd(listening.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.listen(LISTEN_BACKLOG)
+    return server
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def error_reply(rid: Any, code: str, message: str) -> dict[str, Any]:
+    return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
