@@ -30,7 +30,8 @@ from trainwarden.plugins.parsers.llmc import LlmcParser  # noqa: E402
 from trainwarden.plugins.parsers.nanogpt import NanoGptParser  # noqa: E402
 from trainwarden.plugins.parsers.step_line import StepLineParser  # noqa: E402
 from trainwarden.supervisor.inputs.logfollow import LogFollower  # noqa: E402
-from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter  # noqa: E402
+from trainwarden.supervisor.store.lossdb import LossWriter  # noqa: E402
+from trainwarden.supervisor.store.losshistory import LossHistory  # noqa: E402
 
 PARSERS: list[tuple[str, Callable[[dict], object], str]] = [
     ("step-line", StepLineParser, "step: {step}, loss: 3.41, dt: 0.25"),

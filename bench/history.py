@@ -189,7 +189,7 @@ def measure_all(ctx: Context, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
 def loader_seconds(ctx: Context, steps: int) -> dict[str, float]:
     """In process, no daemon: LossHistory.load of a history with replays against one of the
     same steps written as a single segment (best of 2 each)."""
-    from trainwarden.supervisor.store.lossdb import LossHistory
+    from trainwarden.supervisor.store.losshistory import LossHistory
 
     directory = ctx.work.dir("history", "loader")
     replayed, single = directory / "replayed.json", directory / "single.json"

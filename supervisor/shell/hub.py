@@ -29,7 +29,9 @@ from trainwarden.supervisor.protocol import (
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
-from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter, ResumeAudit
+from trainwarden.supervisor.store.lossdb import LossWriter
+from trainwarden.supervisor.store.losshistory import LossHistory
+from trainwarden.supervisor.store.resume_audit import ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
 log = logging.getLogger("trainwarden.telemetry")

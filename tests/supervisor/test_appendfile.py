@@ -19,7 +19,8 @@ from trainwarden.supervisor.shell.pivot_files import write_policy
 from trainwarden.supervisor.store import appendfile
 from trainwarden.supervisor.store.appendfile import AppendFile, DiskSpace
 from trainwarden.supervisor.store.journal import Journal, read_records
-from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter
+from trainwarden.supervisor.store.lossdb import LossWriter
+from trainwarden.supervisor.store.losshistory import LossHistory
 from trainwarden.supervisor.store.rundir import RunFiles, write_atomic
 
 

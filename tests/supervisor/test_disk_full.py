@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import PYTHON, DaemonProcess, journal, scripted_run, wait_for
 from trainwarden.supervisor.errors import CommandRefused
-from trainwarden.supervisor.store.lossdb import LossHistory
+from trainwarden.supervisor.store.losshistory import LossHistory
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainwarden.supervisor.store import losscache, lossdb
-from trainwarden.supervisor.store.lossdb import LossHistory, LossWriter, ResumeAudit
+from trainwarden.supervisor.store import losscache, losshistory
+from trainwarden.supervisor.store.lossdb import LossWriter
+from trainwarden.supervisor.store.losshistory import LossHistory
+from trainwarden.supervisor.store.resume_audit import ResumeAudit
 
 Record = tuple[int, float, int]  # step, loss, seg
 
@@ -267,7 +269,7 @@ def test_the_first_load_of_a_long_history_holds_one_chunk_in_memory(tmp_path, mo
     long_run(path, steps)
     # Small reads, so that the parse's own temporaries (a few MB per MB read) stay small
     # beside the rows themselves.
-    monkeypatch.setattr(lossdb, "LOAD_CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(losshistory, "LOAD_CHUNK_BYTES", 64 << 10)
 
     def peak_of(load) -> tuple[LossHistory, int]:
         tracemalloc.start()

@@ -6,14 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainwarden.supervisor.store.lossdb import (
-    AuditResult,
-    LossHistory,
-    LossWriter,
-    ResumeAudit,
-    decode_loss,
-    encode_loss,
-)
+from trainwarden.supervisor.store.lossdb import LossWriter, decode_loss, encode_loss
+from trainwarden.supervisor.store.losshistory import LossHistory
+from trainwarden.supervisor.store.resume_audit import AuditResult, ResumeAudit
 
 
 @pytest.fixture
@@ -107,9 +102,9 @@ def test_newest_segment_wins_per_step(path):
 
 
 def test_load_across_chunk_boundaries(path, monkeypatch):
-    import trainwarden.supervisor.store.lossdb as lossdb
+    import trainwarden.supervisor.store.losshistory as losshistory
 
-    monkeypatch.setattr(lossdb, "LOAD_CHUNK_BYTES", 7)  # lines straddle every chunk
+    monkeypatch.setattr(losshistory, "LOAD_CHUNK_BYTES", 7)  # lines straddle every chunk
     write(path, [(step, 3.0 - step / 100, 1) for step in range(1, 51)])
     history = LossHistory.load(path)
     assert len(history) == 50 and history.load_stats.garbage == 0

@@ -23,7 +23,7 @@ from tests.support import (
 )
 from trainwarden.plugins.formats.andrea_bin import checkpoint_name
 from trainwarden.supervisor.errors import CommandRefused
-from trainwarden.supervisor.store.lossdb import LossHistory
+from trainwarden.supervisor.store.losshistory import LossHistory
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,7 +23,7 @@ from tests.support import (
     wait_for,
 )
 from trainwarden.plugins.formats.andrea_bin import checkpoint_name
-from trainwarden.supervisor.store.lossdb import LossHistory
+from trainwarden.supervisor.store.losshistory import LossHistory
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parent.parent.parent
