@@ -65,6 +65,8 @@ def test_a_checkpoint_rewritten_in_place_is_quarantined_and_the_mirror_keeps_its
             30,
             what="the rewritten checkpoint quarantined",
         )
+        # The journal says so before the move (a thread's work) is done: wait for both.
+        wait_for(lambda: not path.exists(), 30, what="the rewritten checkpoint moved away")
         assert changed[0]["was_verified"]
         assert quarantined[0]["reason"].startswith("content changed since commit")
         assert not path.exists()
