@@ -305,18 +305,20 @@ def test_the_daemon_mirrors_each_checkpoint_and_restore_rebuilds_the_run(tmp_pat
             60,
             what="step 30 mirrored",
         )
-    mirrored = [r for r in journal(run_dir) if r["kind"] == "mirrored"]
-    assert [r["step"] for r in mirrored][-1] == 30
+        mirrored = [r for r in journal(run_dir) if r["kind"] == "mirrored"]
+        # The newest two copies stay. On a busy machine a copy still waiting when a newer
+        # checkpoint came is superseded by it (`mirror_superseded`: 20 may never be copied),
+        # so the two are the newest of those mirrored. The prune after the last copy runs in
+        # the background, after its `mirrored` record: waited for while the daemon lives
+        # (the block's end kills it).
+        kept = sorted({r["step"] for r in mirrored})[-2:]
+        wait_for(
+            lambda: Mirror(backup, run_dir=run_dir).steps() == kept, 30, what=f"pruned to {kept}"
+        )
+    assert [r["step"] for r in mirrored][-1] == 30 and 30 in kept
     assert not [r for r in journal(run_dir) if r["kind"] == "mirror_failed"]
     pointer = read_pointer(backup)
     assert pointer.step == 30 and pointer.format == "andrea-bin"
-    # The newest two copies stay. On a busy machine a copy still waiting when a newer
-    # checkpoint came is superseded by it (`mirror_superseded`: 20 may never be copied), so
-    # the two are the newest of those mirrored. The prune after the last copy runs in the
-    # background, after its `mirrored` record.
-    kept = sorted({r["step"] for r in mirrored})[-2:]
-    assert 30 in kept
-    wait_for(lambda: Mirror(backup, run_dir=run_dir).steps() == kept, 30, what=f"pruned to {kept}")
     local = run_dir / "checkpoints" / "step_000030.bin"
     copy = backup / step_dir_name(30) / "checkpoint" / "step_000030.bin"
     assert copy.read_bytes() == local.read_bytes()
