@@ -44,6 +44,10 @@ class Checked:
     """Why it could not be read for its digest (a vanished file: empty, see verdict)."""
 
 
+RECOMMITS_PER_CHECK = 3
+"""Files renamed over one name while it is read, checked in turn before it is refused."""
+
+
 class CheckpointReports:
     def __init__(
         self, store: CheckpointStore, hub: TelemetryHub, report: Callable[[core.Event], None]
@@ -62,28 +66,43 @@ class CheckpointReports:
     # -- reading, in worker threads ---------------------------------------------------
 
     def check(self, name: str, verdict: Verdict | None = None) -> Checked:
-        """Verify (unless `verdict` is given) and digest one committed checkpoint."""
+        """Verify (unless `verdict` is given) and digest one committed checkpoint.
+
+        A new file renamed over the name while it was read (a trainer saving the same step
+        again, as on a SIGTERM right after a periodic save) is a new commit: checked afresh,
+        a few times at most. Only a file written to in place is refused."""
+        for _ in range(RECOMMITS_PER_CHECK):
+            checked, replaced = self._check_once(name, verdict)
+            if not replaced:
+                return checked
+            verdict = None  # the new file is verified too
+        return checked
+
+    def _check_once(self, name: str, verdict: Verdict | None) -> tuple[Checked, bool]:
+        """The check, and whether another file took the name meanwhile."""
         if verdict is None:
             verdict = self.store.verify(name)
         if verdict.info is None:
-            return Checked(verdict)
+            return Checked(verdict), False
         paths = self.store.files_of(name)
         try:
             signature = signature_of(paths)
             digest = digest_checkpoint(paths)
+            after = signature_of(paths)
         except FileNotFoundError:
             vanished = Verdict(
                 name, verdict.step, core.Outcome.VANISHED, reason="vanished while it was read"
             )
-            return Checked(vanished)
+            return Checked(vanished), False
         except OSError as exc:
             reason = f"cannot read it for its digest: {exc.strerror or exc}"
-            return Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason))
-        if signature_of(paths) != signature:
+            return Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason)), False
+        if after != signature:
             # Written to while it was read: the digest would describe neither version.
             reason = "written to while its digest was taken"
-            return Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason))
-        return Checked(verdict, signature, digest)
+            invalid = Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason))
+            return invalid, after[:1] != signature[:1]  # another inode: renamed over it
+        return Checked(verdict, signature, digest), False
 
     def signature(self, name: str) -> Signature:
         try:

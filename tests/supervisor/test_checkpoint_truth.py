@@ -188,3 +188,54 @@ def test_torch_pt_stop_start_and_save_name_the_checkpoint_actually_written(tmp_p
         daemon.request("shutdown", timeout=120)
     commits = [r["name"] for r in records(run_dir, "checkpoint")]
     assert len(commits) == len(set(commits))  # each checkpoint counted once
+
+
+def test_a_checkpoint_saved_again_under_its_name_while_digested_is_a_new_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A trainer saves step 50, then on SIGTERM saves step 50 again (a new file renamed over
+    the name) while the daemon digests the first: seen under load as a quarantine "written
+    to while its digest was taken", losing the run's last checkpoint. The second file is a
+    new commit, checked afresh; only a file written to in place is refused."""
+    from trainwarden.plugins.formats.andrea_bin import AndreaBin
+    from trainwarden.supervisor.core.policy import Outcome
+    from trainwarden.supervisor.shell import verdicts
+    from trainwarden.supervisor.store.checkpoints import CheckpointStore
+
+    def andrea(step: int) -> bytes:
+        return struct.pack("<ii", step, N_PARAMS) + bytes(12 * N_PARAMS)
+
+    name = "step_000050.bin"
+    path = tmp_path / name
+    path.write_bytes(andrea(50))
+    real_digest = verdicts.digest_checkpoint
+    calls = []
+
+    def digest_while_saved_again(paths):
+        calls.append(1)
+        if len(calls) == 1:
+            staged = tmp_path / "step_000050.bin.tmp"
+            staged.write_bytes(andrea(50))
+            os.replace(staged, path)
+        return real_digest(paths)
+
+    monkeypatch.setattr(verdicts, "digest_checkpoint", digest_while_saved_again)
+    reports = verdicts.CheckpointReports(
+        CheckpointStore(tmp_path, AndreaBin()),
+        None,  # type: ignore[arg-type]
+        lambda event: None,
+    )
+    checked = reports.check(name)
+    assert checked.verdict.outcome == Outcome.VERIFIED, checked.verdict.reason
+    assert len(calls) == 2 and checked.digest is not None
+
+    def write_in_place(paths):
+        with open(path, "r+b") as f:
+            f.seek(WEIGHTS_AT)
+            f.write(struct.pack("<f", 2.0))
+        return real_digest(paths)
+
+    monkeypatch.setattr(verdicts, "digest_checkpoint", write_in_place)
+    refused = reports.check(name)
+    assert refused.verdict.outcome == Outcome.INVALID
+    assert refused.verdict.reason == "written to while its digest was taken"
