@@ -96,8 +96,6 @@ class TelemetryHub:
         """Lines belong to a start whose main process runs (or the one it just left)."""
         self._stray: dict[str, Any] | None = None
         self._stray_handle: asyncio.TimerHandle | None = None
-        self._loss_full_since: float | None = None
-        """When .loss.json last had no space for its lines (None: it has)."""
         self._history_thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="history"
         )
@@ -260,20 +258,12 @@ class TelemetryHub:
         writer = self.writer
         if writer is None:
             return
-        path = str(writer.path)
-        error = writer.file.error
-        if error is not None and self._loss_full_since is None:
-            self._loss_full_since = time.time()
-            self.journal.space.filled(path, error, "holding its step lines in memory")
-            self.journal.append("disk_full", {"file": path, "error": error.strerror})
-        elif error is None and self._loss_full_since is not None:
-            lost = writer.take_lost()
-            full_s = round(time.time() - self._loss_full_since, 3)
-            self._loss_full_since = None
-            self.journal.space.emptied(path, f"{lost} steps lost" if lost else "no step lost")
-            self.journal.append(
-                "disk_recovered", {"file": path, "full_s": full_s, "lost_records": lost}
-            )
+        change = self.journal.space.change(
+            writer.path, writer.file.error, "holding its step lines in memory", "step",
+            writer.take_lost, time.time(),
+        )  # fmt: skip
+        if change is not None:
+            self.journal.append(*change)
 
     def end_segment(self) -> None:
         """The start's main process is gone and its last lines are read: what the log gains

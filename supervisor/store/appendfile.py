@@ -16,7 +16,9 @@ import errno
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainwarden.supervisor.store.rundir import open_for_append
 
@@ -42,6 +44,8 @@ class DiskSpace:
     def __init__(self) -> None:
         self.full_files: dict[str, str] = {}
         """Path -> the error's text, for each file now held in memory."""
+        self._since: dict[str, float] = {}
+        """Path -> when it filled, for the files change() reported full."""
 
     @property
     def full(self) -> bool:
@@ -62,6 +66,29 @@ class DiskSpace:
                 what,
             )
         self.full_files[path] = reason
+
+    def change(
+        self,
+        path: Path | str,
+        error: OSError | None,
+        what: str,
+        unit: str,
+        take_lost: Callable[[], int],
+        now: float,
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The journal record a file's change between full (`error`) and written again
+        calls for, if it changed: `disk_full`, or `disk_recovered` with the `unit`s lost."""
+        path = str(path)
+        if error is not None and path not in self._since:
+            self._since[path] = now
+            self.filled(path, error, what)
+            return "disk_full", {"file": path, "error": error.strerror}
+        if error is None and path in self._since:
+            lost = take_lost()
+            full_s = round(now - self._since.pop(path), 3)
+            self.emptied(path, f"{lost} {unit}s lost" if lost else f"no {unit} lost")
+            return "disk_recovered", {"file": path, "full_s": full_s, "lost_records": lost}
+        return None
 
     def forget(self, path: Path | str) -> None:
         """A file that no longer needs writing (what it would have said is moot)."""

@@ -100,7 +100,6 @@ class Journal:
         self.file = AppendFile(path, 0o600, HOLD_BYTES, chmod=True)
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self.listeners: list[Any] = []
-        self._full_since: float | None = None
         self._note_space(time.time())
 
     def append(
@@ -154,22 +153,13 @@ class Journal:
 
     def _note_space(self, now: float) -> None:
         """Journal (and log) the file's change between full and written again."""
-        error = self.file.error
-        if error is not None and self._full_since is None:
-            self._full_since = now
-            self.space.filled(self.path, error, "holding its records in memory")
-            fields = {"file": str(self.path), "error": error.strerror}
-            self._write("disk_full", fields, now, keep=True)  # never dropped past the bound
-        elif error is None and self._full_since is not None:
-            lost = self.file.take_lost()
-            full_s = round(now - self._full_since, 3)
-            self._full_since = None
-            self.space.emptied(self.path, f"{lost} records lost" if lost else "no record lost")
-            self._write(
-                "disk_recovered",
-                {"file": str(self.path), "full_s": full_s, "lost_records": lost},
-                now,
-            )
+        change = self.space.change(
+            self.path, self.file.error, "holding its records in memory", "record",
+            self.file.take_lost, now,
+        )  # fmt: skip
+        if change is not None:
+            kind, fields = change
+            self._write(kind, fields, now, keep=kind == "disk_full")  # never dropped past the bound
 
     def close(self) -> None:
         self.file.close()
