@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.store.rundir import STATE_DIR
 from trainwarden.supervisor.wire import MAX_SOCKET_PATH
 
-STATE_DIR = ".trainwarden"
 UNIX_PATH_MAX = 107
 """The longest address bind() and connect() take, in bytes."""
 FD_ADDRESS = len("/proc/self/fd/") + 10 + 1
