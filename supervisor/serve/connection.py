@@ -16,12 +16,12 @@ import contextlib
 import logging
 import select
 import socket
-import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from trainwarden.supervisor.protocol import MAX_LINE, REPLACEABLE_TOPICS, encode
+from trainwarden.supervisor.wire import peer_uid
 
 log = logging.getLogger("trainwarden.control")
 
@@ -351,13 +351,10 @@ async def serve_unix(
     return server
 
 
-def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+def writer_peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    """The connected client's uid (None when the transport has no socket)."""
     sock = writer.get_extra_info("socket")
-    if sock is None:
-        return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    return None if sock is None else peer_uid(sock)
 
 
 def error_reply(rid: Any, code: str, message: str) -> dict[str, Any]:

@@ -40,9 +40,9 @@ from trainwarden.supervisor.serve.connection import (
     error_reply,
     hang_up_after,
     hung_up,
-    peer_uid,
     read_lines,
     serve_unix,
+    writer_peer_uid,
 )
 from trainwarden.supervisor.serve.memory import map_large_allocations, release_memory
 from trainwarden.supervisor.serve.supervised import Supervised
@@ -193,7 +193,7 @@ class ControlServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            uid = peer_uid(writer)
+            uid = writer_peer_uid(writer)
         except OSError:
             uid = None
         refusal = self._admission(uid)
