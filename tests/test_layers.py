@@ -4,7 +4,7 @@
 Rules (README, "Code map"): no import cycles; the core imports only the standard library and
 itself, and no I/O module; the TUI reaches into the daemon's package only for the protocol,
 the client, the contract, the errors and the phases; neither the daemon nor the TUI imports
-the reference trainer; nothing imports the source folders by their bare names.
+the reference trainer or the integrations; nothing imports the source folders by their bare names.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "trainwarden"
-FOLDERS = ("supervisor", "tui", "plugins", "trainer")
+FOLDERS = ("supervisor", "tui", "plugins", "trainer", "integrations")
 """The top-level source folders, installed as trainwarden.<folder>."""
 
 CORE = "trainwarden.supervisor.core"
@@ -235,13 +235,15 @@ def test_the_tui_uses_only_the_daemons_public_modules():
 
 
 @pytest.mark.parametrize("package", ["trainwarden.supervisor", "trainwarden.tui"])
-def test_neither_the_daemon_nor_the_tui_imports_the_reference_trainer(package: str):
+@pytest.mark.parametrize("trainer_side", ["trainwarden.trainer", "trainwarden.integrations"])
+def test_neither_the_daemon_nor_the_tui_imports_the_trainer_side(package: str, trainer_side: str):
+    """The reference trainer and the integrations run inside trainers, never in the daemon."""
     wrong = [
         str(imp)
         for imp in imports()
-        if within(imp.importer, package) and within(imp.target, "trainwarden.trainer")
+        if within(imp.importer, package) and within(imp.target, trainer_side)
     ]
-    assert not wrong, f"{package} imports the reference trainer:\n  " + "\n  ".join(wrong)
+    assert not wrong, f"{package} imports {trainer_side}:\n  " + "\n  ".join(wrong)
 
 
 def test_no_module_imports_a_source_folder_by_its_bare_name():

@@ -29,7 +29,7 @@ from tests.support import belongs_to_run, journal, kill_quietly, pid_alive, trai
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("supervisor", "tui", "plugins", "trainer")
+FOLDERS = ("supervisor", "tui", "plugins", "trainer", "integrations")
 SCRIPTED = ROOT / "tests" / "scripted_trainer.py"
 NOT_COPIED = {".git", ".venv", "build", "dist", "__pycache__", ".hypothesis", "runs", "out"}
 INSTALL_TORCH = "pip install 'trainwarden[trainer]'"
@@ -154,7 +154,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Wheel):
         assert wheel.read("top_level.txt").split() == ["trainwarden"], "top_level.txt disagrees"
 
 
-def test_the_wheel_holds_every_module_of_the_four_folders_and_its_data(wheel: Wheel):
+def test_the_wheel_holds_every_module_of_the_source_folders_and_its_data(wheel: Wheel):
     names = set(wheel.names)
     missing = [
         f"trainwarden/{path.relative_to(ROOT)}"

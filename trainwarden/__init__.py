@@ -2,6 +2,6 @@
 
 The installed package is made of the repository's top-level folders:
 `trainwarden.supervisor` (supervisor/), `trainwarden.tui` (tui/), `trainwarden.plugins`
-(plugins/) and `trainwarden.trainer` (trainer/). In a checkout, the links beside this
-file lay the same tree out for tools that read sources (mypy, a bare `python -c`).
+(plugins/), `trainwarden.trainer` (trainer/) and `trainwarden.integrations`
+(integrations/). In a checkout, the links beside this file lay the same tree out for tools that read sources (mypy, a bare `python -c`).
 """
