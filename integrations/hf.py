@@ -72,19 +72,26 @@ def _transformers_callback_base() -> type:
     return base
 
 
-_CALLBACK_CLASS: type | None = None
+_WITH_BASE: dict[type, type] = {}
 
 
-def _callback_class() -> type:
-    """TrainwardenCallback with transformers' TrainerCallback as a base, made once."""
-    global _CALLBACK_CLASS
-    if _CALLBACK_CLASS is None:
-        _CALLBACK_CLASS = type(
-            "TrainwardenCallback",
-            (TrainwardenCallback, _transformers_callback_base()),
-            {"__module__": __name__, "__doc__": TrainwardenCallback.__doc__},
+def _with_transformers_base(cls: type) -> type:
+    """`cls` with transformers' TrainerCallback as a base too, made once per class (so a
+    subclass of TrainwardenCallback is a TrainerCallback as well)."""
+    if cls not in _WITH_BASE:
+        base = _transformers_callback_base()
+        if issubclass(cls, base):
+            return cls
+        _WITH_BASE[cls] = type(
+            cls.__name__,
+            (cls, base),
+            {
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__doc__": cls.__doc__,
+            },
         )
-    return _CALLBACK_CLASS
+    return _WITH_BASE[cls]
 
 
 class TrainwardenCallback:
@@ -96,8 +103,7 @@ class TrainwardenCallback:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> TrainwardenCallback:
-        if cls is TrainwardenCallback:
-            cls = _callback_class()
+        cls = _with_transformers_base(cls)
         instance: TrainwardenCallback = super().__new__(cls)
         return instance
 

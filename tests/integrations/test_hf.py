@@ -334,3 +334,19 @@ def test_without_transformers_only_constructing_the_callback_fails():
     assert out.stdout.strip() == (
         "TrainwardenCallback needs transformers: pip install 'trainwarden[hf]'"
     )
+
+
+def test_the_callback_and_its_subclasses_are_trainer_callbacks(monkeypatch: pytest.MonkeyPatch):
+    from transformers import TrainerCallback
+
+    from trainwarden.integrations.hf import TrainwardenCallback
+
+    monkeypatch.delenv("TRAINWARDEN_RUN_DIR", raising=False)
+
+    class Mine(TrainwardenCallback):
+        pass
+
+    for made in (TrainwardenCallback(), TrainwardenCallback(), Mine()):
+        assert isinstance(made, TrainerCallback) and isinstance(made, TrainwardenCallback)
+        made.on_save(None, None, None)  # an event the callback leaves to TrainerCallback
+    assert type(Mine()) is type(Mine()) and isinstance(Mine(), Mine)
