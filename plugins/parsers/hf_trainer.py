@@ -2,10 +2,13 @@
 
     {'loss': 3.41, 'grad_norm': 1.2, 'learning_rate': 0.0006, 'epoch': 0.12}
 
-The printed dict has no step, so the step is the count of loss lines this parser has
-seen times `[telemetry] logging_steps` (a `'step'` key wins when present). The count
-starts at zero with each parser instance; after a resume, `resume_at(step)` continues it
-from the checkpoint's step. Evaluation dicts (`{'eval_loss': ...}`) and the final
+The Trainer's printed dict has no step (its `epoch` is printed rounded to four digits,
+so it cannot give one), so the step is the count of loss lines this parser has seen
+times `[telemetry] logging_steps`; a `'step'` key wins when present (trainwarden's
+callback, `trainwarden.integrations.hf`, adds the Trainer's global_step). The count starts
+at zero with each parser instance; `resume_at(step)` continues it from a step: the
+checkpoint a new trainer start resumed from, or, after a daemon restart, the last step
+the current start recorded. Evaluation dicts (`{'eval_loss': ...}`) and the final
 `{'train_runtime': ...}` summary carry no `'loss'` and are not steps.
 
 Lines are Python literals, read with a restricted walker over `ast` (what

@@ -45,6 +45,8 @@ CACHE_MIN_ROWS = 100_000
 CACHE_REFRESH_ROWS = 1_000_000
 """Logged rows after which the loss cache is rebuilt (in a thread), so a start-up after
 a crash parses at most about this many lines."""
+SPAWN_LOOKBACK_RECORDS = 5000
+"""Journal records searched back for the current segment's spawn at a daemon restart."""
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
 
 
@@ -124,6 +126,32 @@ class TelemetryHub:
         self.last_step = self.history.last_step
         self.writer = LossWriter(self.files.loss_history)
         self._note_loss_space()
+        self._continue_count(seg)
+
+    @property
+    def counts_lines(self) -> bool:
+        """Whether the parser numbers steps by counting lines (it has `resume_at`)."""
+        return getattr(self.parser, "resume_at", None) is not None
+
+    def _continue_count(self, seg: int) -> None:
+        """After a daemon restart, a parser that counts lines goes on from the last step
+        segment `seg` recorded (or from the checkpoint it resumed from, if it recorded
+        none), so the lines caught up from the log keep their true steps instead of being
+        numbered from 0 again over the ones already recorded."""
+        if not self.counts_lines:
+            return
+        resume_step = self._resume_step_of(seg)
+        last = self.history.last_step_of(seg, above=resume_step)
+        self.parser.resume_at(last if last is not None else resume_step or 0)  # type: ignore[attr-defined]
+
+    def _resume_step_of(self, seg: int) -> int | None:
+        """The checkpoint step segment `seg` was started from, as its spawn record says."""
+        for record in reversed(self.journal.tail(SPAWN_LOOKBACK_RECORDS)):
+            if record.get("kind") == "spawn" and record.get("seg") == seg:
+                resume = record.get("resume") or {}
+                step = resume.get("step") if isinstance(resume, dict) else None
+                return step if isinstance(step, int) else None
+        return None
 
     @property
     def loss_cache_dir(self) -> Path:
@@ -222,6 +250,11 @@ class TelemetryHub:
             self.writer.append_many(rows)
             self._note_loss_space()
             self._count_for_cache(len(rows))
+            if self.counts_lines and self.follower is not None and self._offset_fd is not None:
+                # The offset moves with the recorded rows: a restarted daemon must not read
+                # (and count again) lines whose steps .loss.json already holds.
+                self._offset_saved_t = time.monotonic()
+                self._write_offset()
         self._save_offset()
         self._schedule_publish()
 

@@ -356,6 +356,24 @@ class LossHistory:
     def last_step(self) -> int | None:
         return int(self._parts[-1].step[-1]) if self._parts else None
 
+    def last_step_of(self, seg: int, above: int | None = None) -> int | None:
+        """The newest step that segment `seg` logged (None: it logged none that stands).
+
+        Read from the end: the rows past it are older segments' steps that `seg`, resumed
+        from an earlier checkpoint, has not replayed yet. A segment resumed from step
+        `above` logged nothing at or below it, so the search stops there."""
+        end = len(self)
+        while end > 0:
+            start = max(end - ITER_CHUNK_ROWS, 0)
+            rows = list(self._rows(start, end))
+            for step, _, _, _, row_seg in reversed(rows):
+                if row_seg == seg:
+                    return step
+                if above is not None and step <= above:
+                    return None
+            end = start
+        return None
+
     def get(self, step: int) -> Row | None:
         if not self._parts:
             return None

@@ -1,0 +1,152 @@
+"""The trainer contract for the Hugging Face `Trainer`, in one callback.
+
+    from trainwarden.integrations.hf import TrainwardenCallback, resume_from_checkpoint
+
+    trainer = Trainer(..., callbacks=[TrainwardenCallback()])
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint())
+
+Under the daemon (TRAINWARDEN_RUN_DIR set) the callback catches SIGUSR1 and SIGTERM from
+the moment it is constructed, so the daemon's `save` and `stop` are not refused while the
+Trainer is still being built. A handler only sets a flag; at the next step end the
+callback asks the Trainer to save (SIGUSR1) or to save and stop (SIGTERM): `train()`
+returns and the script ends with exit status 0. It also adds the Trainer's `global_step`
+to each logged dict as `step`, so the printed lines carry their true step and the daemon
+never has to count them.
+
+transformers' own `enable_jit_checkpoint=True` installs a SIGTERM handler while the
+Trainer is built, after the callback's; the callback takes SIGTERM back when the Trainer
+is built (`on_init_end`, and again at `on_train_begin` for a callback added later), so a
+stop saves at a step boundary, never in the middle of a step.
+
+Outside the daemon the callback installs nothing and changes nothing, and
+`resume_from_checkpoint()` returns its `default`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import threading
+from typing import Any
+
+from trainwarden.supervisor.contract import ENV_RESUME, ENV_RUN_DIR
+
+INSTALL_HINT = "pip install 'trainwarden[hf]'"
+
+
+def under_daemon() -> bool:
+    """Whether this process was started by the trainwarden daemon."""
+    return bool(os.environ.get(ENV_RUN_DIR))
+
+
+def resume_from_checkpoint(default: str | bool | None = None) -> str | bool | None:
+    """The value for `trainer.train(resume_from_checkpoint=...)`: the checkpoint folder the
+    daemon chose (TRAINWARDEN_RESUME; None for a fresh start) under the daemon, else
+    `default` (what the script would pass on its own)."""
+    if not under_daemon():
+        return default
+    return os.environ.get(ENV_RESUME) or None
+
+
+class _Requests:
+    """What the signals asked for, set by the handlers and taken at a step end."""
+
+    def __init__(self) -> None:
+        self.save = False
+        self.stop = False
+
+    def on_sigusr1(self, signum: int, frame: Any) -> None:
+        self.save = True
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        self.stop = True
+
+
+def _transformers_callback_base() -> type:
+    try:
+        transformers = importlib.import_module("transformers")
+    except ImportError:
+        raise ImportError(f"TrainwardenCallback needs transformers: {INSTALL_HINT}") from None
+    base: type = transformers.TrainerCallback
+    return base
+
+
+_WITH_BASE: dict[type, type] = {}
+
+
+def _with_transformers_base(cls: type) -> type:
+    """`cls` with transformers' TrainerCallback as a base too, made once per class (so a
+    subclass of TrainwardenCallback is a TrainerCallback as well)."""
+    if cls not in _WITH_BASE:
+        base = _transformers_callback_base()
+        if issubclass(cls, base):
+            return cls
+        _WITH_BASE[cls] = type(
+            cls.__name__,
+            (cls, base),
+            {
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__doc__": cls.__doc__,
+            },
+        )
+    return _WITH_BASE[cls]
+
+
+class TrainwardenCallback:
+    """A `transformers.TrainerCallback` that makes the Trainer honour the daemon's `save`
+    (SIGUSR1: save at the next step end, go on) and `stop` (SIGTERM: save at the next step
+    end and end training); it does nothing outside the daemon.
+
+    transformers is imported when the callback is constructed, not when this module is.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainwardenCallback:
+        cls = _with_transformers_base(cls)
+        instance: TrainwardenCallback = super().__new__(cls)
+        return instance
+
+    def __init__(self) -> None:
+        self.active = under_daemon()
+        self.requests = _Requests()
+        self.installed = False
+        if self.active:
+            self.install_handlers()
+
+    def install_handlers(self) -> None:
+        """Catch SIGUSR1 and SIGTERM (again, if the Trainer took SIGTERM meanwhile)."""
+        if not self.active or threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        if signal.getsignal(signal.SIGUSR1) != self.requests.on_sigusr1:
+            signal.signal(signal.SIGUSR1, self.requests.on_sigusr1)
+        if signal.getsignal(signal.SIGTERM) != self.requests.on_sigterm:
+            # enable_jit_checkpoint's handler would save mid-step three seconds later.
+            signal.signal(signal.SIGTERM, self.requests.on_sigterm)
+        self.installed = True
+
+    # The events the Trainer calls (transformers.TrainerCallback's signatures).
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.install_handlers()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.install_handlers()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.active:
+            return
+        requests = self.requests
+        if requests.save or requests.stop:
+            requests.save = False
+            control.should_save = True
+        if requests.stop:
+            control.should_training_stop = True
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        # The Trainer's printer runs after the callbacks passed to Trainer(callbacks=...):
+        # the printed dict then says which step it is.
+        if self.active and logs is not None and "loss" in logs:
+            logs.setdefault("step", state.global_step)
