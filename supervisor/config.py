@@ -41,7 +41,9 @@ class RunConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     command: list[str] = field(default_factory=list)
-    """The trainer's argv, run with the run directory as working directory (required)."""
+    """The trainer's argv, run in [trainer] cwd (required)."""
+    cwd: str = "."
+    """The trainer's working directory; a relative path is relative to the run directory."""
     resume_args: list[str] = field(default_factory=list)
     """Appended to command when resuming; {checkpoint} and {step} are substituted."""
     env: dict[str, str] = field(default_factory=dict)
@@ -166,6 +168,11 @@ class Config:
     @property
     def log_path(self) -> Path:
         return self.run_dir / self.run.log
+
+    @property
+    def trainer_cwd(self) -> Path:
+        """The folder the trainer starts in ([trainer] cwd, resolved against the run dir)."""
+        return self.run_dir / Path(self.trainer.cwd).expanduser()
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -294,7 +301,7 @@ def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] |
 
 def _check_trainer_command(path: Path, cfg: Config) -> None:
     command = cfg.trainer.command
-    renamed = _renamed_module(cfg.run_dir, command)
+    renamed = _renamed_module(cfg.trainer_cwd, command)
     if renamed is None:
         return
     index, old, new = renamed
@@ -414,6 +421,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         "checkpoints.dir": cfg.checkpoints.dir,
         "control.socket": cfg.control.socket,
         "mirror.path": cfg.mirror.path or "",
+        "trainer.cwd": cfg.trainer.cwd,
     }
     for key, value in named.items():
         if "\0" in value:
@@ -494,8 +502,10 @@ def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
 
 
 def _check_paths(path: Path, cfg: Config) -> None:
-    """What already sits at the configured paths: the checkpoint directory must be a
-    folder (or not exist yet), the run log a file that belongs to no one else."""
+    """What already sits at the configured paths: the trainer's working directory must be
+    a folder, the checkpoint directory a folder (or not exist yet), the run log a file that
+    belongs to no one else."""
+    _check_trainer_cwd(path, cfg)
     ckpt_dir = cfg.checkpoint_dir
     if ckpt_dir.exists() and not ckpt_dir.is_dir():
         raise _bad(
@@ -522,6 +532,32 @@ def _check_paths(path: Path, cfg: Config) -> None:
                 cfg.run.log,
                 f'a file of the trainer\'s own, but it names {what}{via}: use log = "training.log"',
             )
+
+
+def _check_trainer_cwd(path: Path, cfg: Config) -> None:
+    cwd = cfg.trainer_cwd
+    if not cwd.exists():
+        raise _bad(
+            path,
+            "trainer.cwd",
+            cfg.trainer.cwd,
+            f"an existing folder, but {cwd} does not exist: create it, or name the folder the "
+            'trainer expects to start in, for example cwd = "." (the run directory)',
+        )
+    if not cwd.is_dir():
+        raise _bad(
+            path,
+            "trainer.cwd",
+            cfg.trainer.cwd,
+            f'a folder, but {cwd} is not one: name a folder, for example cwd = "."',
+        )
+    if not os.access(cwd, os.X_OK):
+        raise _bad(
+            path,
+            "trainer.cwd",
+            cfg.trainer.cwd,
+            f"a folder the daemon's user may enter, but {cwd} is not searchable (chmod u+x it)",
+        )
 
 
 def trainer_program_problem(program: str, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -566,7 +602,7 @@ def check_trainer_program(cfg: Config) -> None:
     """
     command = cfg.trainer.command
     env = {**os.environ, **cfg.trainer.env}
-    problem = trainer_program_problem(command[0], cfg.run_dir, env)
+    problem = trainer_program_problem(command[0], cfg.trainer_cwd, env)
     if problem:
         raise ConfigError(
             f"{cfg.path}: 'trainer.command' = {json.dumps(command)} is invalid: {problem}; "
