@@ -26,6 +26,7 @@ from trainwarden.supervisor.protocol import (
     bounded_sidecar,
     sidecar_too_large,
 )
+from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
@@ -58,6 +59,7 @@ class TelemetryHub:
         on_step: Callable[[int, float], None],
         trainer_pid: Callable[[], int | None] = lambda: None,
         cache_refresh_rows: int | None = None,
+        on_no_match: Callable[[dict[str, Any]], None] = lambda notice: None,
     ) -> None:
         self.cfg = cfg
         self.files = files
@@ -70,6 +72,14 @@ class TelemetryHub:
             cfg.telemetry.parser, dataclasses.asdict(cfg.telemetry)
         )
         self.monitor = Monitor(settings_from_config(cfg.telemetry, cfg.trainer.total_steps))
+        self.on_no_match = on_no_match
+        """Told (after the journal) when a start's lines have matched no line of the parser."""
+        self.parser_watch = ParserWatch(
+            loop,
+            cfg.telemetry.parser,
+            no_match_after_s(cfg.restart.stall_timeout_s),
+            self._parser_matches_nothing,
+        )
         self.history = LossHistory()
         self.writer: LossWriter | None = None
         self.follower: LogFollower | None = None
@@ -218,6 +228,12 @@ class TelemetryHub:
                 result = self.audit.observe(record.step, record.loss)
                 if result is not None:
                     self._finish_audit(result)
+        if self.parser_watch.open:
+            # Per batch, and only until the start's first match.
+            if rows:
+                self.parser_watch.matched()
+            else:
+                self.parser_watch.unmatched(lines)
         if rows and self.writer is not None:
             self.writer.append_many(rows)
             self._note_loss_space()
@@ -270,6 +286,13 @@ class TelemetryHub:
         until the next start (a leftover helper's, an orphaned worker's) is stray output,
         journaled, never decided on."""
         self.accepting = False
+        self.parser_watch.end()
+
+    def _parser_matches_nothing(self, notice: dict[str, Any]) -> None:
+        self.journal.append("parser_no_match", notice)
+        log.warning("%s", notice["hint"])
+        self.on_no_match(notice)
+        self._schedule_publish()
 
     def _note_stray(self, lines: list[str]) -> None:
         lines = [line for line in lines if line.strip()]
@@ -304,6 +327,7 @@ class TelemetryHub:
             if result is not None:
                 self._finish_audit(result)
         self.seg = seg
+        self.parser_watch.begin(seg)
         self.audit = None
         resume_at = getattr(self.parser, "resume_at", None)
         if resume_at is not None:
@@ -401,6 +425,8 @@ class TelemetryHub:
             newest.step + self.checkpoint_spacing if newest and self.checkpoint_spacing else None
         )
         data["resume_audit"] = self.audit_result
+        data["parser_no_match"] = self.parser_watch.notice
+        data["checkpoints_unrecognised"] = []
         return data
 
     def snapshot(self, topic: str) -> Any:
