@@ -192,6 +192,8 @@ class Daemon:
             on_writing=self._on_writing,
             on_touched=self.reports.touched,
             on_verified=self.reports.verified,
+            on_unrecognised=self.hub.checkpoint_unrecognised,
+            on_resolved=self.hub.checkpoint_resolved,
         )
         watcher.start()
         self.watcher = watcher

@@ -19,6 +19,7 @@ import orjson
 
 from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.supervisor import registry as plugin_registry
+from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
@@ -46,6 +47,8 @@ CACHE_MIN_ROWS = 100_000
 CACHE_REFRESH_ROWS = 1_000_000
 """Logged rows after which the loss cache is rebuilt (in a thread), so a start-up after
 a crash parses at most about this many lines."""
+UNRECOGNISED_SHOWN = 20
+"""Unrecognised names status lists at most (the newest; the journal has every one)."""
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
 
 
@@ -94,6 +97,8 @@ class TelemetryHub:
         self.newest_checkpoint: CheckpointInfo | None = None
         self.newest_checkpoint_t: float | None = None
         self.checkpoint_spacing: int | None = None
+        self.unrecognised: dict[str, dict[str, str]] = {}
+        """Names in the checkpoint directory the format does not read, oldest first."""
         self.disk_low = False
         self._publish_handle: asyncio.Handle | None = None
         self._offset_saved_t = 0.0
@@ -393,6 +398,26 @@ class TelemetryHub:
         if self.cfg.telemetry.n_params == "auto" and info.n_params:
             self.monitor.set_n_params(info.n_params)
 
+    def checkpoint_unrecognised(self, name: str, is_dir: bool) -> None:
+        """The checkpoint watcher found a name its format does not read: say which option
+        would (journaled once per name by the watcher's own bookkeeping)."""
+        fmt = self.cfg.checkpoints.format
+        hint = unrecognised_hint(name, is_dir, fmt)
+        self.journal.append(
+            "checkpoint_unrecognised",
+            {"name": name, "folder": is_dir, "format": fmt, "hint": hint},
+        )
+        log.warning("%s", hint)
+        self.unrecognised[name] = {"name": name, "hint": hint}
+        while len(self.unrecognised) > UNRECOGNISED_SHOWN:
+            del self.unrecognised[next(iter(self.unrecognised))]
+        self._schedule_publish()
+
+    def checkpoint_resolved(self, name: str) -> None:
+        """An unrecognised name went away."""
+        if self.unrecognised.pop(name, None) is not None:
+            self._schedule_publish()
+
     # -------------------------------------------------------------- publishing
 
     def publish(self, topic: str, data: Any) -> None:
@@ -426,7 +451,7 @@ class TelemetryHub:
         )
         data["resume_audit"] = self.audit_result
         data["parser_no_match"] = self.parser_watch.notice
-        data["checkpoints_unrecognised"] = []
+        data["checkpoints_unrecognised"] = list(self.unrecognised.values())
         return data
 
     def snapshot(self, topic: str) -> Any:

@@ -223,3 +223,21 @@ async def test_a_parser_that_matches_nothing_is_shown_until_a_line_matches():
         await until(
             pilot, lambda: "no line matched" not in screen_text(app), 5, "the hint to clear"
         )
+
+
+async def test_a_checkpoint_name_the_format_does_not_read_is_shown_with_its_fix():
+    told = status()
+    told["checkpoints_unrecognised"] = [
+        {
+            "name": "ckpt.pt",
+            "hint": "ckpt.pt matches no checkpoint name of format torch-pt; "
+            'a file saved in place: set [checkpoints] fixed = "ckpt.pt"',
+        }
+    ]
+    app = TrainwardenApp(StaticSource(status=told), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "hint" in screen_text(app), 10, "the hint")
+        text = screen_text(app)
+        # Wrapped to the panel at 80 columns, the fix included.
+        assert "hint   ckpt.pt matches no checkpoint" in text
+        assert "[checkpoints] fixed =" in text and '"ckpt.pt"' in text

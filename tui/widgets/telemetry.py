@@ -51,7 +51,7 @@ class TelemetryPanel(Static):
                 line
                 for clause in clauses
                 for line in textwrap.wrap(
-                    clause, width, max_lines=2, placeholder=" …", break_on_hyphens=False
+                    clause, width, max_lines=3, placeholder=" …", break_on_hyphens=False
                 )
             ]
             for i, line in enumerate(lines):
