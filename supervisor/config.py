@@ -279,9 +279,10 @@ RENAMED_MODULES = {"trainer": "trainwarden.trainer"}
 """Old module names of the reference trainer that a config may still run with `-m`."""
 
 
-def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] | None:
+def _renamed_module(cwd: Path, command: list[str]) -> tuple[int, str, str] | None:
     """(index, old, new) of the first `-m OLD` argument that names a renamed module, unless
-    the run directory holds a module of that name of its own (`-m` would find it there)."""
+    the trainer's working directory holds a module of that name of its own (`-m` would find
+    it there)."""
     for i, arg in enumerate(command):
         if arg == "-m" and i + 1 < len(command):
             index, module = i + 1, command[i + 1]
@@ -292,7 +293,7 @@ def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] |
         top, _, rest = module.partition(".")
         if top not in RENAMED_MODULES:
             continue
-        if (run_dir / f"{top}.py").exists() or (run_dir / top).is_dir():
+        if (cwd / f"{top}.py").exists() or (cwd / top).is_dir():
             return None
         new = RENAMED_MODULES[top] + (f".{rest}" if rest else "")
         return index, module, new
@@ -502,10 +503,8 @@ def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
 
 
 def _check_paths(path: Path, cfg: Config) -> None:
-    """What already sits at the configured paths: the trainer's working directory must be
-    a folder, the checkpoint directory a folder (or not exist yet), the run log a file that
-    belongs to no one else."""
-    _check_trainer_cwd(path, cfg)
+    """What already sits at the configured paths: the checkpoint directory must be a
+    folder (or not exist yet), the run log a file that belongs to no one else."""
     ckpt_dir = cfg.checkpoint_dir
     if ckpt_dir.exists() and not ckpt_dir.is_dir():
         raise _bad(
@@ -535,6 +534,7 @@ def _check_paths(path: Path, cfg: Config) -> None:
 
 
 def _check_trainer_cwd(path: Path, cfg: Config) -> None:
+    """[trainer] cwd must be a folder the trainer can start in."""
     cwd = cfg.trainer_cwd
     if not cwd.exists():
         raise _bad(
@@ -595,11 +595,13 @@ def trainer_program_problem(program: str, cwd: Path, env: dict[str, str] | None 
 
 
 def check_trainer_program(cfg: Config) -> None:
-    """Raise ConfigError unless the trainer's program can be executed here and now.
+    """Raise ConfigError unless the trainer's working directory is a folder and its program
+    can be executed there, here and now.
 
     Checked by a starting daemon only: `init` and `install-unit` may write a config for a
     trainer that is installed later, or on another machine.
     """
+    _check_trainer_cwd(cfg.path, cfg)
     command = cfg.trainer.command
     env = {**os.environ, **cfg.trainer.env}
     problem = trainer_program_problem(command[0], cfg.trainer_cwd, env)

@@ -105,3 +105,23 @@ def test_a_missing_cwd_is_one_line_and_exit_2(tmp_path: Path):
     assert len(lines) == 1, result.stderr
     assert "'trainer.cwd' = 'nanogpt' is invalid: expected an existing folder" in lines[0]
     assert not (run_dir / "training.log").exists()
+
+
+def test_a_cwd_removed_while_the_daemon_runs_is_named_when_the_next_start_fails(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    (run_dir / "code").mkdir(parents=True)
+    script = run_dir / "train.py"
+    script.write_text("import os, shutil, sys\nshutil.rmtree(os.getcwd())\nsys.exit(1)\n")
+    make_run(
+        run_dir,
+        [PYTHON, str(script)],
+        trainer={"cwd": "code"},
+        restart={**QUICK_RESTARTS, "max_restarts_without_progress": 2},
+    )
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("crash_loop", timeout=120)
+    causes = [r["cause"] for r in journal(run_dir) if r["kind"] == "crash"]
+    assert "1" in causes[0] and "working directory" not in causes[0], causes
+    assert any(
+        f"its working directory {run_dir / 'code'} ([trainer] cwd) is gone" in c for c in causes[1:]
+    ), causes
