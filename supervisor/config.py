@@ -41,7 +41,9 @@ class RunConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     command: list[str] = field(default_factory=list)
-    """The trainer's argv, run with the run directory as working directory (required)."""
+    """The trainer's argv, run in [trainer] cwd (required)."""
+    cwd: str = "."
+    """The trainer's working directory; a relative path is relative to the run directory."""
     resume_args: list[str] = field(default_factory=list)
     """Appended to command when resuming; {checkpoint} and {step} are substituted."""
     env: dict[str, str] = field(default_factory=dict)
@@ -168,6 +170,11 @@ class Config:
         return self.run_dir / self.run.log
 
     @property
+    def trainer_cwd(self) -> Path:
+        """The folder the trainer starts in ([trainer] cwd, resolved against the run dir)."""
+        return self.run_dir / Path(self.trainer.cwd).expanduser()
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / self.checkpoints.dir
 
@@ -272,9 +279,10 @@ RENAMED_MODULES = {"trainer": "trainwarden.trainer"}
 """Old module names of the reference trainer that a config may still run with `-m`."""
 
 
-def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] | None:
+def _renamed_module(cwd: Path, command: list[str]) -> tuple[int, str, str] | None:
     """(index, old, new) of the first `-m OLD` argument that names a renamed module, unless
-    the run directory holds a module of that name of its own (`-m` would find it there)."""
+    the trainer's working directory holds a module of that name of its own (`-m` would find
+    it there)."""
     for i, arg in enumerate(command):
         if arg == "-m" and i + 1 < len(command):
             index, module = i + 1, command[i + 1]
@@ -285,7 +293,7 @@ def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] |
         top, _, rest = module.partition(".")
         if top not in RENAMED_MODULES:
             continue
-        if (run_dir / f"{top}.py").exists() or (run_dir / top).is_dir():
+        if (cwd / f"{top}.py").exists() or (cwd / top).is_dir():
             return None
         new = RENAMED_MODULES[top] + (f".{rest}" if rest else "")
         return index, module, new
@@ -294,7 +302,7 @@ def _renamed_module(run_dir: Path, command: list[str]) -> tuple[int, str, str] |
 
 def _check_trainer_command(path: Path, cfg: Config) -> None:
     command = cfg.trainer.command
-    renamed = _renamed_module(cfg.run_dir, command)
+    renamed = _renamed_module(cfg.trainer_cwd, command)
     if renamed is None:
         return
     index, old, new = renamed
@@ -414,6 +422,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         "checkpoints.dir": cfg.checkpoints.dir,
         "control.socket": cfg.control.socket,
         "mirror.path": cfg.mirror.path or "",
+        "trainer.cwd": cfg.trainer.cwd,
     }
     for key, value in named.items():
         if "\0" in value:
@@ -524,6 +533,33 @@ def _check_paths(path: Path, cfg: Config) -> None:
             )
 
 
+def _check_trainer_cwd(path: Path, cfg: Config) -> None:
+    """[trainer] cwd must be a folder the trainer can start in."""
+    cwd = cfg.trainer_cwd
+    if not cwd.exists():
+        raise _bad(
+            path,
+            "trainer.cwd",
+            cfg.trainer.cwd,
+            f"an existing folder, but {cwd} does not exist: create it, or name the folder the "
+            'trainer expects to start in, for example cwd = "." (the run directory)',
+        )
+    if not cwd.is_dir():
+        raise _bad(
+            path,
+            "trainer.cwd",
+            cfg.trainer.cwd,
+            f'a folder, but {cwd} is not one: name a folder, for example cwd = "."',
+        )
+    if not os.access(cwd, os.X_OK):
+        raise _bad(
+            path,
+            "trainer.cwd",
+            cfg.trainer.cwd,
+            f"a folder the daemon's user may enter, but {cwd} is not searchable (chmod u+x it)",
+        )
+
+
 def trainer_program_problem(program: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     """Why `program` (a trainer argv[0], run in cwd with env's PATH) cannot be executed;
     "" if it can."""
@@ -559,14 +595,16 @@ def trainer_program_problem(program: str, cwd: Path, env: dict[str, str] | None 
 
 
 def check_trainer_program(cfg: Config) -> None:
-    """Raise ConfigError unless the trainer's program can be executed here and now.
+    """Raise ConfigError unless the trainer's working directory is a folder and its program
+    can be executed there, here and now.
 
     Checked by a starting daemon only: `init` and `install-unit` may write a config for a
     trainer that is installed later, or on another machine.
     """
+    _check_trainer_cwd(cfg.path, cfg)
     command = cfg.trainer.command
     env = {**os.environ, **cfg.trainer.env}
-    problem = trainer_program_problem(command[0], cfg.run_dir, env)
+    problem = trainer_program_problem(command[0], cfg.trainer_cwd, env)
     if problem:
         raise ConfigError(
             f"{cfg.path}: 'trainer.command' = {json.dumps(command)} is invalid: {problem}; "

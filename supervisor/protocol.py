@@ -251,6 +251,27 @@ class AuditResult(TypedDict):
     """Non-finite losses as "nan", "inf", "-inf"."""
 
 
+class ParserNoMatch(TypedDict):
+    """No line of the current trainer start has matched the configured parser for
+    min(60 s, stall_timeout_s / 2) since its first line: probably the wrong parser."""
+
+    parser: str
+    """[telemetry] parser."""
+    sample: str
+    """A recent line that did not match (clipped; clean it before printing)."""
+    seg: int
+    hint: str
+    """One line for the user: what matched nothing, and the option to change."""
+
+
+class UnrecognisedCheckpoint(TypedDict):
+    """A name in the checkpoint directory that the configured format does not read."""
+
+    name: str
+    hint: str
+    """One line for the user: the option that would match it."""
+
+
 class Telemetry(TypedDict):
     """The figures of the newest step: the `telemetry` topic, and part of status."""
 
@@ -271,6 +292,10 @@ class Telemetry(TypedDict):
     last_checkpoint_age_s: float | None
     next_checkpoint_step: int | None
     resume_audit: AuditResult | None
+    parser_no_match: ParserNoMatch | None
+    """Set while no line of this trainer start has matched the parser (see its type)."""
+    checkpoints_unrecognised: list[UnrecognisedCheckpoint]
+    """Names in the checkpoint directory the format matches nothing of, newest last."""
 
 
 class GpuSample(TypedDict):

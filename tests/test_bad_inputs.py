@@ -210,6 +210,28 @@ CATALOGUE: list[Bad] = [
         "a path inside the run directory",
     ),
     Bad("config", "absolute log", '[run]\nlog = "/tmp/x.log"\n' + TRAINER_OK, "'run.log'"),
+    # [trainer] cwd: checked at load, relative to the run directory.
+    Bad(
+        "config",
+        "cwd missing",
+        TRAINER_OK + 'cwd = "nanogpt"\n',
+        "'trainer.cwd' = 'nanogpt' is invalid: expected an existing folder",
+    ),
+    Bad(
+        "config",
+        "cwd is a file",
+        TRAINER_OK + 'cwd = "trainwarden.toml"\n',
+        "'trainer.cwd' = 'trainwarden.toml' is invalid: expected a folder",
+    ),
+    Bad(
+        "config",
+        "cwd a dangling link",
+        TRAINER_OK + 'cwd = "code"\n',
+        "'trainer.cwd' = 'code' is invalid: expected an existing folder",
+        extra={"links": {"code": "{outside}/gone"}},
+    ),
+    Bad("config", "cwd a number", TRAINER_OK + "cwd = 3\n", "'trainer.cwd' = 3 is invalid"),
+    Bad("config", "cwd with a NUL", TRAINER_OK + 'cwd = "a\\u0000b"\n', "contains a NUL byte"),
     Bad(
         "config",
         "unknown format plugin",

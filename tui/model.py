@@ -18,6 +18,8 @@ from trainwarden.supervisor.protocol import STATE_KEYS, TELEMETRY_KEYS
 
 EVENTS_KEPT = 200
 
+HEADER_TELEMETRY = ("resume_audit", "parser_no_match", "checkpoints_unrecognised")
+"""Telemetry fields the header shows: a frame that changes one redraws it."""
 PANELS = ("header", "telemetry", "chart", "gpu", "checkpoints", "bandit", "events")
 
 
@@ -134,11 +136,10 @@ class RunModel:
     def apply_topic(self, topic: str, data: Any) -> None:
         now = self.clock.monotonic()
         if topic == "telemetry" and isinstance(data, dict):
-            audit_changed = data.get("resume_audit") != (self.telemetry.value or {}).get(
-                "resume_audit"
-            )
+            before = self.telemetry.value or {}
+            header_changed = any(data.get(key) != before.get(key) for key in HEADER_TELEMETRY)
             self.telemetry = Stamped(data, now)
-            self.touch("telemetry", *(("header",) if audit_changed else ()))
+            self.touch("telemetry", *(("header",) if header_changed else ()))
         elif topic == "state" and isinstance(data, dict):
             self.state = Stamped(data, now)
             self.state_pushed = True
@@ -222,6 +223,23 @@ class RunModel:
         if self.retry_at is None:
             return None
         return max(self.retry_at - self.clock.monotonic(), 0.0)
+
+    def hints(self) -> list[str]:
+        """The daemon's one-line hints for the user: a parser that matches no line, files
+        in the checkpoint directory the format does not read (untrusted text: clean it)."""
+        t = self.telemetry.value or {}
+        found = []
+        notice = t.get("parser_no_match")
+        if isinstance(notice, dict) and isinstance(notice.get("hint"), str):
+            found.append(notice["hint"])
+        unrecognised = t.get("checkpoints_unrecognised")
+        if isinstance(unrecognised, list):
+            found += [
+                u["hint"]
+                for u in unrecognised
+                if isinstance(u, dict) and isinstance(u.get("hint"), str)
+            ]
+        return found
 
     def arm_names(self) -> list[str]:
         arms = (self.bandit or {}).get("arms")

@@ -78,10 +78,21 @@ def format_status(s: StatusResult) -> str:
     quarantined = s.get("quarantined") or []
     if quarantined:
         lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
+    for hint in status_hints(s):
+        lines.append(f"hint      {clean(hint)}")
     if s.get("disk_full"):
         waiting = ", ".join(s.get("disk_full_files") or []) or "?"
         lines.append(f"disk      full: held in memory until space returns: {waiting}")
     return "\n".join(lines)
+
+
+def status_hints(s: StatusResult) -> list[str]:
+    """The daemon's one-line hints: a parser that matches no line of the trainer's, names
+    in the checkpoint directory that the format does not read."""
+    notice = s.get("parser_no_match")
+    hints = [notice["hint"]] if notice else []
+    hints += [u["hint"] for u in s.get("checkpoints_unrecognised") or []]
+    return hints
 
 
 def handles_text(handles: list[str] | None) -> str:

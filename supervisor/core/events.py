@@ -138,6 +138,18 @@ class StepLogged:
 
 
 @dataclass(frozen=True)
+class ParserNoMatch:
+    """No line of trainer start `seg` has matched the configured parser for a while since
+    its first line (see shell.parser_watch); a step line of that start ends it."""
+
+    t: float
+    seg: int
+    parser: str
+    sample: str
+    """A line it did not match."""
+
+
+@dataclass(frozen=True)
 class TrainerSpawned:
     t: float
     pid: int
@@ -249,6 +261,7 @@ Event = (
     | ResumeRefused
     | CheckpointWriting
     | StepLogged
+    | ParserNoMatch
     | TrainerSpawned
     | SpawnFailed
     | TrainerExited

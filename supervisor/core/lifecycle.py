@@ -17,6 +17,7 @@ from trainwarden.supervisor.core.actions import (
 )
 from trainwarden.supervisor.core.events import (
     Outcome,
+    ParserNoMatch,
     Restored,
     ResumeRefused,
     ShutdownRequested,
@@ -133,9 +134,23 @@ def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[A
 
 def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
     state = replace(
-        state, trainer_pid=ev.pid, trainer_started_t=ev.t, last_activity_t=ev.t, rollback_from=None
+        state,
+        trainer_pid=ev.pid,
+        trainer_started_t=ev.t,
+        last_activity_t=ev.t,
+        rollback_from=None,
+        parser_no_match=None,
     )
     return _answer_starts(state, actions)
+
+
+def on_parser_no_match(
+    state: State, ev: ParserNoMatch, rules: Rules, actions: list[Action]
+) -> State:
+    """Remembered for the hang it may end in (the shell has journaled and shown it)."""
+    if ev.seg != state.seg or not state.trainer_alive or state.last_step is not None:
+        return state
+    return replace(state, parser_no_match=(ev.parser, ev.sample))
 
 
 def _answer_starts(state: State, actions: list[Action]) -> State:
@@ -222,9 +237,7 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         actions.append(Record("trainer_finished", exit_fields))
         state = fail_waiters(state, actions, "wrong_state", "the trainer finished")
         return replace(state, phase=Phase.FINISHED, halt_reason="the trainer finished")
-    cause = (
-        "hang (no step line)" if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
-    )
+    cause = hang_cause(state) if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
     return crashed(state, ev.t, rules, actions, cause=cause, exit_fields=exit_fields)
 
 
@@ -238,6 +251,13 @@ def on_resume_refused(
         return state
     # No trainer started for that segment: the next start takes its number.
     return spawn(replace(state, seg=state.seg - 1), ev.t, actions)
+
+
+def hang_cause(state: State) -> str:
+    if state.parser_no_match is None:
+        return "hang (no step line)"
+    parser, _ = state.parser_no_match
+    return f"hang (no step line: no line matched parser {parser}; set [telemetry] parser)"
 
 
 def crashed(
@@ -365,12 +385,14 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
         and t - state.last_activity_t >= rules.stall_timeout_s
     ):
         state = pivot.abort(state, actions, "the trainer stopped logging steps")
-        actions.append(
-            Record(
-                "stall",
-                {"last_step": state.last_step, "silent_s": round(t - state.last_activity_t, 3)},
-            )
-        )
+        stall: dict[str, Any] = {
+            "last_step": state.last_step,
+            "silent_s": round(t - state.last_activity_t, 3),
+        }
+        if state.parser_no_match is not None:
+            parser, sample = state.parser_no_match
+            stall["parser_no_match"] = {"parser": parser, "sample": sample}
+        actions.append(Record("stall", stall))
         return stop_trainer(state, t, rules, "stall", actions)
     return state
 

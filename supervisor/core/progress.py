@@ -139,6 +139,7 @@ def _stepped(state: State, step: int, t: float) -> State:
     new.__dict__.update(state.__dict__)
     new.__dict__["last_step"] = step
     new.__dict__["last_activity_t"] = t
+    new.__dict__["parser_no_match"] = None  # a line matched
     return new
 
 

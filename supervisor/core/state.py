@@ -138,6 +138,9 @@ class State:
     """Last step logged by the current trainer."""
     last_activity_t: float = 0.0
     """Last step line, trainer start or checkpoint write: what stall detection measures."""
+    parser_no_match: tuple[str, str] | None = None
+    """(parser, a sample line) while no line of the current start has matched the parser:
+    a hang then names it as the likely cause."""
     stop_reason: StopReason | None = None
     kill_at: float | None = None
     stop_exit: str | None = None

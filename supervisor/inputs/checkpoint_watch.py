@@ -18,6 +18,13 @@ it, when that file is closed or renamed into place; a whole folder renamed in co
 at once. Opens and read-only closes (the daemon's own verification, a mirror copying,
 `ls`) are not asked for, so they never wake the watcher; quarantine/ is not watched.
 
+A name that is none of these (no checkpoint, no write in flight, no companion of a
+checkpoint there) is reported to on_unrecognised once, with whether it is a folder: the
+trainer saves under names the format does not read. It is judged JUDGE_AFTER_S after it
+appeared, in a worker thread, and not while anything is in flight there (a sidecar comes
+before its checkpoint); quarantine/ and dot-names are never judged. The names there at
+start are judged the same way. on_resolved hears of a reported name that went away.
+
 The inotify descriptor is read on the loop; the one blocking check (verifying a regular
 file created under a final name) runs in a worker thread. Without inotify the directory
 is scanned every POLL_S in a thread instead (`Rescan`).
@@ -34,10 +41,12 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainwarden.supervisor.inputs.inotify import (
     IN_CLOSE_WRITE,
     IN_CREATE,
+    IN_DELETE,
     IN_IGNORED,
     IN_ISDIR,
     IN_MODIFY,
@@ -60,10 +69,24 @@ WRITING_EVERY_S = 1.0
 POLL_S = 1.0
 """How often the directory is scanned when inotify cannot be had."""
 
+JUDGE_AFTER_S = 1.0
+"""How long after a name appears it is judged (recognised or not), and how often again
+while a write is in flight."""
+DEFER_MAX_S = 600.0
+"""A name is judged after this long even if something stays in flight all that time."""
+
 # Only what a commit or a write makes. IN_MOVED_FROM: a folder leaving takes its watch along.
 # IN_MOVE_SELF: the directory itself moved away, its watch now names the wrong path.
+# IN_DELETE: an unrecognised name reported earlier is gone.
 DIR_MASK = (
-    IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_MOVE_SELF | IN_ONLYDIR
+    IN_CREATE
+    | IN_MODIFY
+    | IN_CLOSE_WRITE
+    | IN_MOVED_TO
+    | IN_MOVED_FROM
+    | IN_DELETE
+    | IN_MOVE_SELF
+    | IN_ONLYDIR
 )
 FOLDER_MASK = IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_ONLYDIR
 
@@ -80,6 +103,8 @@ class CheckpointWatcher:
         on_writing: Callable[[], None],
         on_touched: Callable[[str], None] | None = None,
         on_verified: Callable[[str, Verdict], None] | None = None,
+        on_unrecognised: Callable[[str, bool], None] | None = None,
+        on_resolved: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.loop = loop
@@ -91,6 +116,13 @@ class CheckpointWatcher:
         """Instead of on_committed, when the watcher had to verify the file itself to tell
         a whole file (a hard link) from one still being written: the verdict, so the
         checkpoint is not verified twice."""
+        self.on_unrecognised = on_unrecognised
+        """A name the format does not read (and whether it is a folder), once per name."""
+        self.on_resolved = on_resolved
+        """A name reported to on_unrecognised is gone (deleted, renamed away)."""
+        self._candidates: dict[str, float] = {}  # name -> when it was first seen
+        self._reported: set[str] = set()
+        self._judging: asyncio.TimerHandle | asyncio.Future[Any] | None = None
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
@@ -107,6 +139,7 @@ class CheckpointWatcher:
             for entry in os.scandir(self.store.dir):  # the folders there now: watched, not judged
                 if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(Path(entry.path))
+                self._consider(Path(entry.path))
         except OSError as exc:
             self._fall_back(exc, Rescan(self.store, baseline=True))
             return
@@ -115,6 +148,9 @@ class CheckpointWatcher:
 
     def stop(self) -> None:
         self._stopped = True
+        if isinstance(self._judging, asyncio.TimerHandle):
+            self._judging.cancel()
+        self._judging = None
         if self._poller is not None:
             self._poller.stop()
             self._poller = None
@@ -162,6 +198,10 @@ class CheckpointWatcher:
     def _in_directory(self, event: InotifyEvent, path: Path) -> None:
         if path.name == QUARANTINE:
             return
+        if event.mask & (IN_DELETE | IN_MOVED_FROM):
+            self._gone(path.name)
+        elif event.mask & (IN_CREATE | IN_MOVED_TO):
+            self._consider(path)
         if not event.mask & IN_ISDIR:
             self._in_file(event.mask, path)
         elif event.mask & IN_MOVED_FROM:
@@ -273,6 +313,95 @@ class CheckpointWatcher:
                 self._writing(None)
 
         scan.add_done_callback(report)
+
+    # -- names the format does not read -------------------------------------------
+
+    def _consider(self, path: Path) -> None:
+        """`path` appeared in the directory: judge it soon unless its name says what it is
+        (the checks _final makes for every event anyway)."""
+        name = path.name
+        if (
+            self.on_unrecognised is None
+            or name == QUARANTINE
+            or name.startswith(".")
+            or name in self._reported
+            or name in self._candidates
+        ):
+            return
+        fmt = self.store.fmt
+        if fmt.step_of(path) is not None or fmt.is_in_flight(path):
+            return
+        self._candidates[name] = time.monotonic()
+        self._judge_soon()
+
+    def _gone(self, name: str) -> None:
+        self._candidates.pop(name, None)
+        if name in self._reported:
+            self._reported.discard(name)
+            if self.on_resolved is not None:
+                self.on_resolved(name)
+
+    def _judge_soon(self) -> None:
+        if self._judging is None and not self._stopped:
+            self._judging = self.loop.call_later(JUDGE_AFTER_S, self._judge)
+
+    def _judge(self) -> None:
+        self._judging = None
+        if self._stopped or not self._candidates:
+            return
+        now = time.monotonic()
+        names = dict(self._candidates)
+        overdue = {name for name, seen in names.items() if now - seen >= DEFER_MAX_S}
+        job = self.loop.run_in_executor(None, self._unrecognised, list(names), overdue)
+        self._judging = job
+
+        def judged(done: asyncio.Future[tuple[list[tuple[str, bool]], list[str]]]) -> None:
+            self._judging = None
+            if self._stopped or done.cancelled():
+                return
+            if done.exception() is not None:
+                log.error("judging names in %s", self.store.dir, exc_info=done.exception())
+                return
+            found, deferred = done.result()
+            for name in names:
+                if name not in deferred:
+                    self._candidates.pop(name, None)
+            for name, is_dir in found:
+                if name not in self._reported:
+                    self._reported.add(name)
+                    assert self.on_unrecognised is not None
+                    self.on_unrecognised(name, is_dir)
+            if self._candidates:
+                self._judge_soon()
+
+        job.add_done_callback(judged)
+
+    def _unrecognised(
+        self, names: list[str], overdue: set[str]
+    ) -> tuple[list[tuple[str, bool]], list[str]]:
+        """In a worker thread: (the names no checkpoint accounts for, each with whether it
+        is a folder; the names to judge later, while a write is in flight)."""
+        committed, in_flight = self.store.scan()
+        if in_flight:
+            deferred = [name for name in names if name not in overdue]
+            names = [name for name in names if name in overdue]
+        else:
+            deferred = []
+        fmt = self.store.fmt
+        belongs = set(committed)
+        for name in committed:
+            belongs.update(p.name for p in fmt.companions(self.store.dir / name))
+        found = []
+        for name in names:
+            path = self.store.dir / name
+            if name in belongs or fmt.step_of(path) is not None or fmt.is_in_flight(path):
+                continue
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue  # gone again
+            found.append((name, stat.S_ISDIR(mode)))
+        return found, deferred
 
     # -- what a path stands for --------------------------------------------------
 

@@ -149,7 +149,13 @@ class Daemon:
         self.persisted = core.persisted(self.state)
 
         self.hub = TelemetryHub(
-            self.cfg, self.files, self.journal, loop, self._on_step, lambda: self.state.trainer_pid
+            self.cfg,
+            self.files,
+            self.journal,
+            loop,
+            self._on_step,
+            lambda: self.state.trainer_pid,
+            on_no_match=self._on_parser_no_match,
         )
         self.reports = CheckpointReports(self.store, self.hub, self.queue.put_nowait)
         self.executor = Executor(
@@ -186,6 +192,8 @@ class Daemon:
             on_writing=self._on_writing,
             on_touched=self.reports.touched,
             on_verified=self.reports.verified,
+            on_unrecognised=self.hub.checkpoint_unrecognised,
+            on_resolved=self.hub.checkpoint_resolved,
         )
         watcher.start()
         self.watcher = watcher
@@ -423,6 +431,11 @@ class Daemon:
 
     def _on_writing(self) -> None:
         self.queue.put_nowait(core.CheckpointWriting(time.monotonic()))
+
+    def _on_parser_no_match(self, notice: dict[str, Any]) -> None:
+        self.queue.put_nowait(
+            core.ParserNoMatch(time.monotonic(), notice["seg"], notice["parser"], notice["sample"])
+        )
 
     def _on_signal(self, sig: int) -> None:
         self.queue.put_nowait(core.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))

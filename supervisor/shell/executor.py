@@ -203,9 +203,9 @@ class Executor:
         # and reach the policy after the spawn they belong to, in their order.
         self.steps_held = []
         try:
-            proc = await spawn(argv, self.cfg.run_dir, env, self.cfg.log_path)
+            proc = await spawn(argv, self.cfg.trainer_cwd, env, self.cfg.log_path)
         except OSError as exc:
-            failure = spawn_failure(argv, self.cfg.run_dir, env, exc)
+            failure = spawn_failure(argv, self.cfg.trainer_cwd, env, exc)
             self.report(core.SpawnFailed(time.monotonic(), failure))
             self._release_held_steps()
             return

@@ -19,6 +19,7 @@ import orjson
 
 from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.supervisor import registry as plugin_registry
+from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
@@ -26,6 +27,7 @@ from trainwarden.supervisor.protocol import (
     bounded_sidecar,
     sidecar_too_large,
 )
+from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
@@ -47,6 +49,8 @@ CACHE_REFRESH_ROWS = 1_000_000
 a crash parses at most about this many lines."""
 SPAWN_LOOKBACK_RECORDS = 5000
 """Journal records searched back for the current segment's spawn at a daemon restart."""
+UNRECOGNISED_SHOWN = 20
+"""Unrecognised names status lists at most (the newest; the journal has every one)."""
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
 
 
@@ -60,6 +64,7 @@ class TelemetryHub:
         on_step: Callable[[int, float], None],
         trainer_pid: Callable[[], int | None] = lambda: None,
         cache_refresh_rows: int | None = None,
+        on_no_match: Callable[[dict[str, Any]], None] = lambda notice: None,
     ) -> None:
         self.cfg = cfg
         self.files = files
@@ -72,6 +77,14 @@ class TelemetryHub:
             cfg.telemetry.parser, dataclasses.asdict(cfg.telemetry)
         )
         self.monitor = Monitor(settings_from_config(cfg.telemetry, cfg.trainer.total_steps))
+        self.on_no_match = on_no_match
+        """Told (after the journal) when a start's lines have matched no line of the parser."""
+        self.parser_watch = ParserWatch(
+            loop,
+            cfg.telemetry.parser,
+            no_match_after_s(cfg.restart.stall_timeout_s),
+            self._parser_matches_nothing,
+        )
         self.history = LossHistory()
         self.writer: LossWriter | None = None
         self.follower: LogFollower | None = None
@@ -86,6 +99,8 @@ class TelemetryHub:
         self.newest_checkpoint: CheckpointInfo | None = None
         self.newest_checkpoint_t: float | None = None
         self.checkpoint_spacing: int | None = None
+        self.unrecognised: dict[str, dict[str, str]] = {}
+        """Names in the checkpoint directory the format does not read, oldest first."""
         self.disk_low = False
         self._publish_handle: asyncio.Handle | None = None
         self._offset_saved_t = 0.0
@@ -246,6 +261,12 @@ class TelemetryHub:
                 result = self.audit.observe(record.step, record.loss)
                 if result is not None:
                     self._finish_audit(result)
+        if self.parser_watch.open:
+            # Per batch, and only until the start's first match.
+            if rows:
+                self.parser_watch.matched()
+            else:
+                self.parser_watch.unmatched(lines)
         if rows and self.writer is not None:
             self.writer.append_many(rows)
             self._note_loss_space()
@@ -303,6 +324,13 @@ class TelemetryHub:
         until the next start (a leftover helper's, an orphaned worker's) is stray output,
         journaled, never decided on."""
         self.accepting = False
+        self.parser_watch.end()
+
+    def _parser_matches_nothing(self, notice: dict[str, Any]) -> None:
+        self.journal.append("parser_no_match", notice)
+        log.warning("%s", notice["hint"])
+        self.on_no_match(notice)
+        self._schedule_publish()
 
     def _note_stray(self, lines: list[str]) -> None:
         lines = [line for line in lines if line.strip()]
@@ -337,6 +365,7 @@ class TelemetryHub:
             if result is not None:
                 self._finish_audit(result)
         self.seg = seg
+        self.parser_watch.begin(seg)
         self.audit = None
         resume_at = getattr(self.parser, "resume_at", None)
         if resume_at is not None:
@@ -402,6 +431,26 @@ class TelemetryHub:
         if self.cfg.telemetry.n_params == "auto" and info.n_params:
             self.monitor.set_n_params(info.n_params)
 
+    def checkpoint_unrecognised(self, name: str, is_dir: bool) -> None:
+        """The checkpoint watcher found a name its format does not read: say which option
+        would (journaled once per name by the watcher's own bookkeeping)."""
+        fmt = self.cfg.checkpoints.format
+        hint = unrecognised_hint(name, is_dir, fmt)
+        self.journal.append(
+            "checkpoint_unrecognised",
+            {"name": name, "folder": is_dir, "format": fmt, "hint": hint},
+        )
+        log.warning("%s", hint)
+        self.unrecognised[name] = {"name": name, "hint": hint}
+        while len(self.unrecognised) > UNRECOGNISED_SHOWN:
+            del self.unrecognised[next(iter(self.unrecognised))]
+        self._schedule_publish()
+
+    def checkpoint_resolved(self, name: str) -> None:
+        """An unrecognised name went away."""
+        if self.unrecognised.pop(name, None) is not None:
+            self._schedule_publish()
+
     # -------------------------------------------------------------- publishing
 
     def publish(self, topic: str, data: Any) -> None:
@@ -434,6 +483,8 @@ class TelemetryHub:
             newest.step + self.checkpoint_spacing if newest and self.checkpoint_spacing else None
         )
         data["resume_audit"] = self.audit_result
+        data["parser_no_match"] = self.parser_watch.notice
+        data["checkpoints_unrecognised"] = list(self.unrecognised.values())
         return data
 
     def snapshot(self, topic: str) -> Any:

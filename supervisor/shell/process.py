@@ -133,6 +133,8 @@ def spawn_failure(argv: list[str], cwd: Path, env: dict[str, str], exc: OSError)
     reports an empty name or a folder as "Permission denied")."""
     if isinstance(exc, RunLogUnusable):
         return str(exc.strerror)
+    if not cwd.is_dir():
+        return f"its working directory {cwd} ([trainer] cwd) is gone or not a folder"
     problem = trainer_program_problem(argv[0], cwd, env)
     return f"{argv[0]}: {problem or exc.strerror or exc}"
 

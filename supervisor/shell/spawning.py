@@ -11,6 +11,8 @@ from trainwarden.supervisor.core.policy import Spawn
 from trainwarden.supervisor.inputs.proctree import START_ENV
 from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS
 
+UNBUFFERED_ENV = "PYTHONUNBUFFERED"
+
 
 def trainer_argv(cfg: Config, checkpoint_dir: Path, action: Spawn) -> list[str]:
     """[trainer] command, plus resume_args with {checkpoint} and {step} filled in."""
@@ -25,9 +27,12 @@ def trainer_argv(cfg: Config, checkpoint_dir: Path, action: Spawn) -> list[str]:
 
 
 def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn, marker: str) -> dict[str, str]:
-    """The daemon's environment, [trainer] env, the contract's variables for this start, and
-    the start's marker, which every process the trainer starts inherits (see containment)."""
-    env = {**os.environ, **cfg.trainer.env}
+    """The daemon's environment, PYTHONUNBUFFERED=1, [trainer] env, the contract's variables
+    for this start, and the start's marker, which every process the trainer starts inherits
+    (see containment)."""
+    # Python block-buffers a piped stdout: without this, step lines would reach the log a
+    # few KiB at a time and a healthy trainer would look hung. [trainer] env may override it.
+    env = {**os.environ, UNBUFFERED_ENV: "1", **cfg.trainer.env}
     env.pop(ENV_RESUME, None)
     env.pop(ENV_PIVOT, None)
     for key in NOTIFY_ENV_KEYS:

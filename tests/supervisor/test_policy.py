@@ -144,6 +144,38 @@ def test_stall_sends_sigterm_then_sigkill_then_restarts():
     assert state.phase == "backoff"
 
 
+def test_a_hang_while_no_line_matched_the_parser_says_so():
+    state, _ = started()
+    assert state.seg == 1
+    state, actions = run([p.ParserNoMatch(30.0, 1, "step-line", "iter 1: loss 3.41")], state)
+    assert actions == [] and state.parser_no_match == ("step-line", "iter 1: loss 3.41")
+    state, actions = run([p.Tick(60.0)], state)
+    (stall,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "stall"]
+    assert stall.fields["parser_no_match"] == {"parser": "step-line", "sample": "iter 1: loss 3.41"}
+    state, actions = run([p.TrainerExited(61.0, 100, -15)], state)
+    (crash,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "crash"]
+    assert "no line matched parser step-line" in crash.fields["cause"]
+    # The next start begins without it; a report about the old start changes nothing.
+    state, _ = run([p.Tick(100.0), p.TrainerSpawned(100.0, 101)], state)
+    assert state.seg == 2 and state.parser_no_match is None
+    state, _ = run([p.ParserNoMatch(101.0, 1, "step-line", "x")], state)
+    assert state.parser_no_match is None
+
+
+def test_a_step_line_clears_parser_no_match_and_a_later_hang_is_a_plain_one():
+    state, _ = started()
+    state, _ = run(
+        [p.ParserNoMatch(30.0, 1, "step-line", "junk"), p.StepLogged(31.0, 1, 3.0)], state
+    )
+    assert state.parser_no_match is None
+    state, actions = run([p.Tick(91.0)], state)
+    (stall,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "stall"]
+    assert "parser_no_match" not in stall.fields
+    _, actions = run([p.TrainerExited(92.0, 100, -15)], state)
+    (crash,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "crash"]
+    assert crash.fields["cause"] == "hang (no step line)"
+
+
 def test_checkpoint_writing_extends_the_stall_deadline():
     state, _ = started()
     state, _ = run([p.StepLogged(1.0, 1, 3.0), p.CheckpointWriting(50.0)], state)

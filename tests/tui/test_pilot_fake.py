@@ -10,6 +10,7 @@ import pytest
 from tests.tui.fakes import FrozenClock, StaticSource, bandit, status
 from tests.tui.live import until
 from tests.tui.screen_text import screen_text
+from trainwarden.supervisor.protocol import TELEMETRY_KEYS
 from trainwarden.tui.app import TrainwardenApp
 from trainwarden.tui.messages import TopicPushed
 from trainwarden.tui.screens.log import NOT_LOCAL, LogScreen
@@ -196,3 +197,47 @@ async def test_header_shows_each_state_with_its_detail(fields: dict[str, Any], s
         await started(app, pilot)
         header = screen_text(app).splitlines()[0]
         assert shown in header, header
+
+
+async def test_a_parser_that_matches_nothing_is_shown_until_a_line_matches():
+    told = status()
+    told["step"] = None
+    told["parser_no_match"] = {
+        "parser": "step-line",
+        "sample": "iter 7: loss 3.1\x1b[31m",
+        "seg": 1,
+        "hint": "no line matched parser step-line; sample: iter 7: loss 3.1\x1b[31m; "
+        "set [telemetry] parser",
+    }
+    app = TrainwardenApp(StaticSource(status=told), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "hint" in screen_text(app), 10, "the hint")
+        text = screen_text(app)
+        # The telemetry panel shows it whole, a clause a row, even at 80 columns.
+        assert "hint   no line matched parser" in text and "step-line" in text
+        assert "sample: iter 7: loss 3.1" in text
+        assert "set [telemetry] parser" in text
+        assert "\x1b" not in text
+        frame = {**told, "step": 1, "parser_no_match": None}
+        app.post_message(TopicPushed("telemetry", {k: frame.get(k) for k in TELEMETRY_KEYS}))
+        await until(
+            pilot, lambda: "no line matched" not in screen_text(app), 5, "the hint to clear"
+        )
+
+
+async def test_a_checkpoint_name_the_format_does_not_read_is_shown_with_its_fix():
+    told = status()
+    told["checkpoints_unrecognised"] = [
+        {
+            "name": "ckpt.pt",
+            "hint": "ckpt.pt matches no checkpoint name of format torch-pt; "
+            'a file saved in place: set [checkpoints] fixed = "ckpt.pt"',
+        }
+    ]
+    app = TrainwardenApp(StaticSource(status=told), clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "hint" in screen_text(app), 10, "the hint")
+        text = screen_text(app)
+        # Wrapped to the panel at 80 columns, the fix included.
+        assert "hint   ckpt.pt matches no checkpoint" in text
+        assert "[checkpoints] fixed =" in text and '"ckpt.pt"' in text

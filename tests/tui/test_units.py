@@ -12,6 +12,7 @@ from trainwarden.tui.chart import BRAILLE_BASE, render_chart
 from trainwarden.tui.messages import HistoryReceived, StatusReceived, TopicPushed
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean, safe_text
+from trainwarden.tui.widgets.events import ALARMING, summary
 
 
 def test_importing_the_tui_does_not_import_torch_or_daemon_internals():
@@ -158,3 +159,10 @@ def test_log_path_is_the_one_the_daemon_names_when_the_socket_is_local(tmp_path)
     assert local_log_path(socket, hello) == run / "logs" / "train.out"  # [run] log honoured
     assert local_log_path(tmp_path / "forwarded.sock", hello) is None  # over SSH: not here
     assert local_log_path(socket, {"run_dir": str(run)}) is None  # a daemon that names none
+
+
+def test_a_hint_record_is_summed_up_by_its_hint():
+    hint = "no line matched parser step-line; sample: iter 1; set [telemetry] parser"
+    record = {"kind": "parser_no_match", "ts": 1.0, "parser": "step-line", "hint": hint}
+    assert summary(record) == hint
+    assert {"parser_no_match", "checkpoint_unrecognised"} <= ALARMING

@@ -31,6 +31,8 @@ ALARMING = {
     "quarantine_failed",
     "containment_failed",
     "checkpoint_dir_moved",
+    "parser_no_match",
+    "checkpoint_unrecognised",
 }
 NOTABLE = {
     "disk_recovered",
@@ -50,6 +52,8 @@ NOTABLE = {
     "stop_outcome",
     "awaiting_verification",
 }
+HINTED = {"parser_no_match", "checkpoint_unrecognised"}
+"""Records whose one-line hint says all they hold."""
 GOOD = {"checkpoint", "resume_verified", "trainer_started", "daemon_start", "disk_ok"}
 SKIPPED_FIELDS = ("ts", "t", "kind", "argv")
 ROUTINE = frozenset({"delete", "state"})
@@ -62,6 +66,8 @@ def summary(record: dict[str, Any]) -> str:
     kind = record.get("kind")
     if kind == "crash" and record.get("cause"):
         head = f"{record['cause']}"
+    elif kind in HINTED and record.get("hint"):
+        return f"{record['hint']}"  # it names everything the record holds
     elif kind == "spawn":
         resume = record.get("resume") or {}
         step = resume.get("step") if isinstance(resume, dict) else None

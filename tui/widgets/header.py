@@ -112,6 +112,13 @@ class RunHeader(Static):
         reason = model.detail.get("reason")
         if reason and model.phase in SHOWS_REASON:
             line.append(f"  {clean(reason, 160)}", muted)
+        hints = model.hints()
+        if hints:
+            # The first one whole on the line; the telemetry panel lists them all.
+            line.append("  ")
+            line.append(
+                f" {clean(hints[0], 300)} ", self.get_component_rich_style("run-header--drift")
+            )
         return line
 
     def _badge(self, model: RunModel) -> Text:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from rich.text import Text
@@ -41,6 +42,20 @@ class TelemetryPanel(Static):
             for part, style in parts:
                 text.append(part, style)  # type: ignore[arg-type]
 
+        for hint in model.hints():
+            # First, a clause a row, so that 80 columns show it whole: a run with a hint
+            # has little else worth reading.
+            width = max(self.content_size.width - LABEL_WIDTH, 20)
+            clauses = clean(hint, 300).split("; ")
+            lines = [
+                line
+                for clause in clauses
+                for line in textwrap.wrap(
+                    clause, width, max_lines=3, placeholder=" …", break_on_hyphens=False
+                )
+            ]
+            for i, line in enumerate(lines):
+                row("" if i else "hint", (line, busy))
         step, total = t.get("step"), model.total_steps
         progress = ""
         if fmt.finite(step) and total:  # total_steps > 0
