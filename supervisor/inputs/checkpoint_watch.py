@@ -12,6 +12,11 @@ folder changed) is reported to on_touched: the daemon compares it with the diges
 its commit. The daemon drains the queue (`drain`) before it acts on a trainer's exit or an
 operator's request, so a commit made before either is seen before the decision.
 
+An in-place trainer's fixed file ([checkpoints] fixed, never a committed name itself) is
+reported to on_fixed when it is closed after a write or a file is renamed onto it; writes
+to it count as a save in progress. The daemon's staging folder for its snapshots, like
+quarantine/, is not watched.
+
 A checkpoint folder (hf-trainer's checkpoint-N/) is watched too: any write inside it is
 activity of that folder, but only the file its format names (`commits_folder`) commits
 it, when that file is closed or renamed into place; a whole folder renamed in commits
@@ -52,6 +57,7 @@ from trainwarden.supervisor.inputs.inotify import (
 )
 from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore, Verdict
 from trainwarden.supervisor.store.digest import Signature, signature_of
+from trainwarden.supervisor.store.snapshots import STAGING
 
 log = logging.getLogger("trainwarden.checkpoints")
 
@@ -62,6 +68,8 @@ POLL_S = 1.0
 
 # Only what a commit or a write makes. IN_MOVED_FROM: a folder leaving takes its watch along.
 # IN_MOVE_SELF: the directory itself moved away, its watch now names the wrong path.
+UNWATCHED = frozenset({QUARANTINE, STAGING})
+"""Folders of the checkpoint directory that hold no checkpoint being written."""
 DIR_MASK = (
     IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_MOVE_SELF | IN_ONLYDIR
 )
@@ -80,6 +88,8 @@ class CheckpointWatcher:
         on_writing: Callable[[], None],
         on_touched: Callable[[str], None] | None = None,
         on_verified: Callable[[str, Verdict], None] | None = None,
+        fixed: str | None = None,
+        on_fixed: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.loop = loop
@@ -91,6 +101,10 @@ class CheckpointWatcher:
         """Instead of on_committed, when the watcher had to verify the file itself to tell
         a whole file (a hard link) from one still being written: the verdict, so the
         checkpoint is not verified twice."""
+        self.fixed = store.dir / fixed if fixed is not None else None
+        """The file an in-place trainer overwrites ([checkpoints] fixed)."""
+        self.on_fixed = on_fixed
+        """The fixed file was closed after a write, or a file was renamed onto it."""
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
@@ -105,7 +119,7 @@ class CheckpointWatcher:
             self._inotify = Inotify()
             self._dir_wd = self._inotify.add_watch(self.store.dir, DIR_MASK)
             for entry in os.scandir(self.store.dir):  # the folders there now: watched, not judged
-                if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
+                if entry.name not in UNWATCHED and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(Path(entry.path))
         except OSError as exc:
             self._fall_back(exc, Rescan(self.store, baseline=True))
@@ -160,7 +174,7 @@ class CheckpointWatcher:
         return False
 
     def _in_directory(self, event: InotifyEvent, path: Path) -> None:
-        if path.name == QUARANTINE:
+        if path.name in UNWATCHED:
             return
         if not event.mask & IN_ISDIR:
             self._in_file(event.mask, path)
@@ -176,6 +190,9 @@ class CheckpointWatcher:
                 self._look_inside(path)
 
     def _in_file(self, mask: int, path: Path) -> None:
+        if path == self.fixed:
+            self._in_fixed(mask)
+            return
         if mask & IN_ISDIR and not mask & IN_MOVED_TO:
             return  # a folder inside a checkpoint folder: only its arrival by rename counts
         if mask & (IN_MOVED_TO | IN_CLOSE_WRITE):
@@ -195,6 +212,15 @@ class CheckpointWatcher:
             whole.add_done_callback(lambda done: self._created(path, done))
         elif mask & IN_MODIFY:
             self._writing(path)
+
+    def _in_fixed(self, mask: int) -> None:
+        if mask & IN_ISDIR:
+            return
+        if mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            if self.on_fixed is not None:
+                self.on_fixed()
+        elif mask & (IN_CREATE | IN_MODIFY):
+            self._writing(None)  # a save in progress, like a .tmp being written
 
     def _created(
         self, path: Path, whole: asyncio.Future[tuple[str, Verdict | None] | None]
@@ -259,7 +285,7 @@ class CheckpointWatcher:
         (the daemon tells a known checkpoint by its mtime)."""
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.store.dir):
-                if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
+                if entry.name not in UNWATCHED and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(Path(entry.path))
         scan = self.loop.run_in_executor(None, self.store.scan)
 
@@ -285,7 +311,7 @@ class CheckpointWatcher:
         """
         if path.parent == self.store.dir:
             return path
-        if path.parent.parent != self.store.dir or path.parent.name == QUARANTINE:
+        if path.parent.parent != self.store.dir or path.parent.name in UNWATCHED:
             return None
         if not committing:
             return path.parent
