@@ -370,12 +370,16 @@ class CheckpointWatcher:
             self._inotify = None
         self._folders.clear()
         scanner = rescan or Rescan(self.store, baseline=False)
+        fixed = FixedScan(self.fixed)
 
         def poll() -> None:
             committed, writing = scanner.changes()
             for name in committed:
                 self._post(self.on_committed, name)
-            if writing:
+            rewritten, fixed_writing = fixed.changes()
+            if rewritten and self.on_fixed is not None:
+                self._post(self.on_fixed)
+            if writing or fixed_writing:
                 self._post(self._writing, None)
 
         self._poller = WatchThread(
@@ -431,6 +435,29 @@ class Rescan:
         committed = {name: _signature(self.store.dir / name) for name in committed_names}
         in_flight = {name: _signature(self.store.dir / name) for name in in_flight_names}
         return committed, in_flight
+
+
+class FixedScan:
+    """The fixed file's changes since the last scan, for watching without inotify: a new
+    version is reported once it has looked the same at two scans in a row (it has no
+    rename to commit it); a change between two scans is a write in progress."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.seen: Signature = _signature(path) if path is not None else ()
+        self.reported = self.seen  # what is there at start is the daemon's own business
+
+    def changes(self) -> tuple[bool, bool]:
+        """(a new version to snapshot, whether it is being written)."""
+        if self.path is None:
+            return False, False
+        now = _signature(self.path)
+        settled = now == self.seen and now != self.reported and now != ()
+        if settled:
+            self.reported = now
+        writing = now != self.seen
+        self.seen = now
+        return settled, writing
 
 
 def _signature(path: Path) -> Signature:
