@@ -125,6 +125,8 @@ class FixedFile:
         self.read_step = read_step
         """The step held in a copy of the fixed file; raises CheckpointInvalid."""
         self.staging = directory / STAGING
+        self._restored: tuple[int, int, int] | None = None
+        """The fixed file as the last restore left it: no new version while it stays so."""
 
     def _staging(self) -> Path:
         with contextlib.suppress(FileExistsError):
@@ -146,7 +148,10 @@ class FixedFile:
         staging = self._staging()
         incoming = staging / INCOMING
         try:
-            size = os.stat(self.path).st_size
+            st = os.stat(self.path)
+            if _identity(st) == self._restored:
+                return Taken("known")  # the snapshot put back, not a write of the trainer's
+            size = st.st_size
             if size == 0:
                 return Taken("rejected", reason=f"{self.fixed}: empty file")
             how = copy_durably(self.path, incoming)
@@ -176,6 +181,7 @@ class FixedFile:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         how = copy_durably(self.dir / name, temporary)
+        self._restored = _identity(os.stat(temporary))
         os.replace(temporary, self.path)
         # The rename is not durable until the directory is.
         fsync_dir(self.dir)
@@ -187,3 +193,8 @@ def _empty(folder: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(entry.path)
     fsync_dir(folder)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What any write or replacement of a file changes."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -160,6 +160,21 @@ def test_restore_replaces_a_torn_fixed_file_whole(tmp_path: Path):
     assert sorted(os.listdir(store.dir)) == [STAGING, "ckpt.pt", "ckpt_000600.pt"]
 
 
+def test_the_restored_file_is_not_taken_for_a_new_version(tmp_path: Path):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    save(fixed.path, 600)
+    fixed.take()
+    save(fixed.path, 700)
+    fixed.take()
+    fixed.restore("ckpt_000600.pt")
+    assert fixed.take() == snapshots.Taken("known")  # nothing read, nothing copied
+    save(fixed.path, 610)  # the resumed trainer saves in place, over the same inode
+    taken = fixed.take()
+    assert (taken.outcome, taken.step) == ("taken", 610)
+    assert store.scan()[0] == ["ckpt_000600.pt", "ckpt_000610.pt", "ckpt_000700.pt"]
+
+
 def test_a_restore_that_cannot_copy_leaves_the_fixed_file_as_it_was(tmp_path: Path):
     store = torch_pt_store(tmp_path)
     fixed = inplace(store)
