@@ -37,6 +37,11 @@ def fixed_file(cfg: Config, store: CheckpointStore) -> FixedFile | None:
             f"{where} is already a committed checkpoint name for {ckpts.format}: leave "
             "fixed unset, the checkpoints are step-named already"
         )
+    if (store.dir / ckpts.fixed).is_dir():
+        raise ConfigError(
+            f"{where} is a folder in {store.dir}: only a file the trainer overwrites in place "
+            'can be snapshotted, for example fixed = "ckpt.pt"'
+        )
     probe = snapshot_name(ckpts.fixed, 123)
     if fmt.step_of(store.dir / probe) != 123:
         raise ConfigError(

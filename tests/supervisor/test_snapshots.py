@@ -230,6 +230,15 @@ def test_snapshot_names_the_format_would_not_take_are_refused(tmp_path: Path):
         fixed_file(cfg, store)
 
 
+def test_a_fixed_folder_is_refused(tmp_path: Path):
+    from trainwarden.plugins.formats.torch_pt import TorchPt
+
+    cfg = load_config(run_with(tmp_path, fixed="out", step_key="iter_num"), check_plugins=False)
+    (cfg.checkpoint_dir / "out").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is a folder"):
+        fixed_file(cfg, CheckpointStore(cfg.checkpoint_dir, TorchPt()))
+
+
 def test_step_key_needs_a_format_that_reads_keys(tmp_path: Path):
     run_dir = make_run(
         tmp_path / "run",
