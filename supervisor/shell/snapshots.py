@@ -113,8 +113,8 @@ class Snapshots:
     async def take(self) -> Taken | None:
         try:
             taken = await asyncio.to_thread(self.fixed.take)
-        except OSError as exc:
-            reason = f"{exc.strerror or exc}"
+        except Exception as exc:  # a full disk, or a format plugin's bug: never the loop's
+            reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
             self.journal.append("snapshot_failed", {"fixed": self.fixed.fixed, "error": reason})
             log.error("snapshot of %s failed: %s", self.fixed.path, reason)
             return None

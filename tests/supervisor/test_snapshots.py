@@ -349,3 +349,31 @@ async def test_without_inotify_a_settled_new_version_of_the_fixed_file_is_report
         assert fixed == ["written"]  # reported once
     finally:
         watcher.stop()
+
+
+async def test_a_snapshot_that_fails_is_journaled_and_never_breaks_a_start(tmp_path: Path):
+    from trainwarden.supervisor.core.state import Ckpt
+    from trainwarden.supervisor.shell.snapshots import Snapshots
+    from trainwarden.supervisor.store.journal import Journal, read_records
+
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+
+    def plugin_bug(path: Path) -> int:
+        raise RuntimeError("a plugin's bug")
+
+    fixed = FixedFile(store.dir, "ckpt.bin", store.fmt, plugin_bug)
+    fixed.path.write_bytes(b"written in place")
+    journal = Journal(tmp_path / "journal.jsonl")
+    taking = Snapshots(fixed, store, journal)
+    taking.written()
+    await taking.settle()
+    # A fresh start then: the fixed file that never verified goes to quarantine/.
+    assert await taking.prepare(None) is None
+    # A start from a snapshot that is not there fails as a spawn would, with the reason.
+    refused = await taking.prepare(Ckpt(10, "step_000010.bin", 100))
+    journal.close()
+    kinds = [r["kind"] for r in read_records(tmp_path / "journal.jsonl")]
+    assert kinds == ["snapshot_failed", "quarantine", "snapshot_restore_failed"]
+    assert refused is not None and "step_000010.bin" in refused
+    assert (store.dir / "quarantine" / "ckpt.bin").read_bytes() == b"written in place"
