@@ -12,6 +12,7 @@ import difflib
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import tomllib
@@ -73,6 +74,14 @@ class CheckpointsConfig:
     """Options for the format plugin (README, "Other checkpoint formats")."""
     max_step_jump: int | None = None
     """Steps a commit may lie beyond the newest logged step (unset: 10 x the largest gap)."""
+    fixed: str | None = None
+    """A file the trainer overwrites in place (nanoGPT's "ckpt.pt"), inside the checkpoint
+    directory: each verified version is copied to a step-named snapshot the daemon owns."""
+    step_key: str | None = None
+    """With fixed: the key in the checkpoint that holds its step ("iter_num"; torch-pt)."""
+    step_regex: str | None = None
+    """With fixed: a regular expression whose one group of digits is the step, searched in
+    the file's first MiB (for formats other than torch-pt)."""
 
 
 @dataclass(frozen=True)
@@ -475,6 +484,54 @@ def _check_counts(path: Path, cfg: Config) -> None:
     negative = [step for step in cfg.checkpoints.pinned if step < 0]
     if negative:
         raise _bad(path, "checkpoints.pinned", cfg.checkpoints.pinned, "a list of steps >= 0")
+    _check_fixed(path, cfg)
+
+
+def _check_fixed(path: Path, cfg: Config) -> None:
+    """[checkpoints] fixed names one plain file in the checkpoint directory, and exactly
+    one of step_key and step_regex says where its step is."""
+    ckpts = cfg.checkpoints
+    if ckpts.fixed is None:
+        for key in ("step_key", "step_regex"):
+            if getattr(ckpts, key) is not None:
+                raise _bad(
+                    path,
+                    f"checkpoints.{key}",
+                    getattr(ckpts, key),
+                    'nothing unless [checkpoints] fixed is set, for example fixed = "ckpt.pt"',
+                )
+        return
+    name = ckpts.fixed
+    if not name or "/" in name or name in (".", "..") or "\x00" in name or name == "quarantine":
+        raise _bad(
+            path,
+            "checkpoints.fixed",
+            name,
+            'the name of one file directly in the checkpoint directory, for example fixed = "ckpt.pt"',
+        )
+    if (ckpts.step_key is None) == (ckpts.step_regex is None):
+        raise _bad(
+            path,
+            "checkpoints.fixed",
+            name,
+            'one of step_key (torch-pt, for example step_key = "iter_num") or step_regex '
+            "(a pattern on the file's contents) beside it",
+        )
+    if ckpts.step_key is not None and not ckpts.step_key:
+        raise _bad(path, "checkpoints.step_key", ckpts.step_key, 'a key, for example "iter_num"')
+    if ckpts.step_regex is not None:
+        try:
+            groups = re.compile(ckpts.step_regex.encode()).groups
+        except re.error:
+            groups = -1
+        if groups != 1:
+            raise _bad(
+                path,
+                "checkpoints.step_regex",
+                ckpts.step_regex,
+                r"a regular expression with exactly one group for the step, for example "
+                r"'step=(\d+)'",
+            )
 
 
 FOLDERS_OWNED = frozenset({"the daemon's own folder", "the pivot archive", "the mirror"})

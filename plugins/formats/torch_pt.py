@@ -360,6 +360,20 @@ class TorchPt:
             self._passed[path] = (identity, info)
         return info
 
+    def step_in(self, path: Path, key: str) -> int:
+        """The step a checkpoint holds under `key` (its name aside), read by the worker:
+        what `[checkpoints] step_key` asks of a file written under a fixed name."""
+        report = self._verifier.check(
+            path, python=self.python, step_keys=[key], timeout_s=self.verify_timeout_s
+        )
+        if "error" in report:
+            raise CheckpointInvalid(f"torch.load failed: {_one_line(report['error'])}")
+        if report.get("step") is None:
+            raise CheckpointInvalid(
+                f"no {key} in it; it holds {', '.join(report.get('keys', [])) or 'nothing'}"
+            )
+        return int(report["step"])
+
     def _probe(self, path: Path) -> dict[str, Any]:
         return self._verifier.check(
             path, python=self.python, step_keys=self.step_keys, timeout_s=self.verify_timeout_s

@@ -12,6 +12,11 @@ folder changed) is reported to on_touched: the daemon compares it with the diges
 its commit. The daemon drains the queue (`drain`) before it acts on a trainer's exit or an
 operator's request, so a commit made before either is seen before the decision.
 
+An in-place trainer's fixed file ([checkpoints] fixed, never a committed name itself) is
+reported to on_fixed when it is closed after a write or a file is renamed onto it; writes
+to it count as a save in progress. The daemon's staging folder for its snapshots, like
+quarantine/, is not watched.
+
 A checkpoint folder (hf-trainer's checkpoint-N/) is watched too: any write inside it is
 activity of that folder, but only the file its format names (`commits_folder`) commits
 it, when that file is closed or renamed into place; a whole folder renamed in commits
@@ -61,6 +66,7 @@ from trainwarden.supervisor.inputs.inotify import (
 )
 from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore, Verdict
 from trainwarden.supervisor.store.digest import Signature, signature_of
+from trainwarden.supervisor.store.snapshots import STAGING
 
 log = logging.getLogger("trainwarden.checkpoints")
 
@@ -72,6 +78,8 @@ POLL_S = 1.0
 JUDGE_AFTER_S = 1.0
 """How long after a name appears it is judged (recognised or not), and how often again
 while a write is in flight."""
+UNWATCHED = frozenset({QUARANTINE, STAGING})
+"""Folders of the checkpoint directory that hold no checkpoint being written."""
 DEFER_MAX_S = 600.0
 """A name is judged after this long even if something stays in flight all that time."""
 
@@ -105,6 +113,8 @@ class CheckpointWatcher:
         on_verified: Callable[[str, Verdict], None] | None = None,
         on_unrecognised: Callable[[str, bool], None] | None = None,
         on_resolved: Callable[[str], None] | None = None,
+        fixed: str | None = None,
+        on_fixed: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.loop = loop
@@ -123,6 +133,10 @@ class CheckpointWatcher:
         self._candidates: dict[str, float] = {}  # name -> when it was first seen
         self._reported: set[str] = set()
         self._judging: asyncio.TimerHandle | asyncio.Future[Any] | None = None
+        self.fixed = store.dir / fixed if fixed is not None else None
+        """The file an in-place trainer overwrites ([checkpoints] fixed)."""
+        self.on_fixed = on_fixed
+        """The fixed file was closed after a write, or a file was renamed onto it."""
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
@@ -137,7 +151,7 @@ class CheckpointWatcher:
             self._inotify = Inotify()
             self._dir_wd = self._inotify.add_watch(self.store.dir, DIR_MASK)
             for entry in os.scandir(self.store.dir):  # the folders there now: watched, not judged
-                if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
+                if entry.name not in UNWATCHED and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(Path(entry.path))
                 self._consider(Path(entry.path))
         except OSError as exc:
@@ -196,7 +210,7 @@ class CheckpointWatcher:
         return False
 
     def _in_directory(self, event: InotifyEvent, path: Path) -> None:
-        if path.name == QUARANTINE:
+        if path.name in UNWATCHED:
             return
         if event.mask & (IN_DELETE | IN_MOVED_FROM):
             self._gone(path.name)
@@ -216,6 +230,9 @@ class CheckpointWatcher:
                 self._look_inside(path)
 
     def _in_file(self, mask: int, path: Path) -> None:
+        if path == self.fixed:
+            self._in_fixed(mask)
+            return
         if mask & IN_ISDIR and not mask & IN_MOVED_TO:
             return  # a folder inside a checkpoint folder: only its arrival by rename counts
         if mask & (IN_MOVED_TO | IN_CLOSE_WRITE):
@@ -235,6 +252,15 @@ class CheckpointWatcher:
             whole.add_done_callback(lambda done: self._created(path, done))
         elif mask & IN_MODIFY:
             self._writing(path)
+
+    def _in_fixed(self, mask: int) -> None:
+        if mask & IN_ISDIR:
+            return
+        if mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            if self.on_fixed is not None:
+                self.on_fixed()
+        elif mask & (IN_CREATE | IN_MODIFY):
+            self._writing(None)  # a save in progress, like a .tmp being written
 
     def _created(
         self, path: Path, whole: asyncio.Future[tuple[str, Verdict | None] | None]
@@ -299,7 +325,7 @@ class CheckpointWatcher:
         (the daemon tells a known checkpoint by its mtime)."""
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.store.dir):
-                if entry.name != QUARANTINE and entry.is_dir(follow_symlinks=False):
+                if entry.name not in UNWATCHED and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(Path(entry.path))
         scan = self.loop.run_in_executor(None, self.store.scan)
 
@@ -323,6 +349,7 @@ class CheckpointWatcher:
         if (
             self.on_unrecognised is None
             or name == QUARANTINE
+            or (self.fixed is not None and name == self.fixed.name)
             or name.startswith(".")
             or name in self._reported
             or name in self._candidates
@@ -414,7 +441,7 @@ class CheckpointWatcher:
         """
         if path.parent == self.store.dir:
             return path
-        if path.parent.parent != self.store.dir or path.parent.name == QUARANTINE:
+        if path.parent.parent != self.store.dir or path.parent.name in UNWATCHED:
             return None
         if not committing:
             return path.parent
@@ -473,12 +500,16 @@ class CheckpointWatcher:
             self._inotify = None
         self._folders.clear()
         scanner = rescan or Rescan(self.store, baseline=False)
+        fixed = FixedScan(self.fixed)
 
         def poll() -> None:
             committed, writing = scanner.changes()
             for name in committed:
                 self._post(self.on_committed, name)
-            if writing:
+            rewritten, fixed_writing = fixed.changes()
+            if rewritten and self.on_fixed is not None:
+                self._post(self.on_fixed)
+            if writing or fixed_writing:
                 self._post(self._writing, None)
 
         self._poller = WatchThread(
@@ -534,6 +565,29 @@ class Rescan:
         committed = {name: _signature(self.store.dir / name) for name in committed_names}
         in_flight = {name: _signature(self.store.dir / name) for name in in_flight_names}
         return committed, in_flight
+
+
+class FixedScan:
+    """The fixed file's changes since the last scan, for watching without inotify: a new
+    version is reported once it has looked the same at two scans in a row (it has no
+    rename to commit it); a change between two scans is a write in progress."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.seen: Signature = _signature(path) if path is not None else ()
+        self.reported = self.seen  # what is there at start is the daemon's own business
+
+    def changes(self) -> tuple[bool, bool]:
+        """(a new version to snapshot, whether it is being written)."""
+        if self.path is None:
+            return False, False
+        now = _signature(self.path)
+        settled = now == self.seen and now != self.reported and now != ()
+        if settled:
+            self.reported = now
+        writing = now != self.seen
+        self.seen = now
+        return settled, writing
 
 
 def _signature(path: Path) -> Signature:

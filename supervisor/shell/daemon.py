@@ -41,6 +41,7 @@ from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
 from trainwarden.supervisor.shell.process import TrainerIdentity
+from trainwarden.supervisor.shell.snapshots import Snapshots, fixed_file
 from trainwarden.supervisor.shell.verdicts import CheckpointReports
 from trainwarden.supervisor.store.appendfile import DiskSpace, no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
@@ -82,6 +83,9 @@ class Daemon:
             cfg.checkpoints.format, dict(cfg.checkpoints.options)
         )
         self.store = CheckpointStore(cfg.checkpoint_dir, self.fmt)
+        self.fixed = fixed_file(cfg, self.store)
+        """An in-place trainer's fixed file, snapshotted (see shell.snapshots)."""
+        self.snapshots: Snapshots | None = None
         # Resolved once, here: a link that changes target later is reported, not followed.
         self.watched = watched_paths(cfg, self.store)
         self.cfg = cfg = with_resolved_log(cfg, self.watched)
@@ -170,6 +174,9 @@ class Daemon:
             on_trainer_exit=self._trainer_exited,
         )
         self.executor.cgroups = self.cgroups
+        if self.fixed is not None:
+            self.snapshots = Snapshots(self.fixed, self.store, self.journal)
+            self.executor.snapshots = self.snapshots
         self.hub.load_history(seg=self.state.seg)
         self.hub.start_follower()
 
@@ -183,6 +190,9 @@ class Daemon:
         stale = self.store.remove_stale_in_flight()
         if stale:
             self.journal.append("stale_tmp_removed", {"names": stale})
+        if self.snapshots is not None:
+            # What the trainer last wrote there, before the scan: resumed from if it verifies.
+            await self.snapshots.boot()
         scanned = await self.reports.scan()
 
         watcher = CheckpointWatcher(
@@ -194,6 +204,8 @@ class Daemon:
             on_verified=self.reports.verified,
             on_unrecognised=self.hub.checkpoint_unrecognised,
             on_resolved=self.hub.checkpoint_resolved,
+            fixed=self.cfg.checkpoints.fixed,
+            on_fixed=self.snapshots.written if self.snapshots is not None else None,
         )
         watcher.start()
         self.watcher = watcher

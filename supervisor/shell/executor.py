@@ -24,6 +24,7 @@ from trainwarden.supervisor.shell.process import (
     spawn,
     spawn_failure,
 )
+from trainwarden.supervisor.shell.snapshots import Snapshots
 from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
@@ -86,6 +87,8 @@ class Executor:
         """Have every checkpoint event queued now reported (the watcher's drain)."""
         self.containing: asyncio.Task[None] | None = None
         """The ended start's remaining processes being stopped: awaited before any spawn."""
+        self.snapshots: Snapshots | None = None
+        """An in-place trainer's fixed file: set up for each start (see shell.snapshots)."""
 
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
@@ -181,6 +184,12 @@ class Executor:
         # the new start's: its last processes are gone and their lines read (as stray) first.
         await self.finish_containment()
         await self.hub.drain_log()
+        if self.snapshots is not None:
+            # Only now, with nothing of the last start left to write it: the fixed file.
+            refused = await self.snapshots.prepare(action.resume)
+            if refused is not None:
+                self.report(core.SpawnFailed(time.monotonic(), refused))
+                return
         marker = new_marker(action.seg)
         argv = trainer_argv(self.cfg, self.store.dir, action)
         env = trainer_env(self.cfg, self.store.dir, action, marker)
@@ -265,6 +274,11 @@ class Executor:
         await self.hub.drain_log()
         self.hub.end_segment()
         self.drain_commits()
+        if self.snapshots is not None:
+            # Its last write of the fixed file, snapshotted (or rejected) and the snapshot's
+            # commit queued, before the exit is decided on: a restart resumes from it.
+            await self.snapshots.settle()
+            self.drain_commits()
         self.report(
             core.TrainerExited(
                 time.monotonic(), proc.pid, returncode, signal_name(returncode), contained=False

@@ -14,11 +14,21 @@ from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS
 UNBUFFERED_ENV = "PYTHONUNBUFFERED"
 
 
+def resume_path(cfg: Config, checkpoint_dir: Path, action: Spawn) -> Path | None:
+    """What the trainer resumes from: the checkpoint, or for an in-place trainer the fixed
+    file, where the executor has just put the snapshot it resumes from."""
+    if action.resume is None:
+        return None
+    if cfg.checkpoints.fixed is not None:
+        return checkpoint_dir / cfg.checkpoints.fixed
+    return checkpoint_dir / action.resume.name
+
+
 def trainer_argv(cfg: Config, checkpoint_dir: Path, action: Spawn) -> list[str]:
     """[trainer] command, plus resume_args with {checkpoint} and {step} filled in."""
     argv = list(cfg.trainer.command)
-    if action.resume is not None:
-        path = checkpoint_dir / action.resume.name
+    path = resume_path(cfg, checkpoint_dir, action)
+    if action.resume is not None and path is not None:
         argv += [
             a.replace("{checkpoint}", str(path)).replace("{step}", str(action.resume.step))
             for a in cfg.trainer.resume_args
@@ -41,8 +51,9 @@ def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn, marker: str) -
     env[ENV_RUN_DIR] = str(cfg.run_dir)
     env[ENV_SEG] = str(action.seg)
     env[START_ENV] = marker
-    if action.resume is not None:
-        env[ENV_RESUME] = str(checkpoint_dir / action.resume.name)
+    path = resume_path(cfg, checkpoint_dir, action)
+    if path is not None:
+        env[ENV_RESUME] = str(path)
     if action.pivot:
         env[ENV_PIVOT] = "1"
     return env

@@ -1,0 +1,179 @@
+"""In-place trainers (`[checkpoints] fixed`): the watcher's "the fixed file was written"
+becomes a snapshot (or a journaled rejection) off the loop, and every start first puts the
+chosen snapshot back at the fixed name (see store.snapshots for the file work).
+
+A start that resumes from nothing finds no fixed file: one left there (which did not
+verify, or it would have a snapshot) is moved to quarantine/, never resumed from and
+never silently overwritten by the fresh trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from trainwarden.plugins.api import CheckpointFormat
+from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core import policy as core
+from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.journal import Journal
+from trainwarden.supervisor.store.snapshots import FixedFile, Taken, snapshot_name, step_by_regex
+
+log = logging.getLogger("trainwarden.daemon")
+
+
+def fixed_file(cfg: Config, store: CheckpointStore) -> FixedFile | None:
+    """The run's fixed file, checked against its format; None when none is configured."""
+    ckpts = cfg.checkpoints
+    if ckpts.fixed is None:
+        return None
+    fmt: CheckpointFormat = store.fmt
+    where = f"{cfg.path}: 'checkpoints.fixed' = {ckpts.fixed!r}"
+    if fmt.step_of(store.dir / ckpts.fixed) is not None:
+        raise ConfigError(
+            f"{where} is already a committed checkpoint name for {ckpts.format}: leave "
+            "fixed unset, the checkpoints are step-named already"
+        )
+    if (store.dir / ckpts.fixed).is_dir():
+        raise ConfigError(
+            f"{where} is a folder in {store.dir}: only a file the trainer overwrites in place "
+            'can be snapshotted, for example fixed = "ckpt.pt"'
+        )
+    probe = snapshot_name(ckpts.fixed, 123)
+    if fmt.step_of(store.dir / probe) != 123:
+        raise ConfigError(
+            f"{where} is invalid: its snapshots are named like {probe}, which the "
+            f"{ckpts.format} format does not take for a checkpoint of step 123; set "
+            "checkpoints.options.pattern to match them"
+        )
+    if ckpts.step_key is not None:
+        step_in = getattr(fmt, "step_in", None)
+        if step_in is None:
+            raise ConfigError(
+                f"{cfg.path}: 'checkpoints.step_key' = {ckpts.step_key!r} is invalid for "
+                f"{ckpts.format}, which cannot read keys: use step_regex instead"
+            )
+        key = ckpts.step_key
+        return FixedFile(store.dir, ckpts.fixed, fmt, lambda path: int(step_in(path, key)))
+    regex = ckpts.step_regex
+    assert regex is not None  # the config's check: one of the two
+    return FixedFile(store.dir, ckpts.fixed, fmt, lambda path: step_by_regex(path, regex))
+
+
+class Snapshots:
+    """Takes one snapshot at a time; a write seen while one is taken asks for another."""
+
+    def __init__(self, fixed: FixedFile, store: CheckpointStore, journal: Journal) -> None:
+        self.fixed = fixed
+        self.store = store
+        self.journal = journal
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+        self._warming: asyncio.Task[None] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.fixed.path
+
+    def written(self) -> None:
+        """The fixed file was closed after a write, or renamed onto (on the loop)."""
+        if self._task is not None:
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._take_until_settled())
+
+    async def _take_until_settled(self) -> None:
+        try:
+            while True:
+                self._again = False
+                await self.take()
+                if not self._again:
+                    return
+        finally:
+            self._task = None
+
+    async def settle(self) -> None:
+        """Let a snapshot under way finish (before a start replaces the fixed file)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def boot(self) -> None:
+        """At start-up: snapshot what the trainer last wrote there (resumed from if it
+        verifies); with nothing there, have the step reader ready in the background."""
+        if os.path.lexists(self.path):
+            await self.take()
+        else:
+            self._warming = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self.fixed.warm)
+            )
+
+    async def take(self) -> Taken | None:
+        try:
+            taken = await asyncio.to_thread(self.fixed.take)
+        except Exception as exc:  # a full disk, or a format plugin's bug: never the loop's
+            reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
+            self.journal.append("snapshot_failed", {"fixed": self.fixed.fixed, "error": reason})
+            log.error("snapshot of %s failed: %s", self.fixed.path, reason)
+            return None
+        if taken.outcome == "taken":
+            self.journal.append(
+                "snapshot_taken",
+                {
+                    "fixed": self.fixed.fixed,
+                    "step": taken.step,
+                    "name": taken.name,
+                    "how": taken.how,
+                    "bytes": taken.bytes,
+                },
+            )
+        elif taken.outcome == "rejected":
+            self.journal.append(
+                "fixed_write_rejected", {"fixed": self.fixed.fixed, "reason": taken.reason}
+            )
+        return taken
+
+    async def prepare(self, resume: core.Ckpt | None) -> str | None:
+        """Before a start: the snapshot it resumes from at the fixed name, or no fixed file
+        for a fresh start. Why it could not be done, or None."""
+        await self.settle()
+        if resume is None:
+            return await self._clear()
+        try:
+            how = await asyncio.to_thread(self.fixed.restore, resume.name)
+        except (OSError, ValueError) as exc:
+            reason = f"cannot restore {resume.name} to {self.fixed.fixed}: " + (
+                f"{getattr(exc, 'strerror', None) or exc}"
+            )
+            self.journal.append("snapshot_restore_failed", {"name": resume.name, "error": reason})
+            return reason
+        self.journal.append(
+            "snapshot_restored",
+            {"fixed": self.fixed.fixed, "step": resume.step, "name": resume.name, "how": how},
+        )
+        return None
+
+    async def _clear(self) -> str | None:
+        if not self.path.exists() and not self.path.is_symlink():
+            return None
+        try:
+            moved = await asyncio.to_thread(self.store.quarantine, self.fixed.fixed)
+        except (OSError, ValueError) as exc:
+            reason = f"cannot move {self.fixed.fixed} to quarantine/: " + (
+                f"{getattr(exc, 'strerror', None) or exc}"
+            )
+            self.journal.append("quarantine_failed", {"name": self.fixed.fixed, "error": reason})
+            return reason
+        self.journal.append(
+            "quarantine",
+            {
+                "step": None,
+                "name": self.fixed.fixed,
+                "moved": moved,
+                "reason": "a fresh start, from no snapshot: the fixed file left there is "
+                "neither resumed from nor overwritten",
+            },
+        )
+        return None

@@ -1,0 +1,379 @@
+"""Snapshots of an in-place trainer's fixed file ([checkpoints] fixed): the copy, the
+verdict before anything is renamed into the checkpoint directory, the atomic restore, the
+config's checks, and the watcher's report of a write to the fixed file."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import PYTHON, make_run
+from trainwarden.plugins.formats.andrea_bin import AndreaBin
+from trainwarden.supervisor.config import load_config
+from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
+from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.shell.snapshots import fixed_file
+from trainwarden.supervisor.store import snapshots
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.snapshots import (
+    STAGING,
+    FixedFile,
+    copy_durably,
+    snapshot_name,
+    step_by_regex,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_snapshot_names_put_the_step_before_the_suffix():
+    assert snapshot_name("ckpt.pt", 600) == "ckpt_000600.pt"
+    assert snapshot_name("model.tar.gz", 7) == "model_000007.tar.gz"
+    assert snapshot_name("state", 12) == "state_000012"
+
+
+def test_a_copy_is_whole_and_new(tmp_path: Path):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.write_bytes(os.urandom(3 << 20))
+    assert copy_durably(src, dst) in ("reflink", "copy")
+    assert dst.read_bytes() == src.read_bytes()
+    with pytest.raises(FileExistsError):
+        copy_durably(src, dst)  # never over an existing file
+
+
+def test_without_reflinks_the_copy_is_streamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def no_reflink(fd: int, request: int, arg: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(snapshots.fcntl, "ioctl", no_reflink)
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.write_bytes(b"x" * (9 << 20))
+    assert copy_durably(src, dst) == "copy"
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_a_failed_copy_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def broken(fd: int, request: int, arg: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(snapshots.fcntl, "ioctl", broken)
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.write_bytes(b"data")
+    with pytest.raises(OSError):
+        copy_durably(src, dst)
+    assert not dst.exists()
+
+
+def test_step_regex_reads_the_step_from_the_contents(tmp_path: Path):
+    path = tmp_path / "state.json"
+    path.write_text('{"model": "...", "step": 1200}')
+    assert step_by_regex(path, r'"step": (\d+)') == 1200
+    path.write_text('{"model": "..."}')
+    with pytest.raises(CheckpointInvalid, match="no step"):
+        step_by_regex(path, r'"step": (\d+)')
+
+
+# ------------------------------------------------------------------ take and restore
+
+
+torch = pytest.importorskip("torch")
+
+
+def torch_pt_store(tmp_path: Path) -> CheckpointStore:
+    from trainwarden.plugins.formats.torch_pt import TorchPt
+
+    store = CheckpointStore(tmp_path / "checkpoints", TorchPt())
+    store.ensure()
+    return store
+
+
+def save(path: Path, iter_num: int) -> bytes:
+    torch.save(
+        {
+            "model": {"w": torch.full((4, 4), float(iter_num))},
+            "optimizer": {},
+            "iter_num": iter_num,
+        },
+        path,
+    )
+    return path.read_bytes()
+
+
+def inplace(store: CheckpointStore) -> FixedFile:
+    fmt = store.fmt
+    return FixedFile(store.dir, "ckpt.pt", fmt, lambda p: fmt.step_in(p, "iter_num"))  # type: ignore[attr-defined]
+
+
+def test_a_verified_write_becomes_a_committed_snapshot(tmp_path: Path):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    data = save(fixed.path, 600)
+    taken = fixed.take()
+    assert (taken.outcome, taken.step, taken.name) == ("taken", 600, "ckpt_000600.pt")
+    assert (store.dir / "ckpt_000600.pt").read_bytes() == data
+    assert store.scan() == (["ckpt_000600.pt"], [])
+    assert store.verify("ckpt_000600.pt").step == 600
+    assert os.listdir(store.dir / STAGING) == []
+    # The same step again is known already: no second copy.
+    assert fixed.take().outcome == "known"
+
+
+@pytest.mark.parametrize("damage", ["torn", "empty", "no step"])
+def test_a_write_that_does_not_verify_is_never_snapshotted(tmp_path: Path, damage: str):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    data = save(fixed.path, 600)
+    if damage == "torn":
+        fixed.path.write_bytes(data[: len(data) // 2])  # killed in the middle of torch.save
+    elif damage == "empty":
+        fixed.path.write_bytes(b"")
+    else:
+        torch.save({"model": {}, "optimizer": {}}, fixed.path)
+    taken = fixed.take()
+    assert taken.outcome == "rejected"
+    assert taken.reason.startswith("ckpt.pt: ")
+    assert store.scan() == ([], [])
+    assert sorted(os.listdir(store.dir)) == [STAGING, "ckpt.pt"]
+    assert os.listdir(store.dir / STAGING) == []
+
+
+def test_no_fixed_file_is_nothing_to_snapshot(tmp_path: Path):
+    assert inplace(torch_pt_store(tmp_path)).take().outcome == "absent"
+
+
+def test_restore_replaces_a_torn_fixed_file_whole(tmp_path: Path):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    good = save(fixed.path, 600)
+    fixed.take()
+    fixed.path.write_bytes(good[:100])  # a later save, torn
+    torn_inode = fixed.path.stat().st_ino
+    assert fixed.restore("ckpt_000600.pt") in ("reflink", "copy")
+    assert fixed.path.read_bytes() == good
+    assert fixed.path.stat().st_ino != torn_inode  # renamed over it, never written in place
+    assert (store.dir / "ckpt_000600.pt").read_bytes() == good  # the snapshot stays
+    assert sorted(os.listdir(store.dir)) == [STAGING, "ckpt.pt", "ckpt_000600.pt"]
+
+
+def test_the_restored_file_is_not_taken_for_a_new_version(tmp_path: Path):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    save(fixed.path, 600)
+    fixed.take()
+    save(fixed.path, 700)
+    fixed.take()
+    fixed.restore("ckpt_000600.pt")
+    assert fixed.take() == snapshots.Taken("known")  # nothing read, nothing copied
+    save(fixed.path, 610)  # the resumed trainer saves in place, over the same inode
+    taken = fixed.take()
+    assert (taken.outcome, taken.step) == ("taken", 610)
+    assert store.scan()[0] == ["ckpt_000600.pt", "ckpt_000610.pt", "ckpt_000700.pt"]
+
+
+def test_a_restore_that_cannot_copy_leaves_the_fixed_file_as_it_was(tmp_path: Path):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    fixed.path.write_bytes(b"before")
+    with pytest.raises(FileNotFoundError):
+        fixed.restore("ckpt_000600.pt")
+    assert fixed.path.read_bytes() == b"before"
+    with pytest.raises(ValueError):
+        fixed.restore("../elsewhere")
+
+
+# ------------------------------------------------------------------ the config
+
+
+def run_with(tmp_path: Path, **checkpoints: object) -> Path:
+    return make_run(
+        tmp_path / "run", [PYTHON, "train.py"], checkpoints={"format": "torch-pt", **checkpoints}
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "complaint"),
+    [
+        ({"fixed": "ckpt.pt"}, "one of step_key"),
+        ({"fixed": "ckpt.pt", "step_key": "iter_num", "step_regex": "(\\d+)"}, "one of step_key"),
+        ({"step_key": "iter_num"}, "'checkpoints.step_key'"),
+        ({"fixed": "out/ckpt.pt", "step_key": "iter_num"}, "'checkpoints.fixed'"),
+        ({"fixed": "quarantine", "step_key": "iter_num"}, "'checkpoints.fixed'"),
+        ({"fixed": "ckpt.pt", "step_regex": "step=\\d+"}, "exactly one group"),
+    ],
+)
+def test_bad_fixed_settings_are_one_line_config_errors(
+    tmp_path: Path, keys: dict[str, object], complaint: str
+):
+    with pytest.raises(ConfigError) as caught:
+        load_config(run_with(tmp_path, **keys), check_plugins=False)
+    assert complaint in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_snapshot_names_the_format_would_not_take_are_refused(tmp_path: Path):
+    from trainwarden.plugins.formats.torch_pt import TorchPt
+
+    run_dir = run_with(
+        tmp_path,
+        fixed="ckpt.pt",
+        step_key="iter_num",
+        options={"pattern": "^iter_(\\d+)\\.pt$"},
+    )
+    cfg = load_config(run_dir, check_plugins=False)
+    store = CheckpointStore(cfg.checkpoint_dir, TorchPt({"pattern": "^iter_(\\d+)\\.pt$"}))
+    with pytest.raises(ConfigError, match="ckpt_000123.pt"):
+        fixed_file(cfg, store)
+
+
+def test_a_fixed_folder_is_refused(tmp_path: Path):
+    from trainwarden.plugins.formats.torch_pt import TorchPt
+
+    cfg = load_config(run_with(tmp_path, fixed="out", step_key="iter_num"), check_plugins=False)
+    (cfg.checkpoint_dir / "out").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is a folder"):
+        fixed_file(cfg, CheckpointStore(cfg.checkpoint_dir, TorchPt()))
+
+
+def test_step_key_needs_a_format_that_reads_keys(tmp_path: Path):
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "train.py"],
+        checkpoints={"fixed": "step.bin", "step_key": "step"},
+    )
+    cfg = load_config(run_dir, check_plugins=False)
+    store = CheckpointStore(cfg.checkpoint_dir, AndreaBin())
+    with pytest.raises(ConfigError, match="use step_regex"):
+        fixed_file(cfg, store)
+
+
+def test_the_daemon_refuses_a_bad_fixed_setting_with_exit_2(tmp_path: Path):
+    run_dir = run_with(
+        tmp_path, fixed="ckpt.pt", step_key="iter_num", options={"pattern": "^iter_(\\d+)\\.pt$"}
+    )
+    done = subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "checkpoints.fixed" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ the watcher
+
+
+async def test_the_watcher_reports_writes_of_the_fixed_file(tmp_path: Path):
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    fixed: list[str] = []
+    committed: list[str] = []
+    writing: list[int] = []
+    watcher = CheckpointWatcher(
+        store,
+        asyncio.get_running_loop(),
+        on_committed=committed.append,
+        on_writing=lambda: writing.append(1),
+        fixed="ckpt.bin",
+        on_fixed=lambda: fixed.append("written"),
+    )
+    watcher.start()
+    try:
+        path = store.dir / "ckpt.bin"
+
+        def write_in_place() -> None:
+            with open(path, "wb") as file:
+                file.write(b"x" * 4096)
+
+        await asyncio.to_thread(write_in_place)
+        await wait(lambda: fixed == ["written"])
+        assert writing  # a save in progress keeps the trainer from looking hung
+
+        def rename_onto() -> None:
+            (store.dir / "other").write_bytes(b"y")
+            os.replace(store.dir / "other", path)
+
+        await asyncio.to_thread(rename_onto)
+        await wait(lambda: fixed == ["written", "written"])
+        # The staging folder is no checkpoint folder: nothing written there is reported.
+        (store.dir / STAGING).mkdir()
+        await asyncio.to_thread((store.dir / STAGING / "step_000010.bin").write_bytes, b"z")
+        await asyncio.sleep(0.3)
+        assert committed == []
+        assert fixed == ["written", "written"]
+    finally:
+        watcher.stop()
+
+
+async def wait(condition: object, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition() and loop.time() < deadline:  # type: ignore[operator]
+        await asyncio.sleep(0.02)
+    assert condition(), "timed out"  # type: ignore[operator]
+
+
+async def test_without_inotify_a_settled_new_version_of_the_fixed_file_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from trainwarden.supervisor.inputs import inotify
+
+    monkeypatch.setattr(inotify, "inotify_init1", lambda flags: -1)
+    monkeypatch.setattr("trainwarden.supervisor.inputs.checkpoint_watch.POLL_S", 0.05)
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    path = store.dir / "ckpt.bin"
+    path.write_bytes(b"there at start")
+    fixed: list[str] = []
+    watcher = CheckpointWatcher(
+        store,
+        asyncio.get_running_loop(),
+        on_committed=lambda name: None,
+        on_writing=lambda: None,
+        fixed="ckpt.bin",
+        on_fixed=lambda: fixed.append("written"),
+    )
+    watcher.start()
+    try:
+        await asyncio.sleep(0.4)
+        assert fixed == []  # what was there at start is the boot snapshot's
+        await asyncio.to_thread(path.write_bytes, b"a new version")
+        await wait(lambda: fixed == ["written"])
+        await asyncio.sleep(0.4)
+        assert fixed == ["written"]  # reported once
+    finally:
+        watcher.stop()
+
+
+async def test_a_snapshot_that_fails_is_journaled_and_never_breaks_a_start(tmp_path: Path):
+    from trainwarden.supervisor.core.state import Ckpt
+    from trainwarden.supervisor.shell.snapshots import Snapshots
+    from trainwarden.supervisor.store.journal import Journal, read_records
+
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+
+    def plugin_bug(path: Path) -> int:
+        raise RuntimeError("a plugin's bug")
+
+    fixed = FixedFile(store.dir, "ckpt.bin", store.fmt, plugin_bug)
+    fixed.path.write_bytes(b"written in place")
+    journal = Journal(tmp_path / "journal.jsonl")
+    taking = Snapshots(fixed, store, journal)
+    taking.written()
+    await taking.settle()
+    # A fresh start then: the fixed file that never verified goes to quarantine/.
+    assert await taking.prepare(None) is None
+    # A start from a snapshot that is not there fails as a spawn would, with the reason.
+    refused = await taking.prepare(Ckpt(10, "step_000010.bin", 100))
+    journal.close()
+    kinds = [r["kind"] for r in read_records(tmp_path / "journal.jsonl")]
+    assert kinds == ["snapshot_failed", "quarantine", "snapshot_restore_failed"]
+    assert refused is not None and "step_000010.bin" in refused
+    assert (store.dir / "quarantine" / "ckpt.bin").read_bytes() == b"written in place"
