@@ -27,7 +27,7 @@ def andrea_bin(step: int, n_params: int = 4) -> bytes:
 
 
 class Watched:
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: CheckpointStore, fixed: str | None = None) -> None:
         self.store = store
         self.reported: list[tuple[str, bool]] = []
         self.resolved: list[str] = []
@@ -38,6 +38,7 @@ class Watched:
             on_writing=lambda: None,
             on_unrecognised=lambda name, is_dir: self.reported.append((name, is_dir)),
             on_resolved=self.resolved.append,
+            fixed=fixed,
         )
 
     async def settle(self) -> None:
@@ -88,6 +89,24 @@ async def test_checkpoints_writes_companions_quarantine_and_dot_names_are_not(tm
         (store.dir / "quarantine" / "junk.pt").write_bytes(b"")
         await w.settle()
         assert w.reported == []
+    finally:
+        w.watcher.stop()
+
+
+async def test_the_fixed_file_of_an_in_place_trainer_and_its_staging_are_not_reported(
+    tmp_path: Path,
+):
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    w = Watched(store, fixed="ckpt.pt")
+    w.watcher.start()
+    try:
+        (store.dir / "ckpt.pt").write_bytes(b"x")  # what [checkpoints] fixed snapshots
+        (store.dir / ".snapshots").mkdir()
+        (store.dir / ".ckpt.pt.restoring").write_bytes(b"x")
+        (store.dir / "other.pt").write_bytes(b"x")
+        await w.settle()
+        assert w.reported == [("other.pt", False)]
     finally:
         w.watcher.stop()
 
