@@ -181,11 +181,34 @@ def _callback_class() -> type:
             # it would end fit with SIGTERMException after the batch. Ours saves and stops.
             if signal.SIGTERM in self._previous:
                 signal.signal(signal.SIGTERM, self.requests.on_sigterm)
+            self._warn_of_model_checkpoints(trainer)
             self._step = trainer.global_step
             # A resumed run starts at the checkpoint's step: saving it again gains nothing.
             self.saved_step = trainer.global_step if trainer.global_step else None
             self._losses = []
             self._t = time.monotonic()
+
+        def _warn_of_model_checkpoints(self, trainer: Any) -> None:
+            if not trainer.is_global_zero:
+                return
+            for callback in trainer.checkpoint_callbacks:
+                dirpath = getattr(callback, "dirpath", None)
+                if dirpath is None or callback is self:
+                    continue
+                try:
+                    same = Path(dirpath).resolve() == self.dirpath.resolve()
+                except (OSError, TypeError, ValueError):
+                    continue
+                if same:
+                    print(
+                        f"trainwarden: {type(callback).__name__} writes into the daemon's "
+                        f"checkpoint folder {self.dirpath}: its files are not fsynced, not "
+                        "always renamed into place, and its save_top_k deletes behind the "
+                        "daemon's retention; give it another dirpath or set "
+                        "enable_checkpointing=False (TrainwardenCallback saves)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
         def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
             if threading.current_thread() is threading.main_thread():

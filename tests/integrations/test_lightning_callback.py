@@ -46,7 +46,14 @@ class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
         return torch.utils.data.DataLoader(range(5), batch_size=None)  # type: ignore[arg-type]
 
 
-def fit(root: Path, model: Tiny, steps: int, before: Any = None, **callback: Any) -> Any:
+def fit(
+    root: Path,
+    model: Tiny,
+    steps: int,
+    before: Any = None,
+    model_checkpoint: bool = False,
+    **callback: Any,
+) -> Any:
     """A fit of `model` with the callback (and `before`, a callback listed ahead of it)."""
     from trainwarden.integrations.lightning import TrainwardenCallback
 
@@ -55,7 +62,7 @@ def fit(root: Path, model: Tiny, steps: int, before: Any = None, **callback: Any
         accelerator="cpu",
         logger=False,
         enable_progress_bar=False,
-        enable_checkpointing=False,
+        enable_checkpointing=model_checkpoint,
         enable_model_summary=False,
         default_root_dir=root,
         callbacks=[*([before] if before else []), TrainwardenCallback(**callback)],
@@ -86,8 +93,21 @@ def test_sigusr1_saves_and_sigterm_saves_and_fit_returns(
     assert names == ["step=000003.ckpt", "step=000006.ckpt"]
     saved = torch.load(tmp_path / "checkpoints" / "step=000006.ckpt", weights_only=True)
     assert saved["global_step"] == 6
-    assert step_lines(capsys.readouterr().out) == [1, 2, 3, 4, 5, 6]
+    out, err = capsys.readouterr()
+    assert step_lines(out) == [1, 2, 3, 4, 5, 6]
+    assert "ModelCheckpoint" not in err
     assert handlers() == before  # put back at teardown
+
+
+def test_a_model_checkpoint_writing_into_the_daemons_folder_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    # Lightning's default ModelCheckpoint, with logger=False, writes to ROOT/checkpoints.
+    monkeypatch.setenv("TRAINWARDEN_RUN_DIR", str(tmp_path))
+    fit(tmp_path, Tiny(), steps=2, model_checkpoint=True)
+    err = capsys.readouterr().err
+    assert "trainwarden: ModelCheckpoint writes into the daemon's checkpoint folder" in err
+    assert "enable_checkpointing=False" in err
 
 
 def test_every_n_steps_saves_periodically_and_a_late_request_at_the_end(
