@@ -92,10 +92,13 @@ class SlowIO(TorchCheckpointIO):
             f.write(data[len(data) // 2 :])
 
 
+DEVICES = int(os.environ.get("TEST_DEVICES", "1"))  # 2: DDP over gloo, two processes
+
 trainer = pl.Trainer(
     max_steps=STEPS,
     accelerator="cpu",
-    devices=1,
+    devices=DEVICES,
+    strategy="ddp" if DEVICES > 1 else "auto",
     logger=False,
     enable_progress_bar=False,
     enable_checkpointing=False,
@@ -104,7 +107,7 @@ trainer = pl.Trainer(
     plugins=[SlowIO()] if SLOW_SAVE_S else None,
 )
 trainer.fit(Tiny(), ckpt_path=resume_ckpt_path())
-print("fit returned", flush=True)
+print(f"fit returned on rank {trainer.global_rank} at step {trainer.global_step}", flush=True)
 '''
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -117,7 +120,11 @@ def write_trainer(where: Path) -> Path:
 
 
 def lightning_run(
-    run_dir: Path, steps: int = STEPS, save_every: int = SAVE_EVERY, **env: str
+    run_dir: Path,
+    steps: int = STEPS,
+    save_every: int = SAVE_EVERY,
+    signal_target: str = "group",
+    **env: str,
 ) -> Path:
     run_dir.mkdir(parents=True)
     script = write_trainer(run_dir)
@@ -129,6 +136,7 @@ def lightning_run(
             "env": {"PYTHONUNBUFFERED": "1", **OFFLINE, **env},
             "stop_timeout_s": 60.0,
             "total_steps": steps,
+            "signal_target": signal_target,
         },
         checkpoints={"format": "torch-pt", "options": {"preset": "lightning"}, "keep_last": 3},
         restart={
@@ -242,7 +250,8 @@ def test_save_wait_commits_a_checkpoint_and_stop_saves_and_exits_zero(tmp_path: 
         last = max(int(p.name[5:-5]) for p in (run_dir / "checkpoints").glob("step=*.ckpt"))
         assert last == max(newest_losses(run_dir))
         log = (run_dir / "training.log").read_text()
-        assert "fit returned" in log and "SIGTERMException" not in log
+        assert f"fit returned on rank 0 at step {last}" in log
+        assert "SIGTERMException" not in log
         (exited,) = [r for r in journal(run_dir) if r["kind"] == "trainer_stopped"]
         assert exited["returncode"] == 0 and exited["pid"] == pid
         assert daemon.status()["state"] == "stopped"
@@ -334,3 +343,29 @@ def test_a_daemon_sigkill_and_restart_keep_the_loss_history_steps_right(
     for step, rows in history.items():
         assert all(loss == straight_losses[step] for _, loss in rows), (step, rows)
     assert_same_training_state(final_checkpoint(run_dir), final_checkpoint(straight_dir))
+
+
+def test_under_ddp_a_signal_to_rank_0_alone_saves_and_stops_every_rank_at_one_step(
+    tmp_path: Path,
+):
+    # Only the main process (rank 0) gets the signals: without the flags all-reduced,
+    # rank 1 would never call save_checkpoint and rank 0 would wait in its barrier.
+    run_dir = lightning_run(
+        tmp_path / "run", 100_000, 100_000, "main", TEST_DEVICES="2", TEST_STEP_SLEEP_S="0.05"
+    )
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status()["step"] or 0) >= 3, 180, 0.2, what="step 3")
+        saved = cli("save", "--wait", str(run_dir))
+        assert saved.returncode == 0, saved.stdout + saved.stderr
+        step = daemon.status()["step"]
+        wait_for(lambda: (daemon.status()["step"] or 0) >= step + 3, 120, 0.2, what="more steps")
+        stopped = cli("stop", str(run_dir))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    (outcome,) = [r for r in journal(run_dir) if r["kind"] == "stop_outcome"]
+    assert outcome["outcome"] == "saved" and outcome["steps_lost"] == 0, outcome
+    last = max(int(p.name[5:-5]) for p in (run_dir / "checkpoints").glob("step=*.ckpt"))
+    log = (run_dir / "training.log").read_text()
+    assert f"fit returned on rank 0 at step {last}" in log
+    assert f"fit returned on rank 1 at step {last}" in log
+    (exited,) = [r for r in journal(run_dir) if r["kind"] == "trainer_stopped"]
+    assert exited["returncode"] == 0
