@@ -232,7 +232,7 @@ def _callback_class() -> type:
             self._step = step
             now = time.monotonic()
             if trainer.is_global_zero:
-                self._print_step(trainer, step, now - self._t)
+                self._print_step(trainer, pl_module, step, now - self._t)
             self._t = now
             self._losses = []
             periodic = self.every_n_steps is not None and step % self.every_n_steps == 0
@@ -258,10 +258,14 @@ def _callback_class() -> type:
             if pending and trainer.global_step and self.saved_step != trainer.global_step:
                 self.save(trainer, trainer.global_step)
 
-        def _print_step(self, trainer: Any, step: int, dt: float) -> None:
+        def _print_step(self, trainer: Any, pl_module: Any, step: int, dt: float) -> None:
             losses = self._losses
             loss: float | None
-            if losses:
+            if losses and getattr(pl_module, "automatic_optimization", True):
+                # Lightning hands each micro-batch's loss on divided by accumulate_grad_batches
+                # (also in a step cut short by the epoch's end): the mean of what was returned.
+                loss = sum(losses) * trainer.accumulate_grad_batches / len(losses)
+            elif losses:
                 loss = sum(losses) / len(losses)
             else:
                 metric = trainer.callback_metrics.get(

@@ -31,13 +31,16 @@ class Tiny(pl.LightningModule):  # type: ignore[misc,name-defined]
             torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
         )
         self.at_step = at_step or {}
+        self.losses: list[float] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_step + 1 in self.at_step:
             self.at_step.pop(self.global_step + 1)()
         g = torch.Generator().manual_seed(self.global_step)
         x = torch.randn(8, 4, generator=g)
-        return torch.nn.functional.mse_loss(self.net(x), x.sum(dim=1, keepdim=True))
+        loss = torch.nn.functional.mse_loss(self.net(x), x.sum(dim=1, keepdim=True))
+        self.losses.append(float(loss))
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -52,6 +55,7 @@ def fit(
     steps: int,
     before: Any = None,
     model_checkpoint: bool = False,
+    accumulate: int = 1,
     **callback: Any,
 ) -> Any:
     """A fit of `model` with the callback (and `before`, a callback listed ahead of it)."""
@@ -63,6 +67,7 @@ def fit(
         logger=False,
         enable_progress_bar=False,
         enable_checkpointing=model_checkpoint,
+        accumulate_grad_batches=accumulate,
         enable_model_summary=False,
         default_root_dir=root,
         callbacks=[*([before] if before else []), TrainwardenCallback(**callback)],
@@ -97,6 +102,21 @@ def test_sigusr1_saves_and_sigterm_saves_and_fit_returns(
     assert step_lines(out) == [1, 2, 3, 4, 5, 6]
     assert "ModelCheckpoint" not in err
     assert handlers() == before  # put back at teardown
+
+
+def test_with_gradient_accumulation_one_line_per_optimisation_step_with_its_mean_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setenv("TRAINWARDEN_RUN_DIR", str(tmp_path))
+    model = Tiny()
+    fit(tmp_path, model, steps=3, accumulate=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step: ")]
+    assert step_lines("\n".join(lines)) == [1, 2, 3]
+    assert len(model.losses) == 5
+    printed = [float(line.split(", ")[1][6:]) for line in lines]
+    # Five batches an epoch: step 3 is cut short by the epoch's end after one micro-batch.
+    a, b, c, d, e = model.losses
+    assert printed == pytest.approx([(a + b) / 2, (c + d) / 2, e], rel=1e-6)
 
 
 def test_a_model_checkpoint_writing_into_the_daemons_folder_is_warned_of(
@@ -155,6 +175,14 @@ def test_resume_path_names_what_the_daemon_chose(tmp_path: Path, monkeypatch: py
     assert resume_ckpt_path() is None
     monkeypatch.setenv("TRAINWARDEN_RESUME", "/runs/x/checkpoints/step=000040.ckpt")
     assert resume_ckpt_path() == "/runs/x/checkpoints/step=000040.ckpt"
+
+
+@pytest.mark.parametrize("every", [0, -5, 2.5, True])
+def test_every_n_steps_must_be_a_positive_integer(every: Any):
+    from trainwarden.integrations.lightning import TrainwardenCallback
+
+    with pytest.raises(ValueError, match="every_n_steps"):
+        TrainwardenCallback(every_n_steps=every)
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:
