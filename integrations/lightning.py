@@ -294,6 +294,10 @@ def _callback_class() -> type:
             self.saved_step = step
             return final
 
+    # Pickled by name (ddp_spawn sends the trainer's callbacks to its workers): the module's
+    # __getattr__ hands this same class back.
+    TrainwardenCallback.__qualname__ = "TrainwardenCallback"
+    TrainwardenCallback.__module__ = __name__
     return TrainwardenCallback
 
 

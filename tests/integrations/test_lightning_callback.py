@@ -4,6 +4,7 @@ environment (signals, saves, step lines) and that outside it, it does nothing.""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 from collections.abc import Callable
@@ -183,6 +184,14 @@ def test_every_n_steps_must_be_a_positive_integer(every: Any):
 
     with pytest.raises(ValueError, match="every_n_steps"):
         TrainwardenCallback(every_n_steps=every)
+
+
+def test_the_callback_pickles_by_name_for_spawned_workers(monkeypatch: pytest.MonkeyPatch):
+    from trainwarden.integrations.lightning import TrainwardenCallback
+
+    monkeypatch.setenv("TRAINWARDEN_RUN_DIR", "/runs/x")
+    copy = pickle.loads(pickle.dumps(TrainwardenCallback(every_n_steps=5)))
+    assert type(copy) is TrainwardenCallback and copy.every_n_steps == 5
 
 
 def python(code: str) -> subprocess.CompletedProcess[str]:
