@@ -103,6 +103,23 @@ def expected_size(n_params: int) -> int:
     return ANDREA_BIN_HEADER.size + BYTES_PER_PARAM * n_params
 
 
+# ----------------------------------------------------------------------------- Lightning
+
+LIGHTNING_CHECKPOINT_PATTERN = r"^(?:epoch=\d+-)?step=(\d+)\.ckpt$"
+"""What the `torch-pt` preset "lightning" counts as a committed checkpoint: the names the
+Lightning callback writes (`step=000100.ckpt`) and ModelCheckpoint's default ones
+(`epoch=0-step=100.ckpt`); the one group is the step (Lightning's `global_step`)."""
+LIGHTNING_REQUIRED_KEYS = ("state_dict", "optimizer_states", "loops")
+"""Keys of a full Lightning checkpoint (`Trainer.save_checkpoint`): the weights, the
+optimizers and the loops' progress, without which a resume restarts the epoch count."""
+LIGHTNING_STEP_KEYS = ("global_step",)
+
+
+def lightning_checkpoint_name(step: int) -> str:
+    """step -> `step=NNNNNN.ckpt` (six digits at least), the Lightning callback's name."""
+    return f"step={step:06d}.ckpt"
+
+
 # ----------------------------------------------------------------------------- policy.json
 
 DEFAULT_FLOOR = 0.0

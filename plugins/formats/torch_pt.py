@@ -22,7 +22,10 @@ name. Files written by the legacy (non-zip) serializer cannot be memory-mapped a
 loaded without mmap, still with weights_only.
 
 Options (`[checkpoints] options = {...}`): pattern, tmp_suffix, required_keys, step_keys,
-verify_timeout_s, python (the interpreter that runs the worker; default: the daemon's own).
+verify_timeout_s, python (the interpreter that runs the worker; default: the daemon's own),
+and preset: "lightning" sets pattern, tmp_suffix, required_keys and step_keys for PyTorch
+Lightning's `.ckpt` files (`step=000100.ckpt`, `epoch=0-step=100.ckpt`; `state_dict`,
+`optimizer_states`, `loops`; `global_step`), each of them still overridable.
 
 torch is an optional dependency (the `trainer` extra): when the format is set up, the
 probe interpreter is asked whether it can find torch, so a run configured for torch-pt
@@ -51,11 +54,28 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainwarden.plugins.api import CheckpointInfo
+from trainwarden.supervisor.contract import (
+    LIGHTNING_CHECKPOINT_PATTERN,
+    LIGHTNING_REQUIRED_KEYS,
+    LIGHTNING_STEP_KEYS,
+    TMP_SUFFIX,
+)
 from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 
 DEFAULT_PATTERN = r"^(?:ckpt|step)[_-](\d+)\.pt$"
 DEFAULT_REQUIRED_KEYS = ("model", "optimizer")
 DEFAULT_STEP_KEYS = ("step", "iter_num", "global_step")
+PRESETS: dict[str, dict[str, Any]] = {
+    # What trainwarden.integrations.lightning writes, and ModelCheckpoint's default names.
+    "lightning": {
+        "pattern": LIGHTNING_CHECKPOINT_PATTERN,
+        "tmp_suffix": TMP_SUFFIX,
+        "required_keys": list(LIGHTNING_REQUIRED_KEYS),
+        "step_keys": list(LIGHTNING_STEP_KEYS),
+    },
+}
+"""Option sets for trainers whose names and keys are known (`options = { preset = "..." }`);
+an option given beside the preset wins over the preset's."""
 PROBE_MARK = "TRAINWARDEN_PROBE "
 PROBE_MARK_BYTES = PROBE_MARK.encode()
 CLOSE_GRACE_S = 1.0
@@ -124,6 +144,8 @@ def check(path, step_keys):
             break
     n_params = None
     model = obj.get("model")
+    if not isinstance(model, dict):
+        model = obj.get("state_dict")  # a Lightning checkpoint's weights
     if isinstance(model, dict):
         tensors = [v for v in model.values() if isinstance(v, torch.Tensor)]
         if tensors:
@@ -151,6 +173,18 @@ def _option(options: Mapping[str, Any], key: str, default: Any, check: Any, expe
             f"'checkpoints.options.{key}' = {value!r} is invalid for torch-pt: expected {expected}"
         )
     return value
+
+
+def _preset(name: Any) -> dict[str, Any]:
+    if name is None:
+        return {}
+    if not isinstance(name, str) or name not in PRESETS:
+        known = ", ".join(repr(n) for n in PRESETS)
+        raise ConfigError(
+            f"'checkpoints.options.preset' = {name!r} is invalid for torch-pt: expected one of "
+            f'{known}, for example options = {{ preset = "lightning" }}'
+        )
+    return PRESETS[name]
 
 
 def _is_str_list(value: Any) -> bool:
@@ -242,6 +276,7 @@ class TorchPt:
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         options = dict(options or {})
         options.update(options.pop("options", None) or {})
+        options = {**_preset(options.pop("preset", None)), **options}
         self.pattern = _compile_pattern(options.get("pattern", DEFAULT_PATTERN))
         self.tmp_suffix: str = _option(
             options, "tmp_suffix", ".tmp", lambda v: isinstance(v, str) and v, "a non-empty string"
