@@ -18,6 +18,9 @@ Trainer is built, after the callback's; the callback takes SIGTERM back when the
 is built (`on_init_end`, and again at `on_train_begin` for a callback added later), so a
 stop saves at a step boundary, never in the middle of a step.
 
+Under torchrun (`args.world_size` > 1) the requests are all-reduced at each step end, so a
+signal any rank got makes every rank save (and stop) at the same step.
+
 Outside the daemon the callback installs nothing and changes nothing, and
 `resume_from_checkpoint()` returns its `default`.
 """
@@ -30,14 +33,10 @@ import signal
 import threading
 from typing import Any
 
-from trainwarden.supervisor.contract import ENV_RESUME, ENV_RUN_DIR
+from trainwarden.integrations.loop import Requests, any_rank, under_daemon
+from trainwarden.supervisor.contract import ENV_RESUME
 
 INSTALL_HINT = "pip install 'trainwarden[hf]'"
-
-
-def under_daemon() -> bool:
-    """Whether this process was started by the trainwarden daemon."""
-    return bool(os.environ.get(ENV_RUN_DIR))
 
 
 def resume_from_checkpoint(default: str | bool | None = None) -> str | bool | None:
@@ -47,20 +46,6 @@ def resume_from_checkpoint(default: str | bool | None = None) -> str | bool | No
     if not under_daemon():
         return default
     return os.environ.get(ENV_RESUME) or None
-
-
-class _Requests:
-    """What the signals asked for, set by the handlers and taken at a step end."""
-
-    def __init__(self) -> None:
-        self.save = False
-        self.stop = False
-
-    def on_sigusr1(self, signum: int, frame: Any) -> None:
-        self.save = True
-
-    def on_sigterm(self, signum: int, frame: Any) -> None:
-        self.stop = True
 
 
 def _transformers_callback_base() -> type:
@@ -109,7 +94,7 @@ class TrainwardenCallback:
 
     def __init__(self) -> None:
         self.active = under_daemon()
-        self.requests = _Requests()
+        self.requests = Requests()
         self.installed = False
         if self.active:
             self.install_handlers()
@@ -137,10 +122,15 @@ class TrainwardenCallback:
         if not self.active:
             return
         requests = self.requests
-        if requests.save or requests.stop:
+        save, stop = requests.save, requests.stop
+        if args.world_size > 1:
+            # Under torchrun every rank must save at the same step (the save has collectives
+            # in it): a request any rank got counts for all, at this same step end.
+            save, stop = any_rank([save, stop])
+        if save or stop:
             requests.save = False
             control.should_save = True
-        if requests.stop:
+        if stop:
             control.should_training_stop = True
 
     def on_log(

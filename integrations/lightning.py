@@ -45,6 +45,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from trainwarden.integrations.loop import Requests, fsync_path, under_daemon
 from trainwarden.supervisor.contract import (
     ENV_RESUME,
     ENV_RUN_DIR,
@@ -61,11 +62,6 @@ __all__ = ["TrainwardenCallback", "resume_ckpt_path", "under_daemon"]
 TrainwardenCallback: type
 """The Lightning callback class, built on first access (module `__getattr__`): it subclasses
 the installed framework's `Callback`, so Lightning is imported only then."""
-
-
-def under_daemon() -> bool:
-    """Whether this process was started by the trainwarden daemon."""
-    return bool(os.environ.get(ENV_RUN_DIR))
 
 
 def resume_ckpt_path() -> str | None:
@@ -92,14 +88,6 @@ def _framework() -> ModuleType:
     )
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _loss_of(outputs: Any) -> float | None:
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
     if loss is None:
@@ -108,20 +96,6 @@ def _loss_of(outputs: Any) -> float | None:
         return float(loss.detach()) if hasattr(loss, "detach") else float(loss)
     except (TypeError, ValueError, RuntimeError):
         return None
-
-
-class _Requests:
-    """The two flags the signal handlers set; read and cleared at a step end."""
-
-    def __init__(self) -> None:
-        self.save = False
-        self.stop = False
-
-    def on_sigusr1(self, signum: int, frame: FrameType | None) -> None:
-        self.save = True
-
-    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.stop = True
 
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -152,7 +126,7 @@ def _callback_class() -> type:
             self.every_n_steps = every_n_steps
             self.active = under_daemon()
             self.dirpath = Path(os.environ.get(ENV_RUN_DIR, ".")) / dirpath
-            self.requests = _Requests()
+            self.requests = Requests()
             self.saved_step: int | None = None
             self._previous: dict[int, Handler] = {}
             self._step = 0
@@ -286,10 +260,10 @@ def _callback_class() -> type:
             tmp = final.with_name(final.name + TMP_SUFFIX)
             trainer.save_checkpoint(str(tmp), weights_only=False)
             if trainer.is_global_zero:
-                _fsync(tmp)
+                fsync_path(tmp)
                 os.replace(tmp, final)
                 # The rename is not durable until the folder is fsynced.
-                _fsync(self.dirpath)
+                fsync_path(self.dirpath)
             trainer.strategy.barrier("trainwarden_commit")
             self.saved_step = step
             return final

@@ -43,20 +43,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-RUN_DIR_ENV = "TRAINWARDEN_RUN_DIR"
-RESUME_ENV = "TRAINWARDEN_RESUME"
-TMP_SUFFIX = ".tmp"
-"""The torch-pt format's default `tmp_suffix`: a file named so is a write in flight."""
+from trainwarden.supervisor.contract import ENV_RESUME, ENV_RUN_DIR, TMP_SUFFIX
 
 
 def under_daemon() -> bool:
     """Whether this process was started by the trainwarden daemon."""
-    return bool(os.environ.get(RUN_DIR_ENV))
+    return bool(os.environ.get(ENV_RUN_DIR))
 
 
 def resume_path() -> str | None:
     """The checkpoint to resume from (`TRAINWARDEN_RESUME`), or None for a fresh start."""
-    return os.environ.get(RESUME_ENV) or None
+    return os.environ.get(ENV_RESUME) or None
 
 
 class Signals:
@@ -117,22 +114,45 @@ class Signals:
 
     def _agree(self, new_save: bool, stop: bool, saved_mark: bool) -> tuple[bool, bool, bool]:
         """The three flags, each True when it is True on any rank (one all-reduce)."""
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return new_save, stop, saved_mark
-        device = torch.device("cpu")
-        if dist.get_backend(self.group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        flags = torch.tensor([new_save, stop, saved_mark], dtype=torch.int32, device=device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        agreed = flags.tolist()
-        return bool(agreed[0]), bool(agreed[1]), bool(agreed[2])
+        agreed = any_rank([new_save, stop, saved_mark], self.group)
+        return agreed[0], agreed[1], agreed[2]
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+def any_rank(flags: list[bool], group: Any = None) -> list[bool]:
+    """Each flag True when it is True on any rank of `group` (one all-reduce, MAX); the flags
+    as they are without an initialised torch.distributed. Every rank must call it at the
+    same point, the same number of times."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(flags)
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.tensor(flags, dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return [bool(value) for value in tensor.tolist()]
+
+
+class Requests:
+    """Save and stop flags for the framework callbacks: the signal handlers set them, the
+    callback takes them at a step end."""
+
+    def __init__(self) -> None:
+        self.save = False
+        self.stop = False
+
+    def on_sigusr1(self, signum: int, frame: FrameType | None) -> None:
+        self.save = True
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.stop = True
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a rename is durable once its folder is)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -156,5 +176,5 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     # The rename is not durable until the folder holding it is.
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     return final

@@ -84,7 +84,7 @@ while iter_num < args.steps:
 torch.save({"model": model.state_dict()}, "final.pt")
 """
 
-ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def inplace_run(run_dir: Path, *args: str, keep_last: int = 3) -> Path:

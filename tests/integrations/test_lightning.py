@@ -133,7 +133,7 @@ def lightning_run(
         [PYTHON, str(script), str(steps), str(save_every)],
         run={"name": run_dir.name},
         trainer={
-            "env": {"PYTHONUNBUFFERED": "1", **OFFLINE, **env},
+            "env": {**OFFLINE, **env},
             "stop_timeout_s": 60.0,
             "total_steps": steps,
             "signal_target": signal_target,

@@ -207,7 +207,7 @@ def loop_run(run_dir: Path, *extra: str, **tables) -> Path:
         trainer={
             "stop_timeout_s": 120.0,
             "total_steps": MAX_ITERS,
-            "env": {**ENV, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+            "env": {**ENV, "HF_HUB_OFFLINE": "1"},
             **tables.pop("trainer", {}),
         },
         checkpoints={"format": "torch-pt", "keep_last": 20},

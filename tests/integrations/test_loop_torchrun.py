@@ -114,7 +114,7 @@ def torchrun_loop_run(run_dir: Path) -> Path:
         trainer={
             "signal_target": "children",
             "stop_timeout_s": 120.0,
-            "env": {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+            "env": {"PYTHONPATH": str(REPO)},
         },
         checkpoints={"format": "torch-pt", "keep_last": 10},
         telemetry={"parser": "nanogpt"},
