@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, journal, journal_kinds, make_run, running_daemon
+from tests.support import PYTHON, journal, journal_kinds, make_run, refused_start, running_daemon
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -94,17 +94,8 @@ def test_the_trainer_starts_in_its_configured_cwd(tmp_path: Path):
 
 def test_a_missing_cwd_is_one_line_and_exit_2(tmp_path: Path):
     run_dir = make_run(tmp_path / "run", [PYTHON, "train.py"], trainer={"cwd": "nanogpt"})
-    result = subprocess.run(
-        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "'trainer.cwd' = 'nanogpt' is invalid: expected an existing folder" in lines[0]
-    assert not (run_dir / "training.log").exists()
+    line = refused_start(run_dir)
+    assert "'trainer.cwd' = 'nanogpt' is invalid: expected an existing folder" in line
 
 
 def test_a_cwd_removed_while_the_daemon_runs_is_named_when_the_next_start_fails(tmp_path: Path):

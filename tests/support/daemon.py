@@ -191,3 +191,19 @@ def running_daemon(run_dir: Path, env: dict[str, str] | None = None) -> Iterator
         yield daemon
     finally:
         daemon.cleanup()
+
+
+def refused_start(run_dir: Path, timeout: float = 120.0) -> str:
+    """Start a daemon on `run_dir` that must refuse its configuration: exit 2 with one line
+    on stderr, no traceback and no trainer started (no run log). Returns that line."""
+    done = subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 2, f"expected exit 2, got {done.returncode}: {done.stderr}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not (run_dir / "training.log").exists(), "a trainer was started"
+    return lines[0]
