@@ -68,6 +68,29 @@ TRAIN_SCRIPT = textwrap.dedent(
             time.sleep(STEP_SLEEP_S)
 
 
+    class Record(TrainerCallback):
+        """Test hook (HF_RECORD_DIR): each rank writes its pid to rank<R>.pid and appends
+        `save STEP` at each save and `end STEP` when training ends to rank<R>.log."""
+
+        def __init__(self, where):
+            self.where = where
+            os.makedirs(where, exist_ok=True)
+
+        def note(self, args, line):
+            with open(os.path.join(self.where, f"rank{args.process_index}.log"), "a") as f:
+                print(line, file=f)
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            with open(os.path.join(self.where, f"rank{args.process_index}.pid"), "w") as f:
+                f.write(str(os.getpid()))
+
+        def on_save(self, args, state, control, **kwargs):
+            self.note(args, f"save {state.global_step}")
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.note(args, f"end {state.global_step}")
+
+
     def slow_rng_save(original):
         def save(self, output_dir):
             # Test hook: the weights and optimizer are written, trainer_state.json is not.
@@ -102,8 +125,11 @@ TRAIN_SCRIPT = textwrap.dedent(
         dataloader_num_workers=0,
         save_only_model=os.environ.get("HF_SAVE_ONLY_MODEL") == "1",
         enable_jit_checkpoint=os.environ.get("HF_JIT") == "1",
+        ddp_backend=os.environ.get("HF_DDP_BACKEND"),  # "gloo" for CPU workers under torchrun
     )
     callbacks = [Pace()]
+    if os.environ.get("HF_RECORD_DIR"):
+        callbacks.append(Record(os.environ["HF_RECORD_DIR"]))
     if os.environ.get("HF_CALLBACK", "1") == "1":
         callbacks.append(TrainwardenCallback())
     trainer = Trainer(
