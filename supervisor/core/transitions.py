@@ -104,15 +104,16 @@ def stop_result(state: State) -> dict[str, Any]:
     lost = steps_lost(state)
     ended = state.stop_exit
     where = f"checkpoint step {newest.step}" if newest else "no checkpoint"
+    newest_where = f"newest {where}" if newest else "no checkpoint yet"
     if ended is None:
-        outcome, message = "not_running", f"no trainer was running; newest {where}"
+        outcome, message = "not_running", f"no trainer was running; {newest_where}"
     elif ended.startswith("killed after"):
-        outcome, message = "killed", f"{ended} (steps lost: {lost}); newest {where}"
+        outcome, message = "killed", f"{ended} (steps lost: {lost}); {newest_where}"
     elif lost == 0:
         outcome, message = "saved", f"saved and exited ({ended}); {where}"
     else:
         outcome = "exited_without_saving"
-        message = f"exited without saving (steps lost: {lost}): {ended}; newest {where}"
+        message = f"exited without saving (steps lost: {lost}): {ended}; {newest_where}"
     return {
         "outcome": outcome,
         "steps_lost": lost,
