@@ -14,7 +14,9 @@ operator's request, so a commit made before either is seen before the decision.
 
 An in-place trainer's fixed file ([checkpoints] fixed, never a committed name itself) is
 reported to on_fixed when it is closed after a write or a file is renamed onto it; writes
-to it count as a save in progress. The daemon's staging folder for its snapshots, like
+to it count as a save in progress. A fixed folder (fixed_commit_file set) is reported when
+its commit file is closed or renamed into place, or when the folder arrives whole; writes
+inside it count as a save in progress. The daemon's staging folder for its snapshots, like
 quarantine/, is not watched.
 
 A checkpoint folder (hf-trainer's checkpoint-N/) is watched too: any write inside it is
@@ -115,6 +117,7 @@ class CheckpointWatcher:
         on_resolved: Callable[[str], None] | None = None,
         fixed: str | None = None,
         on_fixed: Callable[[], None] | None = None,
+        fixed_commit_file: str | None = None,
     ) -> None:
         self.store = store
         self.loop = loop
@@ -136,7 +139,10 @@ class CheckpointWatcher:
         self.fixed = store.dir / fixed if fixed is not None else None
         """The file an in-place trainer overwrites ([checkpoints] fixed)."""
         self.on_fixed = on_fixed
-        """The fixed file was closed after a write, or a file was renamed onto it."""
+        """The fixed file was closed after a write, or a file was renamed onto it (for a
+        fixed folder: its commit file, or a folder renamed onto the fixed name)."""
+        self.fixed_commit_file = fixed_commit_file
+        """Set when the fixed name is a folder: the file in it written last."""
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
@@ -222,6 +228,9 @@ class CheckpointWatcher:
             self._unwatch_folder(path)
         elif event.mask & (IN_CREATE | IN_MOVED_TO):
             self._watch_folder(path)
+            if path == self.fixed and self.fixed_commit_file is not None:
+                self._fixed_folder_arrived(path, moved=bool(event.mask & IN_MOVED_TO))
+                return
             name = self._final(path) if event.mask & IN_MOVED_TO else None
             if name is not None:
                 self.on_committed(name)  # a whole folder renamed into place
@@ -232,6 +241,9 @@ class CheckpointWatcher:
     def _in_file(self, mask: int, path: Path) -> None:
         if path == self.fixed:
             self._in_fixed(mask)
+            return
+        if self.fixed_commit_file is not None and path.parent == self.fixed:
+            self._in_fixed_folder(mask, path)
             return
         if mask & IN_ISDIR and not mask & IN_MOVED_TO:
             return  # a folder inside a checkpoint folder: only its arrival by rename counts
@@ -261,6 +273,25 @@ class CheckpointWatcher:
                 self.on_fixed()
         elif mask & (IN_CREATE | IN_MODIFY):
             self._writing(None)  # a save in progress, like a .tmp being written
+
+    def _in_fixed_folder(self, mask: int, path: Path) -> None:
+        """A write inside the fixed folder: its commit file closed (or renamed into place)
+        is a new version; any other write is a save in progress."""
+        if path.name == self.fixed_commit_file and mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            if self.on_fixed is not None and not mask & IN_ISDIR:
+                self.on_fixed()
+        elif mask & (IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO):
+            self._writing(None)
+
+    def _fixed_folder_arrived(self, path: Path, *, moved: bool) -> None:
+        """The fixed folder was made, or a folder renamed onto its name (the daemon's own
+        restore, or a trainer that swaps in a whole folder). What was written in it before
+        its watch came is looked at: a commit file there already may be a whole version."""
+        if moved or os.path.lexists(path / str(self.fixed_commit_file)):
+            if self.on_fixed is not None:
+                self.on_fixed()
+        else:
+            self._writing(None)
 
     def _created(
         self, path: Path, whole: asyncio.Future[tuple[str, Verdict | None] | None]
