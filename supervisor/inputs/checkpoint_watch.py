@@ -146,6 +146,7 @@ class CheckpointWatcher:
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
+        self._folder_inodes: dict[int, int] = {}  # watch -> that folder's inode
         self._poller: WatchThread | None = None
         self._last_writing = 0.0
         self._attached = False
@@ -178,6 +179,7 @@ class CheckpointWatcher:
             self._inotify.close()
             self._inotify = None
         self._folders.clear()
+        self._folder_inodes.clear()
 
     def drain(self) -> None:
         """Handle every event queued now, at once (before a decision that must know of
@@ -211,6 +213,7 @@ class CheckpointWatcher:
             self._in_directory(event, self.store.dir / os.fsdecode(event.name))
         elif event.mask & IN_IGNORED:
             self._folders.pop(event.wd, None)
+            self._folder_inodes.pop(event.wd, None)
         elif event.wd in self._folders and event.name:
             self._in_file(event.mask, self._folders[event.wd] / os.fsdecode(event.name))
         return False
@@ -342,13 +345,23 @@ class CheckpointWatcher:
             self._fall_back(exc, None)  # out of watches (ENOSPC): a folder would go unseen
             return
         self._folders[wd] = folder
+        with contextlib.suppress(OSError):
+            self._folder_inodes[wd] = os.lstat(folder).st_ino
 
     def _unwatch_folder(self, folder: Path) -> None:
+        """A folder left `folder`: its watch goes, but not that of a folder now there. A
+        swap (renameat2 RENAME_EXCHANGE, a fixed folder's restore) reports the new folder's
+        arrival before the old one's leaving."""
         if self._inotify is None:
             return
+        try:
+            there = os.lstat(folder).st_ino
+        except OSError:
+            there = None
         for wd, path in list(self._folders.items()):
-            if path == folder:
+            if path == folder and (there is None or self._folder_inodes.get(wd) != there):
                 del self._folders[wd]
+                self._folder_inodes.pop(wd, None)
                 self._inotify.rm_watch(wd)
 
     def _rescan(self) -> None:
@@ -530,6 +543,7 @@ class CheckpointWatcher:
             self._inotify.close()
             self._inotify = None
         self._folders.clear()
+        self._folder_inodes.clear()
         scanner = rescan or Rescan(self.store, baseline=False)
         fixed = FixedScan(self.fixed)
 

@@ -663,13 +663,23 @@ async def test_the_watcher_reports_commits_of_the_fixed_folder(tmp_path: Path):
         assert len(fixed) == count  # only the commit file's close is a new version
         await asyncio.to_thread((folder / "trainer_state.json").write_text, "{}")
         await wait(lambda: len(fixed) == count + 1)
-        # A whole folder renamed onto the fixed name (a restore) is reported too.
+        # A whole folder swapped in for it (a restore: RENAME_EXCHANGE reports the new
+        # folder's arrival before the old one's leaving) is reported, and watched.
         other = store.dir / STAGING
         other.mkdir()
         await asyncio.to_thread(save_folder, other / "restoring", 20)
-        await asyncio.to_thread(shutil.rmtree, folder)
-        await asyncio.to_thread(os.rename, other / "restoring", folder)
+        assert await asyncio.to_thread(fixed_folder.exchange, other / "restoring", folder)
         await wait(lambda: len(fixed) == count + 2)
+        await asyncio.to_thread(shutil.rmtree, other / "restoring")
+        await asyncio.to_thread(save_folder, folder, 30)
+        await wait(lambda: len(fixed) == count + 3)
+        # And so is one renamed onto the fixed name after the old one was renamed away.
+        await asyncio.to_thread(save_folder, other / "restoring", 40)
+        await asyncio.to_thread(os.rename, folder, other / "aside")
+        await asyncio.to_thread(os.rename, other / "restoring", folder)
+        await wait(lambda: len(fixed) == count + 4)
+        await asyncio.to_thread(save_folder, folder, 50)
+        await wait(lambda: len(fixed) == count + 5)
         assert committed == []
     finally:
         watcher.stop()
