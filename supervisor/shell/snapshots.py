@@ -108,6 +108,7 @@ class Snapshots:
         self.journal = journal
         self._task: asyncio.Task[None] | None = None
         self._again = False
+        self._restoring = False
         self._warming: asyncio.Task[None] | None = None
 
     @property
@@ -116,7 +117,8 @@ class Snapshots:
 
     def written(self) -> None:
         """The fixed file was closed after a write, or renamed onto (on the loop)."""
-        if self._task is not None:
+        if self._task is not None or self._restoring:
+            # One at a time: a restore's own rename onto the fixed name is looked at after it.
             self._again = True
             return
         self._task = asyncio.get_running_loop().create_task(self._take_until_settled())
@@ -177,6 +179,7 @@ class Snapshots:
         await self.settle()
         if resume is None:
             return await self._clear()
+        self._restoring = True
         try:
             how = await asyncio.to_thread(self.fixed.restore, resume.name)
         except (OSError, ValueError) as exc:
@@ -185,6 +188,11 @@ class Snapshots:
             )
             self.journal.append("snapshot_restore_failed", {"name": resume.name, "error": reason})
             return reason
+        finally:
+            self._restoring = False
+            if self._again:
+                self._again = False
+                self.written()
         self.journal.append(
             "snapshot_restored",
             {"fixed": self.fixed.fixed, "step": resume.step, "name": resume.name, "how": how},

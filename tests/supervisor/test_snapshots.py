@@ -683,3 +683,50 @@ async def test_the_watcher_reports_commits_of_the_fixed_folder(tmp_path: Path):
         assert committed == []
     finally:
         watcher.stop()
+
+
+async def test_a_write_seen_during_a_restore_is_looked_at_after_it(tmp_path: Path):
+    """The restore's own rename onto the fixed name reaches the watcher while the restore
+    still runs: the snapshot it asks for waits, never running beside the restore."""
+    from trainwarden.supervisor.core.state import Ckpt
+    from trainwarden.supervisor.shell.snapshots import Snapshots
+    from trainwarden.supervisor.store.journal import Journal
+
+    store = hf_store(tmp_path)
+    loop = asyncio.get_running_loop()
+    running: list[str] = []
+    overlaps: list[str] = []
+
+    class Watched(FixedFolder):
+        def restore(self, name: str) -> str:
+            running.append("restore")
+            try:
+                how = super().restore(name)
+                loop.call_soon_threadsafe(taking.written)  # the swap's IN_MOVED_TO
+                time.sleep(0.3)  # what is left of the restore: fsyncs, removing the old folder
+                return how
+            finally:
+                running.remove("restore")
+
+        def take(self) -> snapshots.Taken:
+            if running:
+                overlaps.append("take during " + running[0])
+            taken = super().take()
+            taken_outcomes.append(taken.outcome)
+            return taken
+
+    taken_outcomes: list[str] = []
+    reader = step_reader("trainer_state.json", "global_step", None)
+    fixed = Watched(store.dir, "latest", store.fmt, "trainer_state.json", reader)
+    save_folder(fixed.path, 20)
+    journal = Journal(tmp_path / "journal.jsonl")
+    taking = Snapshots(fixed, store, journal)
+    taking.written()
+    await taking.settle()
+    save_folder(fixed.path, 30, n=65)
+    assert await taking.prepare(Ckpt(20, "checkpoint-20", 100)) is None
+    await asyncio.sleep(0.1)
+    await taking.settle()
+    journal.close()
+    assert overlaps == []
+    assert taken_outcomes == ["taken", "known"]  # looked at after the restore: its own copy
