@@ -20,6 +20,8 @@ kill mid-save is replaced whole or not at all.
 Copies are reflinks (ioctl FICLONE: no data copied, no extra space until one side
 changes) where the file system supports them (btrfs, XFS, bcachefs), else a streamed copy;
 either way fsynced before it is renamed anywhere.
+
+A fixed FOLDER (`fixed_commit_file`) is store.fixed_folder's FixedFolder, built on this one.
 """
 
 from __future__ import annotations

@@ -730,3 +730,23 @@ async def test_a_write_seen_during_a_restore_is_looked_at_after_it(tmp_path: Pat
     journal.close()
     assert overlaps == []
     assert taken_outcomes == ["taken", "known"]  # looked at after the restore: its own copy
+
+
+async def test_a_fresh_start_moves_a_torn_fixed_folder_to_quarantine(tmp_path: Path):
+    from trainwarden.supervisor.shell.snapshots import Snapshots
+    from trainwarden.supervisor.store.journal import Journal, read_records
+
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    files = save_folder(fixed.path, 20)
+    (fixed.path / "trainer_state.json").unlink()  # a save torn before its commit file
+    journal = Journal(tmp_path / "journal.jsonl")
+    taking = Snapshots(fixed, store, journal)
+    await taking.boot()
+    assert await taking.prepare(None) is None
+    journal.close()
+    kinds = [r["kind"] for r in read_records(tmp_path / "journal.jsonl")]
+    assert kinds == ["fixed_write_rejected", "quarantine"]
+    assert not fixed.path.exists()
+    moved = store.dir / "quarantine" / "latest"
+    assert contents(moved) == {"model.safetensors": files["model.safetensors"]}
