@@ -93,3 +93,6 @@ class CheckpointFormat(Protocol):
     #   def commits_folder(self, path: Path) -> bool
     # True when closing (or renaming into place) this file inside a checkpoint folder
     # commits the folder (hf-trainer: trainer_state.json).
+    #   def name_for(self, step: int) -> str
+    # The committed name of a checkpoint of `step` (hf-trainer: checkpoint-600): how the
+    # snapshots of a fixed folder ([checkpoints] fixed_commit_file) are named.

@@ -77,11 +77,15 @@ class CheckpointsConfig:
     fixed: str | None = None
     """A file the trainer overwrites in place (nanoGPT's "ckpt.pt"), inside the checkpoint
     directory: each verified version is copied to a step-named snapshot the daemon owns."""
+    fixed_commit_file: str | None = None
+    """Set when fixed is a FOLDER written in place: the file in it the trainer writes last
+    ("trainer_state.json"), whose close commits a version of the folder."""
     step_key: str | None = None
-    """With fixed: the key in the checkpoint that holds its step ("iter_num"; torch-pt)."""
+    """With fixed: the key in the checkpoint that holds its step ("iter_num"; torch-pt), or
+    with fixed_commit_file, the top-level key of that JSON file ("global_step")."""
     step_regex: str | None = None
     """With fixed: a regular expression whose one group of digits is the step, searched in
-    the file's first MiB (for formats other than torch-pt)."""
+    the file's (with fixed_commit_file: that file's) first MiB."""
 
 
 @dataclass(frozen=True)
@@ -492,7 +496,7 @@ def _check_fixed(path: Path, cfg: Config) -> None:
     one of step_key and step_regex says where its step is."""
     ckpts = cfg.checkpoints
     if ckpts.fixed is None:
-        for key in ("step_key", "step_regex"):
+        for key in ("step_key", "step_regex", "fixed_commit_file"):
             if getattr(ckpts, key) is not None:
                 raise _bad(
                     path,
@@ -508,6 +512,17 @@ def _check_fixed(path: Path, cfg: Config) -> None:
             "checkpoints.fixed",
             name,
             'the name of one file directly in the checkpoint directory, for example fixed = "ckpt.pt"',
+        )
+    commit = ckpts.fixed_commit_file
+    if commit is not None and (
+        not commit or "/" in commit or commit in (".", "..") or "\x00" in commit
+    ):
+        raise _bad(
+            path,
+            "checkpoints.fixed_commit_file",
+            commit,
+            "the name of the file directly in the fixed folder that the trainer writes last, "
+            'for example fixed_commit_file = "trainer_state.json"',
         )
     if (ckpts.step_key is None) == (ckpts.step_regex is None):
         raise _bad(

@@ -185,6 +185,10 @@ class HfTrainer:
     def companions(self, path: Path) -> list[Path]:
         return []
 
+    def name_for(self, step: int) -> str:
+        """The committed name of a checkpoint of `step` (a fixed folder's snapshots)."""
+        return f"checkpoint-{step}"
+
     def commits_folder(self, path: Path) -> bool:
         """True when closing or renaming `path`, a file inside a checkpoint folder, commits
         the folder: only trainer_state.json does, the Trainer's last write. The watcher must

@@ -14,7 +14,9 @@ operator's request, so a commit made before either is seen before the decision.
 
 An in-place trainer's fixed file ([checkpoints] fixed, never a committed name itself) is
 reported to on_fixed when it is closed after a write or a file is renamed onto it; writes
-to it count as a save in progress. The daemon's staging folder for its snapshots, like
+to it count as a save in progress. A fixed folder (fixed_commit_file set) is reported when
+its commit file is closed or renamed into place, or when the folder arrives whole; writes
+inside it count as a save in progress. The daemon's staging folder for its snapshots, like
 quarantine/, is not watched.
 
 A checkpoint folder (hf-trainer's checkpoint-N/) is watched too: any write inside it is
@@ -115,6 +117,7 @@ class CheckpointWatcher:
         on_resolved: Callable[[str], None] | None = None,
         fixed: str | None = None,
         on_fixed: Callable[[], None] | None = None,
+        fixed_commit_file: str | None = None,
     ) -> None:
         self.store = store
         self.loop = loop
@@ -136,10 +139,14 @@ class CheckpointWatcher:
         self.fixed = store.dir / fixed if fixed is not None else None
         """The file an in-place trainer overwrites ([checkpoints] fixed)."""
         self.on_fixed = on_fixed
-        """The fixed file was closed after a write, or a file was renamed onto it."""
+        """The fixed file was closed after a write, or a file was renamed onto it (for a
+        fixed folder: its commit file, or a folder renamed onto the fixed name)."""
+        self.fixed_commit_file = fixed_commit_file
+        """Set when the fixed name is a folder: the file in it written last."""
         self._inotify: Inotify | None = None
         self._dir_wd = -1
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
+        self._folder_inodes: dict[int, int] = {}  # watch -> that folder's inode
         self._poller: WatchThread | None = None
         self._last_writing = 0.0
         self._attached = False
@@ -172,6 +179,7 @@ class CheckpointWatcher:
             self._inotify.close()
             self._inotify = None
         self._folders.clear()
+        self._folder_inodes.clear()
 
     def drain(self) -> None:
         """Handle every event queued now, at once (before a decision that must know of
@@ -205,6 +213,7 @@ class CheckpointWatcher:
             self._in_directory(event, self.store.dir / os.fsdecode(event.name))
         elif event.mask & IN_IGNORED:
             self._folders.pop(event.wd, None)
+            self._folder_inodes.pop(event.wd, None)
         elif event.wd in self._folders and event.name:
             self._in_file(event.mask, self._folders[event.wd] / os.fsdecode(event.name))
         return False
@@ -222,6 +231,9 @@ class CheckpointWatcher:
             self._unwatch_folder(path)
         elif event.mask & (IN_CREATE | IN_MOVED_TO):
             self._watch_folder(path)
+            if path == self.fixed and self.fixed_commit_file is not None:
+                self._fixed_folder_arrived(path, moved=bool(event.mask & IN_MOVED_TO))
+                return
             name = self._final(path) if event.mask & IN_MOVED_TO else None
             if name is not None:
                 self.on_committed(name)  # a whole folder renamed into place
@@ -232,6 +244,9 @@ class CheckpointWatcher:
     def _in_file(self, mask: int, path: Path) -> None:
         if path == self.fixed:
             self._in_fixed(mask)
+            return
+        if self.fixed_commit_file is not None and path.parent == self.fixed:
+            self._in_fixed_folder(mask, path)
             return
         if mask & IN_ISDIR and not mask & IN_MOVED_TO:
             return  # a folder inside a checkpoint folder: only its arrival by rename counts
@@ -261,6 +276,25 @@ class CheckpointWatcher:
                 self.on_fixed()
         elif mask & (IN_CREATE | IN_MODIFY):
             self._writing(None)  # a save in progress, like a .tmp being written
+
+    def _in_fixed_folder(self, mask: int, path: Path) -> None:
+        """A write inside the fixed folder: its commit file closed (or renamed into place)
+        is a new version; any other write is a save in progress."""
+        if path.name == self.fixed_commit_file and mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            if self.on_fixed is not None and not mask & IN_ISDIR:
+                self.on_fixed()
+        elif mask & (IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO):
+            self._writing(None)
+
+    def _fixed_folder_arrived(self, path: Path, *, moved: bool) -> None:
+        """The fixed folder was made, or a folder renamed onto its name (the daemon's own
+        restore, or a trainer that swaps in a whole folder). What was written in it before
+        its watch came is looked at: a commit file there already may be a whole version."""
+        if moved or os.path.lexists(path / str(self.fixed_commit_file)):
+            if self.on_fixed is not None:
+                self.on_fixed()
+        else:
+            self._writing(None)
 
     def _created(
         self, path: Path, whole: asyncio.Future[tuple[str, Verdict | None] | None]
@@ -311,13 +345,23 @@ class CheckpointWatcher:
             self._fall_back(exc, None)  # out of watches (ENOSPC): a folder would go unseen
             return
         self._folders[wd] = folder
+        with contextlib.suppress(OSError):
+            self._folder_inodes[wd] = os.lstat(folder).st_ino
 
     def _unwatch_folder(self, folder: Path) -> None:
+        """A folder left `folder`: its watch goes, but not that of a folder now there. A
+        swap (renameat2 RENAME_EXCHANGE, a fixed folder's restore) reports the new folder's
+        arrival before the old one's leaving."""
         if self._inotify is None:
             return
+        try:
+            there = os.lstat(folder).st_ino
+        except OSError:
+            there = None
         for wd, path in list(self._folders.items()):
-            if path == folder:
+            if path == folder and (there is None or self._folder_inodes.get(wd) != there):
                 del self._folders[wd]
+                self._folder_inodes.pop(wd, None)
                 self._inotify.rm_watch(wd)
 
     def _rescan(self) -> None:
@@ -499,6 +543,7 @@ class CheckpointWatcher:
             self._inotify.close()
             self._inotify = None
         self._folders.clear()
+        self._folder_inodes.clear()
         scanner = rescan or Rescan(self.store, baseline=False)
         fixed = FixedScan(self.fixed)
 

@@ -206,6 +206,7 @@ class Daemon:
             on_resolved=self.hub.checkpoint_resolved,
             fixed=self.cfg.checkpoints.fixed,
             on_fixed=self.snapshots.written if self.snapshots is not None else None,
+            fixed_commit_file=self.cfg.checkpoints.fixed_commit_file,
         )
         watcher.start()
         self.watcher = watcher

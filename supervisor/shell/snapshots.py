@@ -1,6 +1,7 @@
 """In-place trainers (`[checkpoints] fixed`): the watcher's "the fixed file was written"
 becomes a snapshot (or a journaled rejection) off the loop, and every start first puts the
-chosen snapshot back at the fixed name (see store.snapshots for the file work).
+chosen snapshot back at the fixed name (see store.snapshots for the file work, and
+store.fixed_folder for a fixed folder, `fixed_commit_file`).
 
 A start that resumes from nothing finds no fixed file: one left there (which did not
 verify, or it would have a snapshot) is moved to quarantine/, never resumed from and
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from trainwarden.plugins.api import CheckpointFormat
@@ -19,6 +21,7 @@ from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.errors import ConfigError
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.fixed_folder import FixedFolder, folder_name, step_reader
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.snapshots import FixedFile, Taken, snapshot_name, step_by_regex
 
@@ -37,10 +40,13 @@ def fixed_file(cfg: Config, store: CheckpointStore) -> FixedFile | None:
             f"{where} is already a committed checkpoint name for {ckpts.format}: leave "
             "fixed unset, the checkpoints are step-named already"
         )
+    if ckpts.fixed_commit_file is not None:
+        return _fixed_folder(cfg, store, where)
     if (store.dir / ckpts.fixed).is_dir():
         raise ConfigError(
-            f"{where} is a folder in {store.dir}: only a file the trainer overwrites in place "
-            'can be snapshotted, for example fixed = "ckpt.pt"'
+            f"{where} is a folder in {store.dir}: for a folder the trainer overwrites in "
+            "place, name the file in it written last, for example "
+            'fixed_commit_file = "trainer_state.json"'
         )
     probe = snapshot_name(ckpts.fixed, 123)
     if fmt.step_of(store.dir / probe) != 123:
@@ -63,6 +69,36 @@ def fixed_file(cfg: Config, store: CheckpointStore) -> FixedFile | None:
     return FixedFile(store.dir, ckpts.fixed, fmt, lambda path: step_by_regex(path, regex))
 
 
+def _fixed_folder(cfg: Config, store: CheckpointStore, where: str) -> FixedFolder:
+    """The run's fixed folder: its snapshots must be names the format commits."""
+    ckpts = cfg.checkpoints
+    fixed, commit = ckpts.fixed, ckpts.fixed_commit_file
+    assert fixed is not None and commit is not None
+    fmt: CheckpointFormat = store.fmt
+    if (store.dir / fixed).exists() and not (store.dir / fixed).is_dir():
+        raise ConfigError(
+            f"{where} is a file in {store.dir}, but fixed_commit_file = {commit!r} says it is "
+            "a folder: leave fixed_commit_file unset for a file"
+        )
+    probe = folder_name(fmt, fixed, 123)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / probe
+        folder.mkdir()
+        (folder / commit).touch()
+        commits_folder = getattr(fmt, "commits_folder", None)
+        if fmt.step_of(folder) != 123 or (
+            commits_folder is not None and not commits_folder(folder / commit)
+        ):
+            raise ConfigError(
+                f"{where} is invalid with fixed_commit_file = {commit!r}: its snapshots are "
+                f"folders named like {probe} holding {commit}, which the {ckpts.format} format "
+                "does not take for a committed checkpoint of step 123 (hf-trainer: "
+                'fixed_commit_file = "trainer_state.json")'
+            )
+    read_step = step_reader(commit, ckpts.step_key, ckpts.step_regex)
+    return FixedFolder(store.dir, fixed, fmt, commit, read_step)
+
+
 class Snapshots:
     """Takes one snapshot at a time; a write seen while one is taken asks for another."""
 
@@ -72,6 +108,7 @@ class Snapshots:
         self.journal = journal
         self._task: asyncio.Task[None] | None = None
         self._again = False
+        self._restoring = False
         self._warming: asyncio.Task[None] | None = None
 
     @property
@@ -80,7 +117,8 @@ class Snapshots:
 
     def written(self) -> None:
         """The fixed file was closed after a write, or renamed onto (on the loop)."""
-        if self._task is not None:
+        if self._task is not None or self._restoring:
+            # One at a time: a restore's own rename onto the fixed name is looked at after it.
             self._again = True
             return
         self._task = asyncio.get_running_loop().create_task(self._take_until_settled())
@@ -141,6 +179,7 @@ class Snapshots:
         await self.settle()
         if resume is None:
             return await self._clear()
+        self._restoring = True
         try:
             how = await asyncio.to_thread(self.fixed.restore, resume.name)
         except (OSError, ValueError) as exc:
@@ -149,6 +188,11 @@ class Snapshots:
             )
             self.journal.append("snapshot_restore_failed", {"name": resume.name, "error": reason})
             return reason
+        finally:
+            self._restoring = False
+            if self._again:
+                self._again = False
+                self.written()
         self.journal.append(
             "snapshot_restored",
             {"fixed": self.fixed.fixed, "step": resume.step, "name": resume.name, "how": how},

@@ -20,6 +20,8 @@ kill mid-save is replaced whole or not at all.
 Copies are reflinks (ioctl FICLONE: no data copied, no extra space until one side
 changes) where the file system supports them (btrfs, XFS, bcachefs), else a streamed copy;
 either way fsynced before it is renamed anywhere.
+
+A fixed FOLDER (`fixed_commit_file`) is store.fixed_folder's FixedFolder, built on this one.
 """
 
 from __future__ import annotations
@@ -134,8 +136,13 @@ class FixedFile:
         mode = self.staging.lstat().st_mode
         if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
             raise OSError(errno.ENOTDIR, f"{self.staging} is not a folder of the daemon's own")
-        _empty(self.staging)  # what a killed daemon left half done
+        self.recover()
+        empty_folder(self.staging)  # what a killed daemon left half done
         return self.staging
+
+    def recover(self) -> None:
+        """Put back what a daemon killed in a restore left in staging (a fixed file is
+        replaced by one rename: nothing to put back)."""
 
     def warm(self) -> None:
         """Get the step reader ready (torch-pt's worker imports torch once, for seconds), so
@@ -169,7 +176,7 @@ class FixedFile:
         except CheckpointInvalid as exc:
             return Taken("rejected", reason=f"{self.fixed}: {exc}")
         finally:
-            _empty(staging)
+            empty_folder(staging)
         fsync_dir(self.dir)
         return Taken("taken", step, name, how, info.bytes)
 
@@ -188,10 +195,14 @@ class FixedFile:
         return how
 
 
-def _empty(folder: Path) -> None:
+def empty_folder(folder: Path) -> None:
+    """Remove everything in `folder` (files and folders), then fsync it."""
     for entry in os.scandir(folder):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
     fsync_dir(folder)
 
 

@@ -273,3 +273,198 @@ def test_a_torn_ckpt_pt_at_a_fresh_start_goes_to_quarantine(tmp_path: Path) -> N
     first = records(run_dir, "spawn")[0]
     assert first["resume"] is None
     assert snapshot_steps(run_dir) == [10, 20]
+
+
+# ------------------------------------------------------------------ a fixed folder
+
+# A trainer that overwrites one folder, checkpoints/latest/, with plain writes: the weights
+# and optimizer moments (model.safetensors, written in chunks like a slow disk would), then
+# trainer_state.json last; --resume loads only that folder.
+FOLDER_TRAINER = r"""
+import argparse, json, os, time
+import torch
+from safetensors.torch import load, save
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, required=True)
+p.add_argument("--save-every", type=int, required=True)
+p.add_argument("--resume", action="store_true")
+p.add_argument("--pad", type=int, default=1 << 20, help="floats, to make the save take a while")
+p.add_argument("--tear-at", type=int, default=0, help="once: write half the weights and die")
+p.add_argument("--sleep", type=float, default=0.03)
+args = p.parse_args()
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+folder = "checkpoints/latest"
+step = 0
+if args.resume:
+    with open(f"{folder}/trainer_state.json") as f:
+        step = json.load(f)["global_step"]
+    with open(f"{folder}/model.safetensors", "rb") as f:
+        tensors = load(f.read())
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    state = opt.state_dict()
+    state["state"] = {
+        i: {"step": tensors[f"opt.{i}.step"], "exp_avg": tensors[f"opt.{i}.exp_avg"],
+            "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"]}
+        for i in range(len(list(model.parameters())))
+    }
+    opt.load_state_dict(state)
+    print(f"resumed from step {step}", flush=True)
+
+def batch(i):
+    g = torch.Generator().manual_seed(i)
+    x = torch.randn(16, 8, generator=g)
+    return x, x.flip(1)
+
+def write_in_place(path, data, chunks=64):
+    with open(path, "wb") as f:
+        size = -(-len(data) // chunks)
+        for at in range(0, len(data), size):
+            f.write(data[at : at + size])
+            f.flush()
+            time.sleep(0.002)
+
+pad = torch.zeros(args.pad)
+while step < args.steps:
+    x, y = batch(step)
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    print(f"step: {step}, loss: {loss.item():.6f}, dt: 0.001", flush=True)
+    if step % args.save_every == 0:
+        os.makedirs(folder, exist_ok=True)
+        tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+        for i, s in opt.state_dict()["state"].items():
+            tensors.update({f"opt.{i}.{k}": v for k, v in s.items()})
+        tensors["pad"] = pad
+        data = save(tensors)
+        if step == args.tear_at and not os.path.exists("torn-once"):
+            open("torn-once", "w").close()
+            with open(f"{folder}/model.safetensors", "wb") as f:
+                f.write(data[: len(data) // 2])
+            os._exit(1)
+        write_in_place(f"{folder}/model.safetensors", data)
+        write_in_place(f"{folder}/trainer_state.json", json.dumps({"global_step": step}).encode())
+    time.sleep(args.sleep)
+torch.save(model.state_dict(), "final.pt")
+"""
+
+
+def folder_run(run_dir: Path, *args: str, keep_last: int = 3) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "train.py").write_text(FOLDER_TRAINER)
+    return make_run(
+        run_dir,
+        [PYTHON, "train.py", *args],
+        run={"name": run_dir.name},
+        trainer={"resume_args": ["--resume"], "env": ENV, "stop_timeout_s": 30.0},
+        checkpoints={
+            "format": "hf-trainer",
+            "options": {"required_files": []},
+            "fixed": "latest",
+            "fixed_commit_file": "trainer_state.json",
+            "step_key": "global_step",
+            "keep_last": keep_last,
+        },
+        restart={
+            "backoff_initial_s": 0.0,
+            "backoff_max_s": 0.5,
+            "max_restarts_without_progress": 20,
+            "stall_timeout_s": 120.0,
+        },
+        telemetry={"parser": "step-line"},
+    )
+
+
+def folder_final(run_dir: Path) -> dict[str, Any]:
+    return torch.load(run_dir / "final.pt", weights_only=True)
+
+
+def test_kills_while_a_fixed_folder_is_rewritten_lose_no_snapshot(tmp_path: Path) -> None:
+    args = ("--steps", "120", "--save-every", "10", "--sleep", "0.05")
+    run_dir = folder_run(tmp_path / "run", *args)
+    weights = (run_dir / "checkpoints" / "latest" / "model.safetensors").resolve()
+    rng = random.Random(23)
+    in_save = 0
+    with running_daemon(run_dir) as daemon:
+        pid: int | None = None
+        for kill in range(6):
+            pid = live_trainer(run_dir, pid)
+            resumed_from = (records(run_dir, "spawn")[-1]["resume"] or {}).get("step") or 0
+            if kill % 2 == 0:
+                # Once this start has saved (so the run moves on), kill it inside a save.
+                wait_for(
+                    lambda r=resumed_from: max(snapshot_steps(run_dir), default=0) > r,
+                    120,
+                    what="a snapshot of this start",
+                )
+                wait_for(
+                    lambda p=pid: writing_ckpt(p, weights) or not os.path.exists(f"/proc/{p}"),
+                    120,
+                    0.001,
+                    what="the trainer writing latest/model.safetensors",
+                )
+            else:
+                time.sleep(rng.uniform(0.2, 2.5))
+            during_save = writing_ckpt(pid, weights)
+            newest_before = max(snapshot_steps(run_dir), default=None)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break  # it finished first
+            in_save += during_save
+            spawns = len(records(run_dir, "spawn"))
+            spawn = wait_for(
+                lambda n=spawns: (s := records(run_dir, "spawn"))[n:] and s[n],
+                120,
+                what="the restart's spawn",
+            )
+            resumed = (spawn["resume"] or {}).get("step")
+            assert newest_before is None or resumed >= newest_before, (spawn, newest_before)
+        daemon.wait_state("finished", timeout=300)
+    assert in_save >= 2, f"only {in_save} kills landed inside the folder's save"
+    # Every restart put a whole snapshot folder back over the torn one it found.
+    restored = records(run_dir, "snapshot_restored")
+    assert len(restored) >= 6
+    log = (run_dir / "training.log").read_text()
+    for record in restored:
+        assert f"resumed from step {record['step']}" in log
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "train.py").write_text(FOLDER_TRAINER)
+    subprocess.run(
+        [PYTHON, "train.py", *args], cwd=alone, check=True, timeout=600, env={**os.environ, **ENV}
+    )
+    uninterrupted = folder_final(alone)
+    for key, value in folder_final(run_dir).items():
+        assert torch.equal(value, uninterrupted[key]), key
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    newest = sorted(set(snapshot_steps(run_dir)))[-3:]
+    assert newest[-1] == 120
+    assert names == [".snapshots", *sorted(f"checkpoint-{s}" for s in newest), "latest"]
+
+
+def test_a_torn_fixed_folder_at_restart_is_replaced_by_the_snapshot(tmp_path: Path) -> None:
+    run_dir = folder_run(
+        tmp_path / "run",
+        *("--steps", "40", "--save-every", "10", "--tear-at", "30", "--pad", "1000"),
+        *("--sleep", "0.1"),
+        keep_last=2,
+    )
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("finished", timeout=300)
+    kinds = [r["kind"] for r in journal(run_dir)]
+    before_crash = journal(run_dir)[: kinds.index("crash")]
+    assert [r["step"] for r in before_crash if r["kind"] == "snapshot_taken"] == [10, 20]
+    assert [r["step"] for r in records(run_dir, "snapshot_restored")] == [20]
+    assert [r["resume"]["step"] for r in records(run_dir, "spawn") if r["resume"]] == [20]
+    assert "resumed from step 20" in (run_dir / "training.log").read_text()
+    assert snapshot_steps(run_dir)[-2:] == [30, 40]
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == [".snapshots", "checkpoint-30", "checkpoint-40", "latest"]

@@ -1,25 +1,33 @@
-"""Snapshots of an in-place trainer's fixed file ([checkpoints] fixed): the copy, the
-verdict before anything is renamed into the checkpoint directory, the atomic restore, the
-config's checks, and the watcher's report of a write to the fixed file."""
+"""Snapshots of an in-place trainer's fixed file or folder ([checkpoints] fixed): the copy,
+the verdict before anything is renamed into the checkpoint directory, the atomic restore
+(of a folder: through a kill at any step of the swap), the config's checks, and the
+watcher's report of a write to the fixed file or of a commit of the fixed folder."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
+import shutil
+import struct
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support import PYTHON, make_run
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
+from trainwarden.plugins.formats.hf_trainer import HfTrainer
 from trainwarden.supervisor.config import load_config
 from trainwarden.supervisor.errors import CheckpointInvalid, ConfigError
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.shell.snapshots import fixed_file
-from trainwarden.supervisor.store import snapshots
+from trainwarden.supervisor.store import fixed_folder, snapshots
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.fixed_folder import FixedFolder, step_reader
 from trainwarden.supervisor.store.snapshots import (
     STAGING,
     FixedFile,
@@ -235,7 +243,7 @@ def test_a_fixed_folder_is_refused(tmp_path: Path):
 
     cfg = load_config(run_with(tmp_path, fixed="out", step_key="iter_num"), check_plugins=False)
     (cfg.checkpoint_dir / "out").mkdir(parents=True)
-    with pytest.raises(ConfigError, match="is a folder"):
+    with pytest.raises(ConfigError, match="is a folder.*fixed_commit_file"):
         fixed_file(cfg, CheckpointStore(cfg.checkpoint_dir, TorchPt()))
 
 
@@ -377,3 +385,368 @@ async def test_a_snapshot_that_fails_is_journaled_and_never_breaks_a_start(tmp_p
     assert kinds == ["snapshot_failed", "quarantine", "snapshot_restore_failed"]
     assert refused is not None and "step_000010.bin" in refused
     assert (store.dir / "quarantine" / "ckpt.bin").read_bytes() == b"written in place"
+
+
+# ------------------------------------------------------------------ a fixed folder
+
+
+def safetensors_bytes(values: list[float]) -> bytes:
+    """A safetensors file holding one F32 tensor, written by hand."""
+    header = json.dumps(
+        {"w": {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, 4 * len(values)]}}
+    ).encode()
+    return struct.pack("<Q", len(header)) + header + struct.pack(f"<{len(values)}f", *values)
+
+
+def hf_store(tmp_path: Path) -> CheckpointStore:
+    store = CheckpointStore(tmp_path / "checkpoints", HfTrainer({"required_files": []}))
+    store.ensure()
+    return store
+
+
+def folder_of(store: CheckpointStore) -> FixedFolder:
+    reader = step_reader("trainer_state.json", "global_step", None)
+    return FixedFolder(store.dir, "latest", store.fmt, "trainer_state.json", reader)
+
+
+def save_folder(folder: Path, step: int, *, n: int = 64) -> dict[str, bytes]:
+    """What a trainer's save_pretrained-like write leaves: the weights, then the state."""
+    folder.mkdir(exist_ok=True)
+    files = {
+        "model.safetensors": safetensors_bytes([float(step)] * n),
+        "trainer_state.json": json.dumps({"global_step": step}).encode(),
+    }
+    for name, data in files.items():  # plain writes in place, the state last
+        with open(folder / name, "wb") as file:
+            file.write(data)
+    return files
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def later(path: Path) -> None:
+    """Make `path` newer than everything written so far (coarse clocks tick slowly)."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, time.time_ns() + 10**9))
+
+
+def test_a_committed_version_of_a_fixed_folder_becomes_a_snapshot_folder(tmp_path: Path):
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    files = save_folder(fixed.path, 20)
+    taken = fixed.take()
+    assert (taken.outcome, taken.step, taken.name) == ("taken", 20, "checkpoint-20")
+    assert contents(store.dir / "checkpoint-20") == files
+    assert store.scan() == (["checkpoint-20"], [])
+    assert store.verify("checkpoint-20").step == 20
+    assert os.listdir(store.dir / STAGING) == []
+    assert fixed.take().outcome == "known"
+    files = save_folder(fixed.path, 30)
+    assert fixed.take().name == "checkpoint-30"
+    assert contents(store.dir / "checkpoint-30") == files
+    assert contents(store.dir / "checkpoint-20") != files
+
+
+@pytest.mark.parametrize("damage", ["truncated", "new weights, old state", "no state", "torn"])
+def test_a_torn_fixed_folder_is_never_snapshotted(tmp_path: Path, damage: str):
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    save_folder(fixed.path, 20)
+    weights = fixed.path / "model.safetensors"
+    new = safetensors_bytes([30.0] * 64)
+    if damage == "truncated":  # killed while the weights of the next save were written
+        weights.write_bytes(new[: len(new) // 2])
+        later(weights)
+    elif damage == "new weights, old state":  # killed before the state was written
+        weights.write_bytes(new)
+        later(weights)
+    elif damage == "no state":
+        (fixed.path / "trainer_state.json").unlink()
+    else:  # the weights torn, then a state written after them: verification catches it
+        weights.write_bytes(new[:100])
+        (fixed.path / "trainer_state.json").write_text('{"global_step": 30}')
+        later(fixed.path / "trainer_state.json")
+    taken = fixed.take()
+    assert taken.outcome == "rejected", taken
+    assert taken.reason.startswith("latest/: ")
+    assert store.scan() == ([], [])
+    assert sorted(os.listdir(store.dir)) == [STAGING, "latest"]
+    assert os.listdir(store.dir / STAGING) == []
+
+
+def test_a_fixed_folder_written_while_it_is_copied_is_not_snapshotted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    save_folder(fixed.path, 20)
+    copy = fixed_folder.copy_folder
+
+    def copy_then_save(*args: Any) -> str:
+        how = copy(*args)
+        save_folder(fixed.path, 30, n=65)  # the next save, under way meanwhile
+        return how
+
+    monkeypatch.setattr(fixed_folder, "copy_folder", copy_then_save)
+    taken = fixed.take()
+    assert taken.outcome == "rejected"
+    assert "changed while it was copied" in taken.reason
+    assert store.scan() == ([], [])
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two renames"])
+def test_restore_swaps_a_whole_folder_in_for_a_torn_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+):
+    if not exchange:
+        monkeypatch.setattr(fixed_folder, "exchange", lambda a, b: False)
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    good = save_folder(fixed.path, 20)
+    fixed.take()
+    (fixed.path / "model.safetensors").write_bytes(b"torn")
+    (fixed.path / "extra.bin").write_bytes(b"a file of the torn save")
+    assert fixed.restore("checkpoint-20") in ("reflink", "copy")
+    assert contents(fixed.path) == good  # whole: nothing of the torn folder left in it
+    assert contents(store.dir / "checkpoint-20") == good
+    assert sorted(os.listdir(store.dir)) == [STAGING, "checkpoint-20", "latest"]
+    assert os.listdir(store.dir / STAGING) == []
+    # What was put back is no new version; the trainer's next save is.
+    assert fixed.take() == snapshots.Taken("known")
+    save_folder(fixed.path, 30)
+    assert fixed.take().name == "checkpoint-30"
+
+
+def test_restore_into_no_fixed_folder(tmp_path: Path):
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    good = save_folder(fixed.path, 20)
+    fixed.take()
+    shutil.rmtree(fixed.path)
+    fixed.restore("checkpoint-20")
+    assert contents(fixed.path) == good
+
+
+def test_a_kill_at_any_step_of_a_restore_leaves_a_whole_folder(tmp_path: Path):
+    """A daemon killed between the steps of a swap (each step called alone, then a new
+    daemon's FixedFolder): the fixed name holds the old folder or the new one, whole."""
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    new = save_folder(fixed.path, 20)
+    fixed.take()
+    old = save_folder(fixed.path, 30, n=65)
+
+    def after_restart() -> dict[str, bytes]:
+        again = folder_of(store)
+        assert again.take().outcome in ("known", "taken")  # recovers first
+        assert os.listdir(store.dir / STAGING) == []
+        return contents(fixed.path)
+
+    # Killed while the snapshot was copied into staging: the old folder is untouched.
+    fixed.stage_restore("checkpoint-20")
+    assert after_restart() == old
+    # Killed after the old folder was renamed aside, before the new one was renamed in.
+    restoring, _ = fixed.stage_restore("checkpoint-20")
+    os.rename(fixed.path, store.dir / STAGING / fixed_folder.ASIDE)
+    assert not fixed.path.exists()
+    assert after_restart() == old
+    # Killed after the swap, before the old folder was removed from staging.
+    restoring, _ = fixed.stage_restore("checkpoint-20")
+    fixed.swap_in(restoring, exchange_names=False)
+    assert after_restart() == new
+    save_folder(fixed.path, 30, n=65)
+    restoring, _ = fixed.stage_restore("checkpoint-20")
+    fixed.swap_in(restoring)
+    assert after_restart() == new
+
+
+def test_the_step_of_a_fixed_folder(tmp_path: Path):
+    (tmp_path / "state.json").write_text('{"global_step": 40, "epoch": 1.5}')
+    assert step_reader("state.json", "global_step", None)(tmp_path) == 40
+    assert step_reader("state.json", None, r'"global_step": (\d+)')(tmp_path) == 40
+    for text in ('{"global_step": "40"}', '{"epoch": 1}', "[40]", '{"global_step": tr'):
+        (tmp_path / "state.json").write_text(text)
+        with pytest.raises(CheckpointInvalid):
+            step_reader("state.json", "global_step", None)(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("keys", "complaint"),
+    [
+        ({"fixed_commit_file": "trainer_state.json"}, "'checkpoints.fixed_commit_file'"),
+        (
+            {"fixed": "latest", "fixed_commit_file": "a/b.json", "step_key": "global_step"},
+            "'checkpoints.fixed_commit_file'",
+        ),
+    ],
+)
+def test_bad_fixed_folder_settings_are_one_line_config_errors(
+    tmp_path: Path, keys: dict[str, object], complaint: str
+):
+    with pytest.raises(ConfigError) as caught:
+        load_config(run_with(tmp_path, **keys), check_plugins=False)
+    assert complaint in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "commit", "complaint"),
+    [
+        ("hf-trainer", "state.json", "does not take"),
+        ("andrea-bin", "state.json", "does not take"),
+    ],
+)
+def test_a_fixed_folder_needs_snapshot_names_its_format_commits(
+    tmp_path: Path, fmt: str, commit: str, complaint: str
+):
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "train.py"],
+        checkpoints={
+            "format": fmt,
+            "fixed": "latest",
+            "fixed_commit_file": commit,
+            "step_key": "global_step",
+        },
+    )
+    cfg = load_config(run_dir, check_plugins=False)
+    plugin = HfTrainer() if fmt == "hf-trainer" else AndreaBin()
+    with pytest.raises(ConfigError, match=complaint):
+        fixed_file(cfg, CheckpointStore(cfg.checkpoint_dir, plugin))
+
+
+def test_a_fixed_folder_with_its_commit_file_is_accepted(tmp_path: Path):
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "train.py"],
+        checkpoints={
+            "format": "hf-trainer",
+            "fixed": "latest",
+            "fixed_commit_file": "trainer_state.json",
+            "step_key": "global_step",
+        },
+    )
+    cfg = load_config(run_dir, check_plugins=False)
+    (cfg.checkpoint_dir / "latest").mkdir(parents=True)
+    made = fixed_file(cfg, CheckpointStore(cfg.checkpoint_dir, HfTrainer()))
+    assert isinstance(made, FixedFolder)
+    assert made.path == cfg.checkpoint_dir / "latest"
+
+
+async def test_the_watcher_reports_commits_of_the_fixed_folder(tmp_path: Path):
+    store = hf_store(tmp_path)
+    fixed: list[str] = []
+    committed: list[str] = []
+    writing: list[int] = []
+    watcher = CheckpointWatcher(
+        store,
+        asyncio.get_running_loop(),
+        on_committed=committed.append,
+        on_writing=lambda: writing.append(1),
+        fixed="latest",
+        on_fixed=lambda: fixed.append("written"),
+        fixed_commit_file="trainer_state.json",
+    )
+    watcher.start()
+    try:
+        folder = store.dir / "latest"
+        await asyncio.to_thread(folder.mkdir)
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(save_folder, folder, 10)
+        await wait(lambda: "written" in fixed)
+        assert writing  # the weights' write is a save in progress
+        count = len(fixed)
+        await asyncio.to_thread((folder / "model.safetensors").write_bytes, b"more")
+        await asyncio.sleep(0.3)
+        assert len(fixed) == count  # only the commit file's close is a new version
+        await asyncio.to_thread((folder / "trainer_state.json").write_text, "{}")
+        await wait(lambda: len(fixed) == count + 1)
+        # A whole folder swapped in for it (a restore: RENAME_EXCHANGE reports the new
+        # folder's arrival before the old one's leaving) is reported, and watched.
+        other = store.dir / STAGING
+        other.mkdir()
+        await asyncio.to_thread(save_folder, other / "restoring", 20)
+        assert await asyncio.to_thread(fixed_folder.exchange, other / "restoring", folder)
+        await wait(lambda: len(fixed) == count + 2)
+        await asyncio.to_thread(shutil.rmtree, other / "restoring")
+        await asyncio.to_thread(save_folder, folder, 30)
+        await wait(lambda: len(fixed) == count + 3)
+        # And so is one renamed onto the fixed name after the old one was renamed away.
+        await asyncio.to_thread(save_folder, other / "restoring", 40)
+        await asyncio.to_thread(os.rename, folder, other / "aside")
+        await asyncio.to_thread(os.rename, other / "restoring", folder)
+        await wait(lambda: len(fixed) == count + 4)
+        await asyncio.to_thread(save_folder, folder, 50)
+        await wait(lambda: len(fixed) == count + 5)
+        assert committed == []
+    finally:
+        watcher.stop()
+
+
+async def test_a_write_seen_during_a_restore_is_looked_at_after_it(tmp_path: Path):
+    """The restore's own rename onto the fixed name reaches the watcher while the restore
+    still runs: the snapshot it asks for waits, never running beside the restore."""
+    from trainwarden.supervisor.core.state import Ckpt
+    from trainwarden.supervisor.shell.snapshots import Snapshots
+    from trainwarden.supervisor.store.journal import Journal
+
+    store = hf_store(tmp_path)
+    loop = asyncio.get_running_loop()
+    running: list[str] = []
+    overlaps: list[str] = []
+
+    class Watched(FixedFolder):
+        def restore(self, name: str) -> str:
+            running.append("restore")
+            try:
+                how = super().restore(name)
+                loop.call_soon_threadsafe(taking.written)  # the swap's IN_MOVED_TO
+                time.sleep(0.3)  # what is left of the restore: fsyncs, removing the old folder
+                return how
+            finally:
+                running.remove("restore")
+
+        def take(self) -> snapshots.Taken:
+            if running:
+                overlaps.append("take during " + running[0])
+            taken = super().take()
+            taken_outcomes.append(taken.outcome)
+            return taken
+
+    taken_outcomes: list[str] = []
+    reader = step_reader("trainer_state.json", "global_step", None)
+    fixed = Watched(store.dir, "latest", store.fmt, "trainer_state.json", reader)
+    save_folder(fixed.path, 20)
+    journal = Journal(tmp_path / "journal.jsonl")
+    taking = Snapshots(fixed, store, journal)
+    taking.written()
+    await taking.settle()
+    save_folder(fixed.path, 30, n=65)
+    assert await taking.prepare(Ckpt(20, "checkpoint-20", 100)) is None
+    await asyncio.sleep(0.1)
+    await taking.settle()
+    journal.close()
+    assert overlaps == []
+    assert taken_outcomes == ["taken", "known"]  # looked at after the restore: its own copy
+
+
+async def test_a_fresh_start_moves_a_torn_fixed_folder_to_quarantine(tmp_path: Path):
+    from trainwarden.supervisor.shell.snapshots import Snapshots
+    from trainwarden.supervisor.store.journal import Journal, read_records
+
+    store = hf_store(tmp_path)
+    fixed = folder_of(store)
+    files = save_folder(fixed.path, 20)
+    (fixed.path / "trainer_state.json").unlink()  # a save torn before its commit file
+    journal = Journal(tmp_path / "journal.jsonl")
+    taking = Snapshots(fixed, store, journal)
+    await taking.boot()
+    assert await taking.prepare(None) is None
+    journal.close()
+    kinds = [r["kind"] for r in read_records(tmp_path / "journal.jsonl")]
+    assert kinds == ["fixed_write_rejected", "quarantine"]
+    assert not fixed.path.exists()
+    moved = store.dir / "quarantine" / "latest"
+    assert contents(moved) == {"model.safetensors": files["model.safetensors"]}
