@@ -251,3 +251,17 @@ def test_no_module_imports_a_source_folder_by_its_bare_name():
     assert not wrong, (
         "bare top-level imports (installed only as trainwarden.<name>):\n  " + "\n  ".join(wrong)
     )
+
+
+def test_the_integrations_reach_into_the_daemon_only_for_the_contract():
+    """They run inside other people's trainers: the trainer contract's names, nothing that
+    would drag the daemon's modules (or its dependencies) into the trainer's process."""
+    wrong = [
+        str(imp)
+        for imp in imports()
+        if within(imp.importer, "trainwarden.integrations")
+        and within(imp.target, "trainwarden")
+        and not within(imp.target, "trainwarden.integrations")
+        and not within(imp.target, "trainwarden.supervisor.contract")
+    ]
+    assert not wrong, "the integrations import more than the contract:\n  " + "\n  ".join(wrong)
