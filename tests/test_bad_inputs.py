@@ -232,6 +232,41 @@ CATALOGUE: list[Bad] = [
     ),
     Bad("config", "cwd a number", TRAINER_OK + "cwd = 3\n", "'trainer.cwd' = 3 is invalid"),
     Bad("config", "cwd with a NUL", TRAINER_OK + 'cwd = "a\\u0000b"\n', "contains a NUL byte"),
+    # [checkpoints] fixed (in-place trainers): one name in the checkpoint directory, and
+    # exactly one of step_key / step_regex saying where its step is.
+    Bad(
+        "config",
+        "fixed with a slash",
+        TRAINER_OK
+        + "[checkpoints]\nformat = 'torch-pt'\nfixed = 'out/ckpt.pt'\nstep_key = 'iter_num'\n",
+        "'checkpoints.fixed' = 'out/ckpt.pt' is invalid",
+    ),
+    Bad(
+        "config",
+        "fixed without a step",
+        TRAINER_OK + "[checkpoints]\nformat = 'torch-pt'\nfixed = 'ckpt.pt'\n",
+        "one of step_key",
+    ),
+    Bad(
+        "config",
+        "step_key without fixed",
+        TRAINER_OK + "[checkpoints]\nformat = 'torch-pt'\nstep_key = 'iter_num'\n",
+        "'checkpoints.step_key' = 'iter_num' is invalid",
+    ),
+    Bad(
+        "config",
+        "step_regex without a group",
+        TRAINER_OK + "[checkpoints]\nfixed = 'ckpt.bin'\nstep_regex = 'step=\\d+'\n",
+        "'checkpoints.step_regex'",
+    ),
+    Bad(
+        "config",
+        "fixed_commit_file with a slash",
+        TRAINER_OK
+        + "[checkpoints]\nformat = 'hf-trainer'\nfixed = 'latest'\n"
+        + "fixed_commit_file = 'a/b.json'\nstep_key = 'global_step'\n",
+        "'checkpoints.fixed_commit_file' = 'a/b.json' is invalid",
+    ),
     Bad(
         "config",
         "unknown format plugin",
