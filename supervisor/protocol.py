@@ -611,3 +611,9 @@ STATE_KEYS: Final[tuple[str, ...]] = tuple(StateView.__annotations__)
 """The fields of status that are the state topic's."""
 TELEMETRY_KEYS: Final[tuple[str, ...]] = tuple(Telemetry.__annotations__)
 """The fields of status that are the telemetry topic's."""
+TELEMETRY_NOTICES: Final[tuple[str, ...]] = (
+    "resume_audit",
+    "parser_no_match",
+    "checkpoints_unrecognised",
+)
+"""The telemetry fields that are notices for the user (a client shows them apart)."""

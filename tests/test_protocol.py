@@ -14,6 +14,7 @@ from tests.support import (
     belongs_to_run,
     kill_quietly,
     make_run,
+    poll,
     running_daemon,
     wait_for,
 )
@@ -216,15 +217,35 @@ def test_the_types_match_what_a_live_daemon_sends(tmp_path: Path):
 
             assert_shape(daemon.request("save"), SaveRequested, "save")
             # A trainer killed from outside restarts from its newest checkpoint and replays
-            # steps, so a resume audit follows.
-            pid = daemon.status()["trainer_pid"]
-            assert belongs_to_run(pid, daemon.run_dir)
-            kill_quietly(pid)
-            status = wait_for(
-                lambda: (s := daemon.status())["resume_audit"] and s["state"] == "running" and s,
-                60,
-                what="the restart's resume audit",
-            )
+            # the steps logged since, so a resume audit follows. A kill that lands right
+            # after a commit (the save's, or a periodic one) leaves nothing to replay: then
+            # kill the next start again.
+            status = None
+            for _ in range(5):
+                running = wait_for(
+                    lambda: (
+                        (s := daemon.status())["state"] == "running"
+                        and (s["step"] or 0) >= (s["last_checkpoint_step"] or 0) + 2
+                        and s
+                    ),
+                    60,
+                    what="steps logged beyond the newest checkpoint",
+                )
+                pid = running["trainer_pid"]
+                assert belongs_to_run(pid, daemon.run_dir)
+                kill_quietly(pid)
+                status = poll(
+                    lambda seg=running["seg"]: (
+                        (s := daemon.status())["resume_audit"]
+                        and s["seg"] > seg
+                        and s["state"] == "running"
+                        and s
+                    ),
+                    15,
+                )
+                if status:
+                    break
+            assert status, "no restart replayed a step: " + str(daemon.status())
             check_status(status)
             history = daemon.request("history", points=50)
             assert history["markers"]

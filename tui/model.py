@@ -14,12 +14,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainwarden.supervisor.protocol import STATE_KEYS, TELEMETRY_KEYS
+from trainwarden.supervisor.protocol import STATE_KEYS, TELEMETRY_KEYS, TELEMETRY_NOTICES
 
 EVENTS_KEPT = 200
 
-HEADER_TELEMETRY = ("resume_audit", "parser_no_match", "checkpoints_unrecognised")
-"""Telemetry fields the header shows: a frame that changes one redraws it."""
 PANELS = ("header", "telemetry", "chart", "gpu", "checkpoints", "bandit", "events")
 
 
@@ -137,7 +135,8 @@ class RunModel:
         now = self.clock.monotonic()
         if topic == "telemetry" and isinstance(data, dict):
             before = self.telemetry.value or {}
-            header_changed = any(data.get(key) != before.get(key) for key in HEADER_TELEMETRY)
+            # The header shows the notices: a frame that changes one redraws it.
+            header_changed = any(data.get(key) != before.get(key) for key in TELEMETRY_NOTICES)
             self.telemetry = Stamped(data, now)
             self.touch("telemetry", *(("header",) if header_changed else ()))
         elif topic == "state" and isinstance(data, dict):
