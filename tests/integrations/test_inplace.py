@@ -156,49 +156,55 @@ def live_trainer(run_dir: Path, previous: int | None) -> int:
     return wait_for(found, 120, 0.01, what="a new trainer")
 
 
+def kill_at_random_and_in_saves(run_dir: Path, written: Path, kills: int, seed: int) -> int:
+    """SIGKILL the trainer `kills` times: every other kill inside a save (while `written`
+    is open for writing, once this start has saved a version), the others at random
+    moments. Each restart must resume from the newest snapshot taken before its kill (or
+    from one of a save that completed just before it). Returns the kills inside a save."""
+    rng = random.Random(seed)
+    in_save = 0
+    pid: int | None = None
+    for kill in range(kills):
+        pid = live_trainer(run_dir, pid)
+        resumed_from = (records(run_dir, "spawn")[-1]["resume"] or {}).get("step") or 0
+        if kill % 2 == 0:
+            wait_for(
+                lambda r=resumed_from: max(snapshot_steps(run_dir), default=0) > r,
+                120,
+                what="a snapshot of this start",
+            )
+            wait_for(
+                lambda p=pid: writing_ckpt(p, written) or not os.path.exists(f"/proc/{p}"),
+                120,
+                0.001,
+                what=f"the trainer writing {written.name}",
+            )
+        else:
+            time.sleep(rng.uniform(0.2, 2.5))
+        during_save = writing_ckpt(pid, written)
+        newest_before = max(snapshot_steps(run_dir), default=None)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            break  # it finished first
+        in_save += during_save
+        spawns = len(records(run_dir, "spawn"))
+        spawn = wait_for(
+            lambda n=spawns: (s := records(run_dir, "spawn"))[n:] and s[n],
+            120,
+            what="the restart's spawn",
+        )
+        resumed = (spawn["resume"] or {}).get("step")
+        assert newest_before is None or resumed >= newest_before, (spawn, newest_before)
+    return in_save
+
+
 def test_kills_at_random_moments_and_in_torch_save_lose_no_snapshot(tmp_path: Path) -> None:
     args = ("--steps", "150", "--save-every", "10", "--sleep", "0.05")
     run_dir = inplace_run(tmp_path / "run", *args)
     ckpt = (run_dir / "checkpoints" / "ckpt.pt").resolve()
-    rng = random.Random(19)
-    in_save = 0
     with running_daemon(run_dir) as daemon:
-        pid: int | None = None
-        for kill in range(8):
-            pid = live_trainer(run_dir, pid)
-            resumed_from = (records(run_dir, "spawn")[-1]["resume"] or {}).get("step") or 0
-            if kill % 2 == 0:
-                # Once this start has saved (so the run moves on), kill it inside a save.
-                wait_for(
-                    lambda r=resumed_from: max(snapshot_steps(run_dir), default=0) > r,
-                    120,
-                    what="a snapshot of this start",
-                )
-                wait_for(
-                    lambda p=pid: writing_ckpt(p, ckpt) or not os.path.exists(f"/proc/{p}"),
-                    120,
-                    0.001,
-                    what="torch.save writing ckpt.pt",
-                )
-            else:
-                time.sleep(rng.uniform(0.2, 2.5))
-            during_save = writing_ckpt(pid, ckpt)
-            newest_before = max(snapshot_steps(run_dir), default=None)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break  # it finished first
-            in_save += during_save
-            spawns = len(records(run_dir, "spawn"))
-            spawn = wait_for(
-                lambda n=spawns: (s := records(run_dir, "spawn"))[n:] and s[n],
-                120,
-                what="the restart's spawn",
-            )
-            resumed = (spawn["resume"] or {}).get("step")
-            # Nothing verified is lost: the restart resumes from the newest snapshot (or
-            # from one taken of a save that completed just before the kill).
-            assert newest_before is None or resumed >= newest_before, (spawn, newest_before)
+        in_save = kill_at_random_and_in_saves(run_dir, ckpt, kills=8, seed=19)
         daemon.wait_state("finished", timeout=300)
     assert in_save >= 3, f"only {in_save} kills landed inside torch.save"
     # A kill inside torch.save leaves a torn ckpt.pt: journaled, never snapshotted.
@@ -390,43 +396,8 @@ def test_kills_while_a_fixed_folder_is_rewritten_lose_no_snapshot(tmp_path: Path
     args = ("--steps", "120", "--save-every", "10", "--sleep", "0.05")
     run_dir = folder_run(tmp_path / "run", *args)
     weights = (run_dir / "checkpoints" / "latest" / "model.safetensors").resolve()
-    rng = random.Random(23)
-    in_save = 0
     with running_daemon(run_dir) as daemon:
-        pid: int | None = None
-        for kill in range(6):
-            pid = live_trainer(run_dir, pid)
-            resumed_from = (records(run_dir, "spawn")[-1]["resume"] or {}).get("step") or 0
-            if kill % 2 == 0:
-                # Once this start has saved (so the run moves on), kill it inside a save.
-                wait_for(
-                    lambda r=resumed_from: max(snapshot_steps(run_dir), default=0) > r,
-                    120,
-                    what="a snapshot of this start",
-                )
-                wait_for(
-                    lambda p=pid: writing_ckpt(p, weights) or not os.path.exists(f"/proc/{p}"),
-                    120,
-                    0.001,
-                    what="the trainer writing latest/model.safetensors",
-                )
-            else:
-                time.sleep(rng.uniform(0.2, 2.5))
-            during_save = writing_ckpt(pid, weights)
-            newest_before = max(snapshot_steps(run_dir), default=None)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break  # it finished first
-            in_save += during_save
-            spawns = len(records(run_dir, "spawn"))
-            spawn = wait_for(
-                lambda n=spawns: (s := records(run_dir, "spawn"))[n:] and s[n],
-                120,
-                what="the restart's spawn",
-            )
-            resumed = (spawn["resume"] or {}).get("step")
-            assert newest_before is None or resumed >= newest_before, (spawn, newest_before)
+        in_save = kill_at_random_and_in_saves(run_dir, weights, kills=6, seed=23)
         daemon.wait_state("finished", timeout=300)
     assert in_save >= 2, f"only {in_save} kills landed inside the folder's save"
     # Every restart put a whole snapshot folder back over the torn one it found.
