@@ -2,10 +2,10 @@
 does not read: the `[checkpoints]` option that would match the name. Pure: names in,
 one line out.
 
-    ckpt.pt (no step in it)        fixed = "ckpt.pt" (a file saved in place)
+    ckpt.pt (no step in it)        fixed = "ckpt.pt" and step_key (a file saved in place)
     iter_600.pt                    options = { pattern = '^iter_(\\d+)\\.pt$' }
     checkpoint-600/                format = "hf-trainer"
-    epoch=0-step=600.ckpt          format = "torch-pt", options = { pattern = ... } (Lightning)
+    epoch=0-step=600.ckpt          format = "torch-pt", options = { preset = "lightning" }
     model_00000600.bin, DONE_...   format = "llmc"
 """
 
@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import re
 
+from trainwarden.supervisor.contract import LIGHTNING_CHECKPOINT_PATTERN
+
 HF_FOLDER = re.compile(r"^(?:tmp-)?checkpoint-\d+$")
 LLMC_NAME = re.compile(r"^(?:DONE_\d{8,}|model_\d{8,}\.bin|state_\d{8,}_\d{5,}\.bin)$")
 DIGITS = re.compile(r"\d+")
 STEP_DIGITS = re.compile(r"(?:step|iter|it|global_step)[=_-]?(\d+)", re.IGNORECASE)
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 LIGHTNING_SUFFIX = ".ckpt"
+LIGHTNING_NAME = re.compile(LIGHTNING_CHECKPOINT_PATTERN)
 
 
 def _escape(text: str) -> str:
@@ -67,7 +70,16 @@ def unrecognised_hint(name: str, is_dir: bool, fmt: str) -> str:
     if is_dir or not name.endswith(TORCH_SUFFIXES):
         return f'{head}; see README, "Other checkpoint formats"'
     if pattern is None:
-        return f"{head}; a file saved in place: set [checkpoints] fixed = {_toml_basic(name)}"
+        prefix = "" if fmt == "torch-pt" else 'format = "torch-pt" and '
+        return (
+            f"{head}; a file saved in place, its step under a key such as iter_num: set "
+            f'[checkpoints] {prefix}fixed = {_toml_basic(name)} and step_key = "iter_num"'
+        )
+    if LIGHTNING_NAME.match(name):
+        return (
+            f'{head}; a Lightning checkpoint: set [checkpoints] format = "torch-pt" and '
+            'options = { preset = "lightning" }'
+        )
     options = f"options = {{ pattern = {_toml_literal(pattern)} }}"
     if name.endswith(LIGHTNING_SUFFIX):
         return (

@@ -17,7 +17,12 @@ def option(hint: str) -> str:
 def test_a_fixed_file_names_the_in_place_option():
     hint = unrecognised_hint("ckpt.pt", False, "torch-pt")
     assert hint.startswith("ckpt.pt matches no checkpoint name of format torch-pt")
-    assert option(hint) == 'a file saved in place: set [checkpoints] fixed = "ckpt.pt"'
+    assert option(hint) == (
+        "a file saved in place, its step under a key such as iter_num: "
+        'set [checkpoints] fixed = "ckpt.pt" and step_key = "iter_num"'
+    )
+    hint = unrecognised_hint("ckpt.pt", False, "andrea-bin")
+    assert 'set [checkpoints] format = "torch-pt" and fixed = "ckpt.pt"' in option(hint)
 
 
 def test_a_step_in_another_name_names_a_pattern_that_matches_it():
@@ -33,11 +38,19 @@ def test_a_trainer_folder_names_hf_trainer():
     assert option(hint).endswith('set [checkpoints] format = "hf-trainer"')
 
 
-def test_a_lightning_name_names_torch_pt_with_its_pattern():
-    hint = unrecognised_hint("epoch=0-step=600.ckpt", False, "andrea-bin")
+def test_a_lightning_name_names_the_lightning_preset():
+    for name in ("epoch=0-step=600.ckpt", "step=000600.ckpt"):
+        assert option(unrecognised_hint(name, False, "andrea-bin")) == (
+            'a Lightning checkpoint: set [checkpoints] format = "torch-pt" and '
+            'options = { preset = "lightning" }'
+        )
+
+
+def test_another_ckpt_name_names_torch_pt_with_its_pattern():
+    hint = unrecognised_hint("last-600.ckpt", False, "andrea-bin")
     assert option(hint) == (
         'a Lightning checkpoint: set [checkpoints] format = "torch-pt" and '
-        r"options = { pattern = '^epoch=\d+-step=(\d+)\.ckpt$' }"
+        r"options = { pattern = '^last-(\d+)\.ckpt$' }"
     )
 
 
@@ -74,4 +87,5 @@ def test_names_with_quotes_stay_valid_toml():
 
     for name in ('ck"pt.pt', "it'_1.pt"):
         setting = option(unrecognised_hint(name, False, "torch-pt")).split("set [checkpoints] ")[1]
-        tomllib.loads(setting)
+        for key_value in setting.split(" and "):
+            tomllib.loads(key_value)
