@@ -27,9 +27,12 @@ Outside the daemon the callback installs nothing and changes nothing, and
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -37,6 +40,21 @@ from trainwarden.integrations.loop import Requests, any_rank, under_daemon
 from trainwarden.supervisor.contract import ENV_RESUME
 
 INSTALL_HINT = "pip install 'trainwarden[hf]'"
+
+
+def _close_process_group() -> None:
+    """Destroy torch.distributed's default group if the script left it (at exit).
+
+    The Trainer never destroys the group it joined; with gloo, a worker whose group is
+    still alive when the interpreter exits can abort in its C++ teardown ("terminate
+    called without an active exception", SIGABRT) after a clean `train()`, which the agent
+    and then the daemon would report as a crash of a run that had saved and stopped.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
 
 
 def resume_from_checkpoint(default: str | bool | None = None) -> str | bool | None:
@@ -117,6 +135,11 @@ class TrainwardenCallback:
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.install_handlers()
+        if self.active and args.world_size > 1:
+            # Registered once training runs, so it runs before the interpreter tears down
+            # torch (atexit handlers run last-registered first).
+            atexit.unregister(_close_process_group)
+            atexit.register(_close_process_group)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.active:

@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.integrations.ranks import agreed, workers
 from tests.integrations.test_hf import OFFLINE, TRAIN_SCRIPT, spawns, trainer_state, wait_step
 from tests.support import (
     PYTHON,
@@ -60,24 +61,6 @@ def torchrun_hf_run(run: Path) -> Path:
         telemetry={"parser": "hf-trainer", "logging_steps": 1},
         restart={"backoff_initial_s": 300.0, "backoff_max_s": 300.0, "stall_timeout_s": 300.0},
     )
-
-
-def seen(run: Path, rank: int) -> list[str]:
-    path = run / "seen" / f"rank{rank}.log"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def workers(run: Path) -> list[int]:
-    return [int(p.read_text()) for p in sorted((run / "seen").glob("rank*.pid"))]
-
-
-def agreed(run: Path, count: int) -> list[str]:
-    """The first `count` events, once both ranks have recorded them (the same on both)."""
-    mine, theirs = seen(run, 0), seen(run, 1)
-    if len(mine) < count or len(theirs) < count:
-        return []
-    assert mine[:count] == theirs[:count], f"ranks disagree: {mine} vs {theirs}"
-    return mine[:count]
 
 
 def complete(run: Path, step: int) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integrations.ranks import agreed, workers
 from tests.support import (
     PYTHON,
     REPO,
@@ -122,27 +123,8 @@ def torchrun_loop_run(run_dir: Path) -> Path:
     )
 
 
-def seen(run_dir: Path, rank: int) -> list[str]:
-    """What rank `rank` saw, one `save ITER` / `stop ITER` per request, in order."""
-    path = run_dir / "seen" / f"rank{rank}.log"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def workers(run_dir: Path) -> list[int]:
-    return [int(p.read_text()) for p in sorted((run_dir / "seen").glob("rank*.pid"))]
-
-
 def pt_checkpoints(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:11]) for p in (run_dir / "checkpoints").glob("ckpt_??????.pt"))
-
-
-def agreed(run_dir: Path, count: int) -> list[str]:
-    """The first `count` requests, once both ranks have recorded them (the same on both)."""
-    mine, theirs = seen(run_dir, 0), seen(run_dir, 1)
-    if len(mine) < count or len(theirs) < count:
-        return []
-    assert mine[:count] == theirs[:count], f"ranks disagree: {mine} vs {theirs}"
-    return mine[:count]
 
 
 def test_every_rank_saves_and_stops_at_the_same_iteration(tmp_path: Path):
