@@ -140,7 +140,7 @@ def test_the_daemon_journals_and_shows_the_hint(tmp_path: Path):
 
         found = wait_for(lambda: len(records()) == 2 and records(), 60, 0.1)
         hints = {r["name"]: r["hint"] for r in found}
-        assert 'set [checkpoints] fixed = "ckpt.pt" and step_key' in hints["ckpt.pt"]
+        assert 'fixed = "ckpt.pt" and step_key = "iter_num"' in hints["ckpt.pt"]
         assert "options = { pattern = '^iter_(\\d+)\\.pt$' }" in hints["iter_600.pt"]
         out = subprocess.run(
             [PYTHON, "-m", "trainwarden.supervisor", "status", str(run_dir), "--json"],
