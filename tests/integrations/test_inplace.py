@@ -87,28 +87,32 @@ torch.save({"model": model.state_dict()}, "final.pt")
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def inplace_run(run_dir: Path, *args: str, keep_last: int = 3) -> Path:
+def in_place_run(
+    run_dir: Path, script: str, args: tuple[str, ...], checkpoints: dict[str, Any], parser: str
+) -> Path:
+    """A run of a trainer written by the test that rewrites its checkpoint in place and
+    resumes from it only when given --resume; restarted at once, many times if need be."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "train.py").write_text(INPLACE_TRAINER)
+    (run_dir / "train.py").write_text(script)
     return make_run(
         run_dir,
         [PYTHON, "train.py", *args],
         run={"name": run_dir.name},
         trainer={"resume_args": ["--resume"], "env": ENV, "stop_timeout_s": 30.0},
-        checkpoints={
-            "format": "torch-pt",
-            "fixed": "ckpt.pt",
-            "step_key": "iter_num",
-            "keep_last": keep_last,
-        },
+        checkpoints=checkpoints,
         restart={
             "backoff_initial_s": 0.0,
             "backoff_max_s": 0.5,
             "max_restarts_without_progress": 20,
             "stall_timeout_s": 120.0,
         },
-        telemetry={"parser": "nanogpt"},
+        telemetry={"parser": parser},
     )
+
+
+def inplace_run(run_dir: Path, *args: str, keep_last: int = 3) -> Path:
+    fixed = {"fixed": "ckpt.pt", "step_key": "iter_num", "keep_last": keep_last}
+    return in_place_run(run_dir, INPLACE_TRAINER, args, {"format": "torch-pt", **fixed}, "nanogpt")
 
 
 def records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
@@ -363,29 +367,15 @@ torch.save(model.state_dict(), "final.pt")
 
 
 def folder_run(run_dir: Path, *args: str, keep_last: int = 3) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "train.py").write_text(FOLDER_TRAINER)
-    return make_run(
-        run_dir,
-        [PYTHON, "train.py", *args],
-        run={"name": run_dir.name},
-        trainer={"resume_args": ["--resume"], "env": ENV, "stop_timeout_s": 30.0},
-        checkpoints={
-            "format": "hf-trainer",
-            "options": {"required_files": []},
-            "fixed": "latest",
-            "fixed_commit_file": "trainer_state.json",
-            "step_key": "global_step",
-            "keep_last": keep_last,
-        },
-        restart={
-            "backoff_initial_s": 0.0,
-            "backoff_max_s": 0.5,
-            "max_restarts_without_progress": 20,
-            "stall_timeout_s": 120.0,
-        },
-        telemetry={"parser": "step-line"},
-    )
+    checkpoints = {
+        "format": "hf-trainer",
+        "options": {"required_files": []},
+        "fixed": "latest",
+        "fixed_commit_file": "trainer_state.json",
+        "step_key": "global_step",
+        "keep_last": keep_last,
+    }
+    return in_place_run(run_dir, FOLDER_TRAINER, args, checkpoints, "step-line")
 
 
 def folder_final(run_dir: Path) -> dict[str, Any]:
