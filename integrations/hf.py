@@ -30,14 +30,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
-import os
 import signal
 import sys
 import threading
 from typing import Any
 
-from trainwarden.integrations.loop import Requests, any_rank, under_daemon
-from trainwarden.supervisor.contract import ENV_RESUME
+from trainwarden.integrations.loop import Requests, any_rank, resume_path, under_daemon
 
 INSTALL_HINT = "pip install 'trainwarden[hf]'"
 
@@ -61,9 +59,7 @@ def resume_from_checkpoint(default: str | bool | None = None) -> str | bool | No
     """The value for `trainer.train(resume_from_checkpoint=...)`: the checkpoint folder the
     daemon chose (TRAINWARDEN_RESUME; None for a fresh start) under the daemon, else
     `default` (what the script would pass on its own)."""
-    if not under_daemon():
-        return default
-    return os.environ.get(ENV_RESUME) or None
+    return resume_path() if under_daemon() else default
 
 
 def _transformers_callback_base() -> type:

@@ -45,9 +45,8 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from trainwarden.integrations.loop import Requests, fsync_path, under_daemon
+from trainwarden.integrations.loop import Requests, fsync_path, resume_path, under_daemon
 from trainwarden.supervisor.contract import (
-    ENV_RESUME,
     ENV_RUN_DIR,
     TMP_SUFFIX,
     lightning_checkpoint_name,
@@ -67,9 +66,7 @@ the installed framework's `Callback`, so Lightning is imported only then."""
 def resume_ckpt_path() -> str | None:
     """The checkpoint the daemon chose to resume from, for `trainer.fit(ckpt_path=...)`;
     None for a fresh start (and outside the daemon)."""
-    if not under_daemon():
-        return None
-    return os.environ.get(ENV_RESUME) or None
+    return resume_path() if under_daemon() else None
 
 
 def _framework() -> ModuleType:

@@ -367,10 +367,9 @@ class TelemetryHub:
         self.seg = seg
         self.parser_watch.begin(seg)
         self.audit = None
-        resume_at = getattr(self.parser, "resume_at", None)
-        if resume_at is not None:
+        if self.counts_lines:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
-            resume_at(resume_step or 0)
+            self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]
         last = self.history.last_step
         if not pivot and resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
