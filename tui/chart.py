@@ -4,11 +4,14 @@ A terminal cell holds a 2x4 grid of braille dots, so a W x H panel draws W*2 x H
 points: the daemon decimates the whole run to one bucket per dot column, and the curve
 is the bucket means joined column to column. The collapse reference ln(V) (the loss of a
 model that predicts uniformly) is a dashed line; restarts, divergences, pivots and
-crashes are letters on a row under the curve.
+crashes are letters on a row under the curve. A ChartMode picks the step range (the
+whole run or its newest part) and the scale (linear or log); a validation series, when
+the history carries one, is drawn as `×` marks over the curve.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +26,46 @@ DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 MARKER_GLYPHS = {"restart": "R", "divergence": "D", "pivot": "P", "crash": "C"}
 MARKER_PRIORITY = ("divergence", "crash", "pivot", "restart")
 Y_LABEL_WIDTH = 7
+VALIDATION_GLYPH = "×"
+RANGES: tuple[tuple[str, int | None, float | None], ...] = (
+    ("whole run", None, None),
+    ("last 1k steps", 1_000, None),
+    ("last 10k steps", 10_000, None),
+    ("last 10%", None, 0.1),
+)
+"""The step ranges the chart cycles through: (title, newest steps, newest fraction)."""
+
+
+@dataclass(frozen=True)
+class ChartMode:
+    """Which part of the run the chart shows and on which scale."""
+
+    range_index: int = 0
+    log_scale: bool = False
+
+    @property
+    def title(self) -> str:
+        name = RANGES[self.range_index % len(RANGES)][0]
+        return f"{name}, log" if self.log_scale else name
+
+    def next_range(self) -> ChartMode:
+        return ChartMode((self.range_index + 1) % len(RANGES), self.log_scale)
+
+    def toggled_scale(self) -> ChartMode:
+        return ChartMode(self.range_index, not self.log_scale)
+
+    def start_step(self, newest: int | None) -> int | None:
+        """The first step to ask the daemon for (None: from the run's first step)."""
+        _, steps, fraction = RANGES[self.range_index % len(RANGES)]
+        if newest is None:
+            return None
+        if steps is not None:
+            first = newest - steps + 1
+        elif fraction is not None:
+            first = newest - int(newest * fraction) + 1
+        else:
+            return None
+        return first if first > 0 else None
 
 
 @dataclass(frozen=True)
@@ -31,6 +74,7 @@ class ChartStyles:
     collapse: Style = Style(color="yellow", dim=True)
     axis: Style = Style(dim=True)
     nonfinite: Style = Style(color="red", bold=True)
+    validation: Style = Style(bold=True)
     markers: dict[str, Style] | None = None
 
     def marker(self, kind: str) -> Style:
@@ -54,14 +98,51 @@ def _numbers(values: Any) -> list[float | None]:
     return [v if fmt.finite(v) else None for v in values]
 
 
+def validation_points(history: dict[str, Any]) -> list[tuple[int, float]]:
+    """The held-out validation losses a history carries, as (step, loss).
+
+    The hook for a daemon that reports them: `history["val"]` is `{"step": [...],
+    "loss": [...]}`; absent, malformed or non-finite entries give no points.
+    """
+    val = history.get("val")
+    if not isinstance(val, dict):
+        return []
+    steps, losses = val.get("step"), val.get("loss")
+    if not isinstance(steps, list) or not isinstance(losses, list):
+        return []
+    return [
+        (step, loss)
+        for step, loss in zip(steps, losses, strict=False)
+        if isinstance(step, int) and fmt.finite(loss)
+    ]
+
+
+def newest_step(history: dict[str, Any] | None) -> int | None:
+    """The newest step a history reply holds (what the axis ends on)."""
+    if not isinstance(history, dict):
+        return None
+    last = history.get("last_step")
+    if isinstance(last, int):
+        return last
+    steps = history.get("step")
+    if isinstance(steps, list) and steps and isinstance(steps[-1], int):
+        return steps[-1]
+    return None
+
+
 def render_chart(
     history: dict[str, Any] | None,
     width: int,
     height: int,
     collapse_loss: float | None = None,
     styles: ChartStyles | None = None,
+    log_scale: bool = False,
 ) -> list[Text]:
-    """`height` lines of `width` cells: curve rows, then a marker row and a step axis."""
+    """`height` lines of `width` cells: curve rows, then a marker row and a step axis.
+
+    With `log_scale` the curve is drawn over log(loss) and the labels give the loss
+    itself; losses <= 0 have no logarithm and leave a gap.
+    """
     styles = styles or ChartStyles()
     width = max(width, Y_LABEL_WIDTH + 2)
     if height < 3:
@@ -69,23 +150,32 @@ def render_chart(
     history = history if isinstance(history, dict) else {}
     steps = history.get("step")
     means = _numbers(history.get("mean"))
+    validation = validation_points(history)
+    if log_scale:
+        means = [_log(v) for v in means]
+        validation = [(s, lv) for s, v in validation if (lv := _log(v)) is not None]
     if not isinstance(steps, list) or not steps or not any(v is not None for v in means):
         empty = [Text("") for _ in range(height)]
-        empty[height // 2] = Text("no steps logged yet".center(width), style=styles.axis)
+        why = "no positive loss to draw on a log scale" if log_scale else "no steps logged yet"
+        empty[height // 2] = Text(why.center(width), style=styles.axis)
         return empty
 
     rows = height - 2
     cells = plot_cells(width)
     dots_x, dots_y = cells * 2, rows * 4
-    first = steps[0] if isinstance(steps[0], int) else 0
-    last = history.get("last_step")
-    if not isinstance(last, int):
-        last = steps[-1] if isinstance(steps[-1], int) else first
+    first = history.get("first_step")
+    if not isinstance(first, int):
+        first = steps[0] if isinstance(steps[0], int) else 0
+    last = newest_step(history)
+    if last is None:
+        last = first
     span = max(last - first, 1)
 
-    finite = [v for v in means if v is not None]
+    finite = [v for v in means if v is not None] + [v for s, v in validation if first <= s <= last]
     low, high = min(finite), max(finite)
     collapse = collapse_loss if fmt.finite(collapse_loss) else None
+    if log_scale and collapse is not None:
+        collapse = _log(collapse)
     # Drawn when it costs at most half the chart's height; otherwise named on the axis.
     collapse_drawn = collapse is not None and low <= collapse <= high + max(high - low, 0.1)
     if collapse_drawn:
@@ -127,6 +217,9 @@ def render_chart(
             plot(x, y)
         previous = (x, y)
 
+    validation_cells = {
+        (y_dot(value) // 4, x_dot(step) // 2) for step, value in validation if first <= step <= last
+    }
     collapse_row = y_dot(collapse) // 4 if collapse_drawn and collapse is not None else None
     labels = {0: high, rows - 1: low}
     if rows >= 5:
@@ -134,13 +227,17 @@ def render_chart(
     lines: list[Text] = []
     for r in range(rows):
         line = Text()
-        label = f"{labels[r]:.2f}" if r in labels else ""
+        label = ""
+        if r in labels:
+            label = _label(math.exp(labels[r]) if log_scale else labels[r])
         line.append(label.rjust(Y_LABEL_WIDTH - 1) + " ", styles.axis)
         line.append("┤" if r in labels else "│", styles.axis)
         for c in range(cells):
             bits = grid[r][c]
             if c in bad_columns and r == 0:
                 line.append("!", styles.nonfinite)
+            elif (r, c) in validation_cells:
+                line.append(VALIDATION_GLYPH, styles.validation)
             elif bits:
                 line.append(chr(BRAILLE_BASE + bits), styles.line)
             elif r == collapse_row:
@@ -148,9 +245,23 @@ def render_chart(
             else:
                 line.append(" ")
         lines.append(line)
-    lines.append(_marker_row(history.get("markers"), cells, x_dot, styles))
-    lines.append(_axis_row(first, last, cells, collapse, collapse_drawn, styles))
+    in_range = [
+        m
+        for m in history.get("markers") or []
+        if isinstance(m, dict) and isinstance(m.get("step"), int) and first <= m["step"] <= last
+    ]
+    lines.append(_marker_row(in_range, cells, x_dot, styles))
+    collapse_named = math.exp(collapse) if log_scale and collapse is not None else collapse
+    lines.append(_axis_row(first, last, cells, collapse_named, collapse_drawn, styles))
     return lines
+
+
+def _log(value: float | None) -> float | None:
+    return math.log(value) if value is not None and value > 0 else None
+
+
+def _label(value: float) -> str:
+    return f"{value:.2f}" if abs(value) < 1000 else f"{value:.3g}"
 
 
 def _line(start: tuple[int, int], end: tuple[int, int]) -> list[tuple[int, int]]:

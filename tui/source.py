@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from textual.message import Message
 
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from trainwarden.supervisor.protocol import TOPICS, AsyncClient
+from trainwarden.supervisor.protocol import TOPICS, AsyncClient, HistoryArgs
 from trainwarden.tui.messages import (
     Connected,
     Disconnected,
@@ -37,6 +37,8 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 5.0
 
 Post = Callable[[Message], object]
+HistoryWanted = Callable[[], HistoryArgs]
+"""The history request the chart needs now: its points, and the step range it shows."""
 
 
 class DataSource(Protocol):
@@ -44,11 +46,11 @@ class DataSource(Protocol):
 
     log_path: Path | None
 
-    async def run(self, post: Post, history_points: Callable[[], int]) -> None:
+    async def run(self, post: Post, history_args: HistoryWanted) -> None:
         """Post messages until cancelled; never raises."""
 
     def want_history(self) -> None:
-        """Fetch the history again soon (the chart changed size)."""
+        """Fetch the history again soon (the chart changed size, mode, or fell behind)."""
 
     async def request(
         self, cmd: str, timeout: float | None = REQUEST_TIMEOUT_S, **args: Any
@@ -115,11 +117,11 @@ class DaemonSource:
         finally:
             await client.close()
 
-    async def run(self, post: Post, history_points: Callable[[], int]) -> None:
+    async def run(self, post: Post, history_args: HistoryWanted) -> None:
         delay = BACKOFF_INITIAL_S
         while True:
             try:
-                await self._session(post, history_points)
+                await self._session(post, history_args)
                 reason = "the daemon closed the connection"
                 delay = BACKOFF_INITIAL_S
             except asyncio.CancelledError:
@@ -130,7 +132,7 @@ class DaemonSource:
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
-    async def _session(self, post: Post, history_points: Callable[[], int]) -> None:
+    async def _session(self, post: Post, history_args: HistoryWanted) -> None:
         client = await self._open()
         poller: asyncio.Task[None] | None = None
         try:
@@ -139,9 +141,7 @@ class DaemonSource:
                 client.request("hello", timeout=REQUEST_TIMEOUT_S),
                 client.request("subscribe", topics=list(TOPICS), timeout=REQUEST_TIMEOUT_S),
                 client.request("status", timeout=REQUEST_TIMEOUT_S),
-                client.request(
-                    "history", points=max(history_points(), 1), timeout=REQUEST_TIMEOUT_S
-                ),
+                client.request("history", **history_args(), timeout=REQUEST_TIMEOUT_S),
             )
             if not self._log_path_given:
                 self.log_path = local_log_path(self.socket_path, hello or {})
@@ -152,7 +152,7 @@ class DaemonSource:
                     post(TopicPushed(topic, data))
             post(StatusReceived(status or {}))
             post(HistoryReceived(history or {}))
-            poller = asyncio.create_task(self._poll(client, post, history_points))
+            poller = asyncio.create_task(self._poll(client, post, history_args))
             async for message in client.messages():
                 post(TopicPushed(str(message.get("topic")), message.get("data")))
         finally:
@@ -162,22 +162,24 @@ class DaemonSource:
                     await poller
             await client.close()
 
-    async def _poll(
-        self, client: AsyncClient, post: Post, history_points: Callable[[], int]
-    ) -> None:
-        """History every few seconds or on resize, status every few seconds; never overlapping."""
+    async def _poll(self, client: AsyncClient, post: Post, history_args: HistoryWanted) -> None:
+        """History every few seconds or when the chart wants it, status every few seconds;
+        never overlapping."""
+        loop = asyncio.get_running_loop()
+        status_due = loop.time() + POLL_INTERVAL_S
         while True:
-            try:
-                await asyncio.wait_for(self._history_wanted.wait(), POLL_INTERVAL_S)
-                refresh_status = False
-            except TimeoutError:
-                refresh_status = True
+            # However often the chart asks, the status still comes on its own cadence.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._history_wanted.wait(), max(status_due - loop.time(), 0.0)
+                )
             self._history_wanted.clear()
             try:
-                if refresh_status:
+                if loop.time() >= status_due:
+                    status_due = loop.time() + POLL_INTERVAL_S
                     post(StatusReceived(await client.request("status", timeout=REQUEST_TIMEOUT_S)))
                 history = await client.request(
-                    "history", points=max(history_points(), 1), timeout=REQUEST_TIMEOUT_S
+                    "history", **history_args(), timeout=REQUEST_TIMEOUT_S
                 )
                 post(HistoryReceived(history))
             except (CommandRefused, TimeoutError) as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from trainwarden.tui.messages import (
     TopicPushed,
 )
 from trainwarden.tui.model import Clock
-from trainwarden.tui.source import Post
+from trainwarden.tui.source import HistoryWanted, Post
 
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 
@@ -34,13 +33,18 @@ class FrozenClock(Clock):
         return self.mono
 
 
-def loss_history(points: int, steps: int = 12_000, markers: bool = True) -> dict[str, Any]:
-    """A smooth, decaying curve decimated to `points` buckets, like the daemon's reply."""
-    points = max(min(points, steps), 1)
-    width = steps / points
+def loss_history(
+    points: int, steps: int = 12_000, markers: bool = True, start: int | None = None
+) -> dict[str, Any]:
+    """A smooth, decaying curve over steps `start`..`steps` (default: from step 1)
+    decimated to `points` buckets, like the daemon's reply."""
+    begin = max(start or 1, 1)
+    count = max(steps - begin + 1, 1)
+    points = max(min(points, count), 1)
+    width = count / points
     step, mean = [], []
     for i in range(points):
-        first = int(i * width) + 1
+        first = begin + int(i * width)
         x = first / steps
         step.append(first)
         mean.append(round(2.1 + 3.4 * math.exp(-6 * x) + 0.05 * math.sin(40 * x), 4))
@@ -50,9 +54,9 @@ def loss_history(points: int, steps: int = 12_000, markers: bool = True) -> dict
         "mean": mean,
         "max": [m + 0.05 for m in mean],
         "nonfinite": [0] * points,
-        "first_step": 1,
+        "first_step": begin,
         "last_step": steps,
-        "count": steps,
+        "count": count,
         "markers": [
             {"step": 4000, "kind": "crash"},
             {"step": 3900, "kind": "restart"},
@@ -227,11 +231,21 @@ class StaticSource:
         self.log_path = log_path
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.history_wanted = 0
+        self.history_steps = 12_000
+        """The newest step of the frozen run's loss history."""
+        self.history_requests: list[dict[str, Any]] = []
         self._post: Post | None = None
-        self._history_points: Callable[[], int] | None = None
+        self._history_args: HistoryWanted | None = None
 
-    async def run(self, post: Post, history_points: Callable[[], int]) -> None:
-        self._post, self._history_points = post, history_points
+    def history(self) -> dict[str, Any]:
+        """The history reply for what the app asks now (points and step range)."""
+        assert self._history_args is not None
+        args = dict(self._history_args())
+        self.history_requests.append(args)
+        return loss_history(args["points"], self.history_steps, start=args.get("start"))
+
+    async def run(self, post: Post, history_args: HistoryWanted) -> None:
+        self._post, self._history_args = post, history_args
         post(
             Connected({"protocol": 1, "run": self.status["run"], "run_dir": self.status["run_dir"]})
         )
@@ -239,15 +253,15 @@ class StaticSource:
         post(TopicPushed("bandit", bandit()))
         post(TopicPushed("samples", samples()))
         post(StatusReceived(self.status))
-        post(HistoryReceived(loss_history(history_points())))
+        post(HistoryReceived(self.history()))
         if self.disconnected:
             post(Disconnected(self.disconnected, 4.0))
         await asyncio.Event().wait()
 
     def want_history(self) -> None:
         self.history_wanted += 1
-        if self._post is not None and self._history_points is not None:
-            self._post(HistoryReceived(loss_history(self._history_points())))
+        if self._post is not None and self._history_args is not None:
+            self._post(HistoryReceived(self.history()))
 
     async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
         self.requests.append((cmd, args))

@@ -1,4 +1,5 @@
-"""The whole run's loss curve, one history bucket per braille dot column."""
+"""The loss curve, one history bucket per braille dot column, over the range and scale
+the operator picked (the whole run by default)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,21 @@ from typing import Any
 
 from rich.console import Group
 from rich.style import Style
-from textual.events import Resize
+from rich.text import Text
+from textual.events import Click, Resize
 from textual.widget import Widget
 
-from trainwarden.tui.chart import ChartStyles, dot_columns, render_chart
+from trainwarden.tui.chart import (
+    ChartMode,
+    ChartStyles,
+    dot_columns,
+    newest_step,
+    render_chart,
+    validation_points,
+)
 
 MARKER_KINDS = ("restart", "divergence", "pivot", "crash")
+LEGEND = "R restart  C crash  D divergence  P pivot"
 
 
 class LossChart(Widget):
@@ -20,6 +30,7 @@ class LossChart(Widget):
         "loss-chart--collapse",
         "loss-chart--axis",
         "loss-chart--nonfinite",
+        "loss-chart--validation",
         *(f"loss-chart--{kind}" for kind in MARKER_KINDS),
     }
 
@@ -27,24 +38,50 @@ class LossChart(Widget):
         super().__init__(**kwargs)
         self.history: dict[str, Any] | None = None
         self.collapse_loss: float | None = None
-        self.border_title = "loss"
-        self.border_subtitle = "R restart  C crash  D divergence  P pivot"
+        self.mode = ChartMode()
+        self.drawn: list[Text] = []
+        """The lines of the newest frame (what the operator sees; tests read it)."""
+        self._title()
 
     @property
     def points_wanted(self) -> int:
         """The `points` to ask the daemon for: one per dot column of the plot."""
         return dot_columns(self.content_size.width or 80)
 
+    def history_start(self, newest: int | None) -> int | None:
+        """The first step to ask for in the current mode, given the run's newest step."""
+        return self.mode.start_step(newest)
+
     def on_resize(self, event: Resize) -> None:
         # The width decides how many history points to fetch: ask again at the new size.
         self.app.call_after_refresh(self.app.chart_resized)  # type: ignore[attr-defined]
+
+    async def on_click(self, event: Click) -> None:
+        await self.app.run_action("chart_range")
+
+    def set_mode(self, mode: ChartMode) -> None:
+        self.mode = mode
+        self._title()
+        self.refresh()
+
+    def _title(self) -> None:
+        self.border_title = Text(f"loss · {self.mode.title}")
+        legend = LEGEND
+        if self.history is not None and validation_points(self.history):
+            legend += "  × val"
+        self.border_subtitle = Text(legend)
 
     def show(self, history: dict[str, Any] | None, collapse_loss: float | None) -> None:
         self.history = history
         if isinstance(history, dict) and isinstance(history.get("collapse_loss"), int | float):
             collapse_loss = history["collapse_loss"]
         self.collapse_loss = collapse_loss
+        self._title()
         self.refresh()
+
+    @property
+    def newest_drawn_step(self) -> int | None:
+        return newest_step(self.history)
 
     def _styles(self) -> ChartStyles:
         def style(name: str) -> Style:
@@ -55,10 +92,18 @@ class LossChart(Widget):
             collapse=style("collapse"),
             axis=style("axis"),
             nonfinite=style("nonfinite"),
+            validation=style("validation"),
             markers={kind: style(kind) for kind in MARKER_KINDS},
         )
 
     def render(self) -> Group:
         width, height = self.content_size.width, self.content_size.height
-        lines = render_chart(self.history, width, height, self.collapse_loss, self._styles())
-        return Group(*lines)
+        self.drawn = render_chart(
+            self.history,
+            width,
+            height,
+            self.collapse_loss,
+            self._styles(),
+            log_scale=self.mode.log_scale,
+        )
+        return Group(*self.drawn)
