@@ -17,6 +17,8 @@ from typing import Any
 from trainwarden.supervisor.protocol import STATE_KEYS, TELEMETRY_KEYS, TELEMETRY_NOTICES
 
 EVENTS_KEPT = 200
+GPU_SAMPLES_KEPT = 150
+"""GPU pushes kept for the sparklines: five minutes at the daemon's 2 s cadence."""
 
 PANELS = ("header", "telemetry", "chart", "gpu", "checkpoints", "bandit", "events")
 
@@ -55,6 +57,10 @@ class RunModel:
     gpu: dict[str, Any] | None = None
     gpu_status: str | None = None
     gpu_seen: bool = False
+    gpu_samples: deque[dict[str, Any]] = field(
+        default_factory=lambda: deque(maxlen=GPU_SAMPLES_KEPT)
+    )
+    """The newest GPU pushes, oldest first (the sparklines' data)."""
     host: dict[str, Any] | None = None
     disk_low: bool = False
     disk_full: list[str] | None = None
@@ -146,6 +152,8 @@ class RunModel:
         elif topic == "gpu":
             self.gpu = data if isinstance(data, dict) else None
             self.gpu_seen = True
+            if self.gpu is not None:
+                self.gpu_samples.append(self.gpu)
             self.touch("gpu")
         elif topic == "host" and isinstance(data, dict):
             self.host = data
