@@ -7,6 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.events import Click
 from textual.widgets import DataTable
 
 from trainwarden.tui import fmt
@@ -36,6 +37,9 @@ class BanditPanel(Vertical):
         for column in COLUMNS:
             table.add_column(column, key=column, width=WIDTHS.get(column))
         yield table
+
+    async def on_click(self, event: Click) -> None:
+        await self.app.run_action("samples")
 
     def show(self, model: RunModel) -> None:
         bandit = model.bandit or {}
@@ -94,6 +98,7 @@ class BanditPanel(Vertical):
             subtitle.append("zombie: " + ", ".join(clean(z, 20) for z in zombies))
         if not rows:
             subtitle.append("the trainer reports no bandit state")
+        subtitle.append("m samples")
         # A Text, not a str: a str border title would be parsed as markup.
         self.border_subtitle = Text("  ".join(subtitle))
 
