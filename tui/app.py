@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rich.text import Text
-from textual.app import App, ScreenStackError
+from textual.app import App, ScreenStackError, SystemCommand
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.timer import Timer
 
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from trainwarden.supervisor.protocol import HALTED, Client, encode
+from trainwarden.supervisor.protocol import HALTED, Client, HistoryArgs, encode
 from trainwarden.tui.messages import (
     Connected,
     Disconnected,
@@ -35,6 +36,7 @@ from trainwarden.tui.screens.help import HelpScreen
 from trainwarden.tui.screens.log import LogScreen
 from trainwarden.tui.screens.main import MainScreen, ReadOnlyMainScreen
 from trainwarden.tui.screens.pivot import PivotRequest, PivotScreen
+from trainwarden.tui.screens.samples import SamplesScreen
 from trainwarden.tui.source import DaemonSource, DataSource, describe_failure
 from trainwarden.tui.widgets.bandit import BanditPanel
 from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
@@ -49,12 +51,32 @@ RENDER_INTERVAL_S = 0.25
 CLOCK_PANELS = ("header", "telemetry", "checkpoints")
 STARTUP_WAIT_S = 1.0
 OUTCOMES_KEPT = 50
+HISTORY_CATCH_UP_S = 1.0
+"""At most this often the chart asks for history because the run moved past what it drew."""
+PALETTE = (
+    ("Save a checkpoint", "Ask the trainer to save now (s)", "save"),
+    ("Stop the trainer", "Save, then stop the trainer; the daemon keeps running (x)", "stop"),
+    ("Start the trainer", "Start the trainer again from the newest checkpoint (r)", "start"),
+    ("Pivot the data mix", "Set caps and floors per data arm (p)", "pivot"),
+    ("Pin or unpin the checkpoint", "Keep the selected checkpoint from retention (P)", "pin"),
+    ("Samples", "Every arm's recent samples, in full (m)", "samples"),
+    (
+        "Chart range",
+        "Loss chart: whole run, last 1k, last 10k, last 10% of steps (c)",
+        "chart_range",
+    ),
+    ("Chart log scale", "Loss chart: switch between linear and log-scale loss (y)", "chart_scale"),
+    ("Log", "The run's training.log (l)", "log"),
+    ("Help", "Keys and what each panel shows (?)", "help"),
+    ("Quit", "Quit the TUI; the run goes on (q)", "quit"),
+)
+"""The command palette's entries: title, help line, app action."""
 
 
 class TrainwardenApp(App[int]):
     CSS_PATH = "trainwarden.tcss"
     TITLE = "trainwarden"
-    ENABLE_COMMAND_PALETTE = False
+    ENABLE_COMMAND_PALETTE = True
     NOTIFICATION_TIMEOUT = 8
 
     def __init__(
@@ -71,12 +93,13 @@ class TrainwardenApp(App[int]):
         self.started_at = time.perf_counter()
         self.rendered_at = 0.0
         self.render_pending: Timer | None = None
+        self.history_asked_at = 0.0
 
     def get_default_screen(self) -> Screen[Any]:
         return ReadOnlyMainScreen(read_only=True) if self.read_only else MainScreen()
 
     def on_mount(self) -> None:
-        self.run_worker(self.source.run(self.post_message, self.history_points), name="daemon")
+        self.run_worker(self.source.run(self.post_message, self.history_args), name="daemon")
         # Clocks (uptime, ages, countdowns) move even when no data comes.
         self.set_interval(1.0, self.request_render)
         self.call_after_refresh(self.render_tick)
@@ -111,7 +134,21 @@ class TrainwardenApp(App[int]):
 
     def on_topic_pushed(self, message: TopicPushed) -> None:
         self.model.apply_topic(message.topic, message.data)
+        if message.topic == "telemetry":
+            self._catch_up_history()
         self.request_render()
+
+    def _catch_up_history(self) -> None:
+        """Ask for the history again when the run has moved past the chart's newest step,
+        so the chart (and its axis) keeps up with the step the header shows."""
+        step = (self.model.telemetry.value or {}).get("step")
+        drawn = (self.model.history or {}).get("last_step")
+        if not isinstance(step, int) or (isinstance(drawn, int) and step <= drawn):
+            return
+        now = time.monotonic()
+        if now - self.history_asked_at >= HISTORY_CATCH_UP_S:
+            self.history_asked_at = now
+            self.source.want_history()
 
     def on_history_received(self, message: HistoryReceived) -> None:
         self.model.apply_history(message.history)
@@ -122,6 +159,25 @@ class TrainwardenApp(App[int]):
             return self.main_screen.query_one(LossChart).points_wanted
         except (NoMatches, AssertionError, IndexError):  # not mounted yet, or torn down
             return 160
+
+    def newest_step(self) -> int | None:
+        """The newest step the TUI knows of (telemetry or the chart's last history)."""
+        known = [
+            (self.model.telemetry.value or {}).get("step"),
+            (self.model.history or {}).get("last_step"),
+        ]
+        return max((s for s in known if isinstance(s, int)), default=None)
+
+    def history_args(self) -> HistoryArgs:
+        """The history request the chart needs: one point per dot column, over its range."""
+        args: HistoryArgs = {"points": max(self.history_points(), 1)}
+        try:
+            start = self.main_screen.query_one(LossChart).history_start(self.newest_step())
+        except (NoMatches, AssertionError, IndexError):
+            start = None
+        if start is not None:
+            args["start"] = start
+        return args
 
     def chart_resized(self) -> None:
         self.source.want_history()
@@ -354,6 +410,36 @@ class TrainwardenApp(App[int]):
             zombies = result.get("zombies")
             gone = f"; zombie arms: {', '.join(map(str, zombies))}" if zombies else ""
             self.tell(f"pivot done at step {result.get('step')}; archive: {archive}{gone}")
+
+    def _chart(self) -> LossChart | None:
+        try:
+            return self.main_screen.query_one(LossChart)
+        except (NoMatches, AssertionError, IndexError):
+            return None
+
+    def action_chart_range(self) -> None:
+        chart = self._chart()
+        if chart is not None:
+            chart.set_mode(chart.mode.next_range())
+            self.source.want_history()
+
+    def action_chart_scale(self) -> None:
+        chart = self._chart()
+        if chart is not None:
+            chart.set_mode(chart.mode.toggled_scale())
+
+    def action_samples(self) -> None:
+        self.push_screen(SamplesScreen(self.model))
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        for title, help_line, action in PALETTE:
+            yield SystemCommand(title, help_line, self._palette_action(action))
+
+    def _palette_action(self, action: str) -> Any:
+        async def run() -> None:
+            await self.run_action(action)
+
+        return run
 
     def action_log(self) -> None:
         self.push_screen(LogScreen(self.source.log_path))

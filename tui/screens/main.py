@@ -7,8 +7,10 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Horizontal
+from textual.events import Resize
 from textual.screen import Screen
 from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
 
 from trainwarden.tui.widgets.bandit import BanditPanel
 from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
@@ -31,11 +33,38 @@ def acting_bindings(show: bool) -> list[BindingType]:
     return [Binding(key, f"app.{action}", label, show=show) for key, action, label in ACTING]
 
 
+NARROW_COLUMNS = 80
+"""Below this width the panels stack and the lesser ones (bandit, gpu, chart) hide."""
+HIDDEN_WHEN_NARROW = ("l", "ctrl+p")
+"""Keys the key bar leaves out below NARROW_COLUMNS (help and the palette list them)."""
+
+
+class KeyBar(Footer):
+    """The footer, compact on small screens so every key it shows stays readable."""
+
+    composed_narrow: bool | None = None
+
+    def compose(self) -> ComposeResult:
+        narrow = self.composed_narrow = self.app.size.width < NARROW_COLUMNS
+        for widget in super().compose():
+            if narrow and isinstance(widget, FooterKey) and widget.key in HIDDEN_WHEN_NARROW:
+                continue
+            yield widget
+
+    def on_resize(self, event: Resize) -> None:
+        # The keys it leaves out depend on the width: compose again when that crosses over.
+        if (self.app.size.width < NARROW_COLUMNS) != self.composed_narrow:
+            self.call_later(self.recompose)
+
+
 class MainScreen(Screen[None]):
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-compact"), (NARROW_COLUMNS, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
     BINDINGS: ClassVar[list[BindingType]] = [
         *acting_bindings(show=True),
+        Binding("m", "app.samples", "samples"),
+        Binding("c", "app.chart_range", "chart", show=False),
+        Binding("y", "app.chart_scale", "log scale", show=False),
         Binding("l", "app.log", "log"),
         Binding("question_mark", "app.help", "help", key_display="?"),
         Binding("q", "app.quit", "quit"),
@@ -57,7 +86,7 @@ class MainScreen(Screen[None]):
             with Horizontal(id="row-bottom", classes="row"):
                 yield GpuPanel(id="gpu", classes="panel left")
                 yield EventsPanel(id="events", classes="panel right")
-        yield Footer()
+        yield KeyBar(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#checkpoint-table").focus()
