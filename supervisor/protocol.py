@@ -276,6 +276,8 @@ class Telemetry(TypedDict):
     """The figures of the newest step: the `telemetry` topic, and part of status."""
 
     step: int | None
+    step_age_s: float | None
+    """Seconds since the newest step line was seen (its figures are that old)."""
     loss: float | None
     loss_ema: float | None
     loss_avg: float | None
@@ -291,6 +293,11 @@ class Telemetry(TypedDict):
     last_checkpoint_step: int | None
     last_checkpoint_age_s: float | None
     next_checkpoint_step: int | None
+    """The trainer's next save on its own cadence, never past total_steps (None: unknown,
+    at or past the total, or finished)."""
+    last_line: str | None
+    """The trainer's newest output line (untrusted: clean it before printing)."""
+    last_line_age_s: float | None
     resume_audit: AuditResult | None
     parser_no_match: ParserNoMatch | None
     """Set while no line of this trainer start has matched the parser (see its type)."""

@@ -14,11 +14,26 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainwarden.supervisor.protocol import STATE_KEYS, TELEMETRY_KEYS, TELEMETRY_NOTICES
+from trainwarden.supervisor.protocol import (
+    STATE_KEYS,
+    TELEMETRY_KEYS,
+    TELEMETRY_NOTICES,
+    Phase,
+)
 
 EVENTS_KEPT = 200
 GPU_SAMPLES_KEPT = 150
 """GPU pushes kept for the sparklines: five minutes at the daemon's 2 s cadence."""
+STEPPING = frozenset({Phase.RUNNING, Phase.SAVING})
+"""Phases in which the trainer steps: only then are a speed, an MFU now and an ETA true."""
+HEADER_KEYS = ("step", "eta_s")
+"""Telemetry fields the header's progress bar shows."""
+SPARK_WINDOW_S = 300.0
+"""The tokens/s sparkline covers this many seconds of telemetry frames."""
+SPARK_SAMPLE_S = 2.0
+"""At most one tokens/s sample per this many seconds is kept (a bounded deque)."""
+STALE_AFTER_S = 30.0
+"""A step's figures older than this (and than a few of its steps) are shown as stale."""
 
 PANELS = ("header", "telemetry", "chart", "gpu", "checkpoints", "bandit", "events")
 
@@ -75,6 +90,10 @@ class RunModel:
     handles: list[str] | None = None
     """Of SIGTERM and SIGUSR1, those the trainer catches (status; None: unknown)."""
     versions: Counter[str] = field(default_factory=Counter)
+    tokens_per_s: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=int(SPARK_WINDOW_S / SPARK_SAMPLE_S) + 2)
+    )
+    """(local monotonic time, tokens/s) of the recent telemetry frames, for the sparkline."""
 
     # -------------------------------------------------------------- updates
 
@@ -114,6 +133,7 @@ class RunModel:
             self.state = Stamped({k: status.get(k) for k in STATE_KEYS}, now)
         telemetry = {k: status.get(k) for k in TELEMETRY_KEYS}
         self.telemetry = Stamped(telemetry, now)
+        self._sample_speed(telemetry, now)
         self.gpu = status.get("gpu") if isinstance(status.get("gpu"), dict) else None
         self.gpu_status = status.get("gpu_status")
         self.gpu_seen = True
@@ -141,9 +161,13 @@ class RunModel:
         now = self.clock.monotonic()
         if topic == "telemetry" and isinstance(data, dict):
             before = self.telemetry.value or {}
-            # The header shows the notices: a frame that changes one redraws it.
-            header_changed = any(data.get(key) != before.get(key) for key in TELEMETRY_NOTICES)
+            # The header shows the notices, the progress and the ETA: a frame that changes
+            # one of them redraws it.
+            header_changed = any(
+                data.get(key) != before.get(key) for key in (*TELEMETRY_NOTICES, *HEADER_KEYS)
+            )
             self.telemetry = Stamped(data, now)
+            self._sample_speed(data, now)
             self.touch("telemetry", *(("header",) if header_changed else ()))
         elif topic == "state" and isinstance(data, dict):
             self.state = Stamped(data, now)
@@ -172,6 +196,18 @@ class RunModel:
             records = data if isinstance(data, list) else [data]
             self.events.extend(r for r in records if isinstance(r, dict))
             self.touch("events")
+
+    def _sample_speed(self, telemetry: dict[str, Any], now: float) -> None:
+        value = telemetry.get("tokens_per_s")
+        if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+            return
+        samples = self.tokens_per_s
+        if len(samples) > 1 and now - samples[-2][0] < SPARK_SAMPLE_S:
+            samples[-1] = (now, float(value))  # the newest sample follows the newest frame
+        else:
+            samples.append((now, float(value)))
+        while samples and samples[0][0] < now - SPARK_WINDOW_S:
+            samples.popleft()
 
     def apply_history(self, history: dict[str, Any]) -> None:
         if isinstance(history, dict):
@@ -210,11 +246,42 @@ class RunModel:
             return None
         return max(restart_in - self.since(self.state), 0.0)
 
-    def checkpoint_age_s(self) -> float | None:
-        age = (self.telemetry.value or {}).get("last_checkpoint_age_s")
+    @property
+    def stepping(self) -> bool:
+        """The trainer is stepping now: its speed, MFU now and ETA are true."""
+        return self.connected and self.phase in STEPPING
+
+    def _telemetry_age(self, key: str) -> float | None:
+        """An age the telemetry frame reports, advanced by the local clock since it came."""
+        age = (self.telemetry.value or {}).get(key)
         if not isinstance(age, int | float):
             return None
         return age + (self.since(self.telemetry) if self.connected else 0.0)
+
+    def checkpoint_age_s(self) -> float | None:
+        """Since the newest checkpoint's commit (its file's time, as the daemon read it)."""
+        return self._telemetry_age("last_checkpoint_age_s")
+
+    def step_age_s(self) -> float | None:
+        """Since the newest step line: how old the step's loss and figures are."""
+        return self._telemetry_age("step_age_s")
+
+    def last_line_age_s(self) -> float | None:
+        return self._telemetry_age("last_line_age_s")
+
+    def step_stale(self) -> bool:
+        """The step's figures are older than their expected refresh (a few steps' time)."""
+        age = self.step_age_s()
+        if age is None:
+            return False
+        dt = (self.telemetry.value or {}).get("dt")
+        expected = 5 * dt if isinstance(dt, int | float) and dt > 0 else 0.0
+        return age > max(STALE_AFTER_S, expected)
+
+    def speed_samples(self) -> list[float]:
+        """tokens/s of the last SPARK_WINDOW_S, oldest first."""
+        now = self.clock.monotonic()
+        return [v for t, v in self.tokens_per_s if t >= now - SPARK_WINDOW_S]
 
     def unsaved_steps(self) -> int | None:
         """Steps logged since the newest verified checkpoint (what a kill would lose)."""

@@ -160,6 +160,7 @@ class Daemon:
             self._on_step,
             lambda: self.state.trainer_pid,
             on_no_match=self._on_parser_no_match,
+            phase=lambda: self.state.phase,
         )
         self.reports = CheckpointReports(self.store, self.hub, self.queue.put_nowait)
         self.executor = Executor(

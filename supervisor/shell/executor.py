@@ -99,6 +99,7 @@ class Executor:
         elif isinstance(action, core.SignalTrainer):
             pid = self.trainer_pid() or (self.proc.pid if self.proc else None)
             journal.append("signal", {"signal": action.signal, "pid": pid, "reason": action.reason})
+            self.hub.cadence.signalled(action.signal)
             if pid is not None:
                 send_signal(pid, SIGNALS[action.signal], self.cfg.trainer.signal_target)
         elif isinstance(action, core.Delete):

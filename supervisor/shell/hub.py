@@ -21,6 +21,7 @@ from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
     SIDECAR_READ_MAX_BYTES,
@@ -28,7 +29,12 @@ from trainwarden.supervisor.protocol import (
     sidecar_too_large,
 )
 from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
-from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason, settings_from_config
+from trainwarden.supervisor.shell.telemetry import (
+    Monitor,
+    SaveCadence,
+    no_gpu_reason,
+    settings_from_config,
+)
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossWriter
@@ -51,6 +57,13 @@ SPAWN_LOOKBACK_RECORDS = 5000
 """Journal records searched back for the current segment's spawn at a daemon restart."""
 UNRECOGNISED_SHOWN = 20
 """Unrecognised names status lists at most (the newest; the journal has every one)."""
+LAST_LINE_CHARS = 300
+"""The trainer's newest output line is kept this long at most (status and telemetry)."""
+LIVE_PHASES = frozenset({Phase.RUNNING, Phase.SAVING})
+"""Phases in which the trainer is stepping: only then are its speed, MFU and ETA true."""
+LIVE_FIGURES = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
+"""The figures of the trainer's pace now, withheld while it is not stepping (the run
+averages, mfu_avg and loss_avg, stay: they say what the run did)."""
 MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
 
 
@@ -65,6 +78,7 @@ class TelemetryHub:
         trainer_pid: Callable[[], int | None] = lambda: None,
         cache_refresh_rows: int | None = None,
         on_no_match: Callable[[dict[str, Any]], None] = lambda notice: None,
+        phase: Callable[[], Phase] = lambda: Phase.RUNNING,
     ) -> None:
         self.cfg = cfg
         self.files = files
@@ -73,6 +87,8 @@ class TelemetryHub:
         self.on_step = on_step
         self.trainer_pid = trainer_pid
         """The daemon's own knowledge of the live trainer (for process figures)."""
+        self.phase = phase
+        """The run's phase now: the pace figures are published only while it steps."""
         self.parser = plugin_registry.log_parser(
             cfg.telemetry.parser, dataclasses.asdict(cfg.telemetry)
         )
@@ -98,7 +114,14 @@ class TelemetryHub:
         self.latest: dict[str, Any] = {"gpu": None, "host": None, "bandit": None, "samples": None}
         self.newest_checkpoint: CheckpointInfo | None = None
         self.newest_checkpoint_t: float | None = None
-        self.checkpoint_spacing: int | None = None
+        """Wall time the newest checkpoint was committed (its file's mtime)."""
+        self.cadence = SaveCadence(cfg.trainer.total_steps)
+        self.cadence.replay(journal.tail(SPAWN_LOOKBACK_RECORDS))
+        self.last_line: str | None = None
+        """The trainer's newest non-blank output line (clipped), for a start that hangs."""
+        self.last_line_t: float | None = None
+        self.last_step_t: float | None = None
+        """Wall time the newest step line was seen (from .loss.json after a restart)."""
         self.unrecognised: dict[str, dict[str, str]] = {}
         """Names in the checkpoint directory the format does not read, oldest first."""
         self.disk_low = False
@@ -138,6 +161,7 @@ class TelemetryHub:
             self.history = LossHistory.load(path, cache)
         for step, loss, dt, t in self.history.recent(self.cfg.telemetry.window * 2):
             self.monitor.observe(step, loss, dt, t)
+            self.last_step_t = t
         self.last_step = self.history.last_step
         self.writer = LossWriter(self.files.loss_history)
         self._note_loss_space()
@@ -246,6 +270,11 @@ class TelemetryHub:
             return
         parse = self.parser.parse
         rows = []
+        for line in reversed(lines):
+            if line.strip():
+                self.last_line = line.rstrip()[:LAST_LINE_CHARS]
+                self.last_line_t = time.time()
+                break
         for line in lines:
             record = parse(line)
             if record is None:
@@ -257,6 +286,7 @@ class TelemetryHub:
             self.history.add(record.step, record.loss, record.dt, now, self.seg)
             self.monitor.observe_record(record, now)
             self.last_step = record.step
+            self.last_step_t = now
             if self.audit is not None:
                 result = self.audit.observe(record.step, record.loss)
                 if result is not None:
@@ -360,6 +390,7 @@ class TelemetryHub:
         """
         self.flush_stray()
         self.accepting = True
+        self.cadence.started()
         if self.audit is not None:
             result = self.audit.finish()
             if result is not None:
@@ -419,14 +450,17 @@ class TelemetryHub:
 
     # -------------------------------------------------------------- checkpoints
 
-    def checkpoint_seen(self, info: CheckpointInfo) -> None:
+    def checkpoint_seen(self, info: CheckpointInfo, mtime: float, scanned: bool = False) -> None:
+        """A verified commit, its file's mtime (the commit time, which a daemon restart
+        does not change), and whether the start-up scan found it (the journal, replayed
+        at start, already told the cadence about those)."""
+        if not scanned:
+            self.cadence.committed(info.step)
         previous = self.newest_checkpoint
         if previous is not None and info.step <= previous.step:
             return
-        if previous is not None:
-            self.checkpoint_spacing = info.step - previous.step
         self.newest_checkpoint = info
-        self.newest_checkpoint_t = time.time()
+        self.newest_checkpoint_t = mtime or None
         if self.cfg.telemetry.n_params == "auto" and info.n_params:
             self.monitor.set_n_params(info.n_params)
 
@@ -459,6 +493,9 @@ class TelemetryHub:
     def publish_state(self, data: dict[str, Any]) -> None:
         self.latest["state"] = data
         self.publish("state", data)
+        # The pace figures come and go with the phase: a stop must not leave the last
+        # speed and ETA standing until the next step line.
+        self._schedule_publish()
 
     def _schedule_publish(self) -> None:
         # Coalesce: at 10,000 lines/s subscribers still get a few frames a second. With
@@ -472,14 +509,26 @@ class TelemetryHub:
 
     def telemetry(self) -> dict[str, Any]:
         data = self.monitor.snapshot()
+        phase = self.phase()
+        if phase not in LIVE_PHASES:
+            data.update(dict.fromkeys(LIVE_FIGURES))
         data["step"] = self.last_step
         newest = self.newest_checkpoint
+        now = time.time()
+        data["step_age_s"] = (
+            round(max(now - self.last_step_t, 0.0), 1) if self.last_step_t is not None else None
+        )
         data["last_checkpoint_step"] = newest.step if newest else None
         data["last_checkpoint_age_s"] = (
-            round(time.time() - self.newest_checkpoint_t, 1) if self.newest_checkpoint_t else None
+            round(max(now - self.newest_checkpoint_t, 0.0), 1) if self.newest_checkpoint_t else None
         )
+        at = self.last_step if self.last_step is not None else (newest.step if newest else None)
         data["next_checkpoint_step"] = (
-            newest.step + self.checkpoint_spacing if newest and self.checkpoint_spacing else None
+            None if phase == Phase.FINISHED else self.cadence.next_after(at)
+        )
+        data["last_line"] = self.last_line
+        data["last_line_age_s"] = (
+            round(max(now - self.last_line_t, 0.0), 1) if self.last_line_t is not None else None
         )
         data["resume_audit"] = self.audit_result
         data["parser_no_match"] = self.parser_watch.notice

@@ -18,6 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+ETA_WINDOW_S = 300.0
+"""Seconds of this segment's steps the ETA's rate is taken over. The 20-step window that
+gives steps/min and tokens/s follows every hiccup of a busy machine (an ETA from it jumped
+1h 25m -> 54m within 20 s); over five minutes a burst of slow or fast steps moves the
+rate, and the ETA, by a few percent at most."""
+ETA_SAMPLE_S = 1.0
+"""At most one (time, step) sample a second is kept for that rate: a bounded deque of
+about ETA_WINDOW_S entries however fast the trainer logs."""
+
 PEAK_TFLOPS: dict[str, float] = {
     "RTX 4090": 165.2,
     "RTX 3090": 71.0,
@@ -148,6 +157,8 @@ class Monitor:
         )
         self._run_tokens = 0
         self._run_dt_s = 0.0
+        self._pace: deque[tuple[float, int]] = deque()
+        """(t, step) of this segment, one a second at most, over the last ETA_WINDOW_S."""
 
     def set_n_params(self, n_params: int | None) -> None:
         self._n_params = n_params if n_params and n_params > 0 else None
@@ -183,7 +194,9 @@ class Monitor:
             dt = None
         if self._recent and step <= self._recent[-1].step:
             self._recent.clear()
+            self._pace.clear()
         self._recent.append(_Step(step, loss, dt, t, tokens))
+        self._note_pace(t, step)
         if math.isfinite(loss):
             # A non-finite loss is reported as the step's loss but kept out of the
             # averages, which would otherwise stay nan for the rest of the run.
@@ -216,6 +229,26 @@ class Monitor:
             return None
         return flops * tokens / (seconds * self._peak_tflops * 1e12)
 
+    def _note_pace(self, t: float, step: int) -> None:
+        pace = self._pace
+        if len(pace) > 1 and t - pace[-2][0] < ETA_SAMPLE_S:
+            pace[-1] = (t, step)  # the newest sample moves with the newest step
+            return
+        pace.append((t, step))
+        # Keep one sample at or before the window's start, so the span is the full window.
+        while len(pace) > 2 and pace[1][0] <= t - ETA_WINDOW_S:
+            pace.popleft()
+
+    def eta_steps_per_s(self) -> float | None:
+        """Steps per second over the last ETA_WINDOW_S of this segment (less while the
+        segment is younger), the rate the ETA divides by."""
+        if len(self._pace) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._pace[0], self._pace[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
     def _steps_per_min(self) -> float | None:
         if len(self._recent) < 2:
             return None
@@ -244,12 +277,13 @@ class Monitor:
         steps_per_min = self._steps_per_min()
         eta_s = None
         total = self.settings.total_steps
+        rate = self.eta_steps_per_s()
         if last is not None and total is not None:
             remaining = max(total - last.step, 0)
             if remaining == 0:
                 eta_s = 0.0
-            elif steps_per_min:
-                eta_s = remaining * 60.0 / steps_per_min
+            elif rate:
+                eta_s = remaining / rate
         vocab = self.settings.vocab_size
         return {
             "step": last.step if last else None,
@@ -294,3 +328,84 @@ def settings_from_config(
         ema_beta=telemetry.ema_beta,
         vocab_size=telemetry.vocab_size,
     )
+
+
+OWN_SAVES_KEPT = 16
+"""The trainer's own recent saves the cadence is inferred from."""
+REQUESTING_SIGNALS = frozenset({"SIGUSR1", "SIGTERM"})
+"""Signals the daemon sends that make the trainer save (a save request, a stop)."""
+
+
+class SaveCadence:
+    """The trainer's own checkpoint cadence, told apart from saves the daemon asked for.
+
+    A save the operator asked for (SIGUSR1) or a stop's save (SIGTERM) lands wherever the
+    trainer was: with save-every 200, a manual save at 498 must not move the next one
+    from 600 to 698. So the commit that follows such a signal is left out, and so is the
+    trainer's save at the run's end; the cadence is the greatest common divisor of the
+    spacings between the remaining commits, counted from their phase (a trainer that
+    saves at 199, 399, ... is on the same 200-step cadence as one at 200, 400). With a
+    single own save the cadence is taken to count from step 0.
+    """
+
+    def __init__(self, total_steps: int | None = None) -> None:
+        self.total_steps = total_steps
+        self.own: deque[int] = deque(maxlen=OWN_SAVES_KEPT)
+        self.requested = False
+        """A signal asked for a save that has not been committed yet."""
+
+    def signalled(self, signal: str) -> None:
+        if signal in REQUESTING_SIGNALS:
+            self.requested = True
+
+    def started(self) -> None:
+        """A new trainer start: a save asked of the previous one is not coming."""
+        self.requested = False
+
+    def committed(self, step: int) -> None:
+        if self.requested:
+            self.requested = False
+            return
+        if step <= 0 or step == self.total_steps or step in self.own:
+            return
+        self.own.append(step)
+
+    def replay(self, records: list[dict[str, Any]]) -> None:
+        """Learn from the journal's records (oldest first) what a restarted daemon missed."""
+        for record in records:
+            kind = record.get("kind")
+            if kind == "signal" and isinstance(record.get("signal"), str):
+                self.signalled(record["signal"])
+            elif kind == "save_requested":
+                self.requested = True
+            elif kind == "spawn":
+                self.started()
+            elif kind == "checkpoint" and isinstance(record.get("step"), int):
+                self.committed(record["step"])
+        self.requested = False  # a request in flight at the restart is answered or lost
+
+    @property
+    def every(self) -> int | None:
+        """Steps between the trainer's own saves, None until known."""
+        own = sorted(self.own)
+        if not own:
+            return None
+        if len(own) == 1:
+            return own[0]
+        spacing = 0
+        for a, b in zip(own, own[1:], strict=False):
+            spacing = math.gcd(spacing, b - a)
+        return spacing or None
+
+    def next_after(self, step: int | None) -> int | None:
+        """The trainer's next own save after `step`, never past the run's total steps
+        (None at or past it, or while the cadence is unknown)."""
+        every = self.every
+        total = self.total_steps
+        if every is None or step is None:
+            return None
+        if total is not None and step >= total:
+            return None
+        phase = max(self.own) % every
+        following = step + every - (step - phase) % every
+        return min(following, total) if total is not None else following

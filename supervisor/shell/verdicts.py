@@ -135,7 +135,7 @@ class CheckpointReports:
                     digest=result.digest.hex,
                 )
             )
-            self.hub.checkpoint_seen(info)
+            self.hub.checkpoint_seen(info, _mtime(result.signature), scanned=True)
         return tuple(scanned)
 
     # -- what the watcher reports, on the loop -------------------------------------------
@@ -220,7 +220,7 @@ class CheckpointReports:
             return
         if info is not None and result.digest is not None:
             self.known[name] = Commit(result.signature, result.digest)
-            self.hub.checkpoint_seen(info)
+            self.hub.checkpoint_seen(info, _mtime(result.signature))
             self.report(
                 core.CheckpointCommitted(
                     now,

@@ -155,7 +155,7 @@ class RecordingAndreaBin(AndreaBin):
 
 
 class NoHub:
-    def checkpoint_seen(self, info: object) -> None:
+    def checkpoint_seen(self, info: object, mtime: float, scanned: bool = False) -> None:
         pass
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
@@ -27,6 +29,61 @@ STATE_CLASS: dict[str, str] = {
 """The badge's style (a component class below) for each phase."""
 SHOWS_REASON = HALTED - {Phase.FINISHED}
 """Halted phases whose reason is worth a place on the line (a finished run needs none)."""
+
+
+# What goes first when the line is too narrow: the highest number (a field is dropped
+# whole, so no number is ever cut).
+KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, STEPS, UPTIME, PID = range(9)
+BAR_MIN, BAR_MAX = 8, 24
+"""Cells of the progress bar: it grows into the room the other fields leave."""
+
+
+@dataclass
+class Field:
+    text: Text
+    rank: int
+    """KEEP ... PID: the order in which fields are dropped, last first."""
+    bar: float | None = None
+    """Set for the progress bar: the fraction done (its text is drawn at fit time)."""
+    after: Text | None = None
+    """Drawn after the bar (its percentage), dropped with it."""
+
+
+def progress_bar(done: float, width: int, full: Style | str = "", empty: Style | str = "") -> Text:
+    """`━━━━━╸────`: heavy for done, light for to do, so it reads without colour."""
+    halves = round(done * width * 2)
+    whole, half = divmod(halves, 2)
+    bar = Text("━" * whole + "╸" * half, full)
+    bar.append("─" * (width - whole - half), empty)
+    return bar
+
+
+def fit(fields: list[Field], width: int) -> Text:
+    """The fields that fit `width` cells, in their order, dropping the lesser first."""
+    kept = list(fields)
+
+    def cells(bar: int) -> int:
+        return sum(
+            f.text.cell_len
+            + (f.after.cell_len if f.after is not None else 0)
+            + (bar if f.bar is not None else 0)
+            for f in kept
+        )
+
+    while width > 0 and cells(BAR_MIN) > width and any(f.rank > KEEP for f in kept):
+        # The lesser first, and of equals the one furthest right.
+        worst = max(f.rank for f in kept)
+        last = max(i for i, f in enumerate(kept) if f.rank == worst)
+        del kept[last]
+    bar_width = BAR_MIN if width <= 0 else min(max(width - cells(0) - 1, BAR_MIN), BAR_MAX)
+    line = Text(no_wrap=True, overflow="ellipsis")
+    for f in kept:
+        line.append_text(f.text)
+        if f.bar is not None:
+            line.append_text(progress_bar(f.bar, bar_width, "bold", "dim"))
+        if f.after is not None:
+            line.append_text(f.after)
+    return line
 
 
 class RunHeader(Static):
@@ -57,15 +114,15 @@ class RunHeader(Static):
         self.update(self.compose_line(model), layout=False)
 
     def compose_line(self, model: RunModel) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
         muted = self.get_component_rich_style("run-header--muted")
-        line.append(
+        name = Text(
             f" {clean(model.run_name, 24)} ", self.get_component_rich_style("run-header--name")
         )
-        if self.read_only:
-            line.append(" READ-ONLY ", self.get_component_rich_style("run-header--read-only"))
-        line.append(" ")
         if not model.connected:
+            line = Text(no_wrap=True, overflow="ellipsis")
+            line.append_text(name)
+            self._read_only(line)
+            line.append(" ")
             retry = model.retry_in_s()
             label = " DISCONNECTED - retrying"
             label += f" in {retry:.0f}s " if retry is not None and retry >= 0.5 else "… "
@@ -75,51 +132,77 @@ class RunHeader(Static):
             if model.phase is not None:
                 line.append(f"  last known: {model.phase}", muted)
             return line
-        line.append(self._badge(model))
+        fields: list[Field] = [Field(name, KEEP)]
+        if self.read_only:
+            fields.append(Field(Text(" READ-ONLY ", self.style_of("read-only")), KEEP))
+        fields.append(Field(Text(" ") + self._badge(model), KEEP))
         state = model.state.value or {}
         pid = state.get("trainer_pid")
         if isinstance(pid, int) and pid > 0:
-            line.append(f"  pid {pid}")
+            fields.append(Field(Text(f"  pid {pid}"), PID))
             uptime = model.trainer_uptime_s()
             if uptime is not None:
-                line.append(f" up {fmt.duration(uptime)}")
+                fields.append(Field(Text(f" up {fmt.duration(uptime)}"), UPTIME))
         restarts = state.get("restarts")
         if isinstance(restarts, int):
-            line.append(f"  restarts {restarts}", "" if restarts == 0 else self.style_of("backoff"))
+            style = "" if restarts == 0 else self.style_of("backoff")
+            fields.append(Field(Text(f"  restarts {restarts}", style), RESTARTS))
         audit = (model.telemetry.value or {}).get("resume_audit")
         status = audit.get("status") if isinstance(audit, dict) else None
         if status == "verified":
-            line.append("  ")
-            line.append(" resume ✓ ", self.get_component_rich_style("run-header--verified"))
+            fields.append(Field(Text("  ") + Text(" resume ✓ ", self.style_of("verified")), AUDIT))
         elif status == "drift" and isinstance(audit, dict):
-            line.append("  ")
-            line.append(
-                f" resume drift @{clean(audit.get('step'), 12)} ",
-                self.get_component_rich_style("run-header--drift"),
-            )
+            fields.append(self._warning(f"resume drift @{clean(audit.get('step'), 12)}"))
         elif status == "unverified":
-            line.append("  resume unverified", muted)
+            fields.append(Field(Text("  resume unverified", muted), AUDIT))
         if model.disk_full:
             names = ", ".join(clean(Path(f).name, 40) for f in model.disk_full)
-            line.append("  ")
-            line.append(
-                f" DISK FULL: holding {names} ",
-                self.get_component_rich_style("run-header--drift"),
-            )
+            fields.append(self._warning(f"DISK FULL: holding {names}"))
         elif model.disk_low:
-            line.append("  ")
-            line.append(" DISK LOW ", self.get_component_rich_style("run-header--drift"))
+            fields.append(self._warning("DISK LOW"))
+        if (model.gpu or {}).get("alarming") is True:
+            fields.append(self._warning("GPU THROTTLED"))
         reason = model.detail.get("reason")
         if reason and model.phase in SHOWS_REASON:
-            line.append(f"  {clean(reason, 160)}", muted)
+            fields.append(Field(Text(f"  {clean(reason, 160)}", muted), WARNING))
+        fields += self._progress(model)
+        line = fit(fields, self.size.width)
         hints = model.hints()
         if hints:
-            # The first one whole on the line; the telemetry panel lists them all.
+            # The first one on the line, cut at its end if it must; the telemetry panel
+            # lists them all, whole.
             line.append("  ")
-            line.append(
-                f" {clean(hints[0], 300)} ", self.get_component_rich_style("run-header--drift")
-            )
+            line.append(f" ! {clean(hints[0], 300)} ", self.style_of("drift"))
         return line
+
+    def _read_only(self, line: Text) -> None:
+        if self.read_only:
+            line.append(" READ-ONLY ", self.get_component_rich_style("run-header--read-only"))
+
+    def _warning(self, text: str) -> Field:
+        """A warning: marked with `!` so it reads without colour too."""
+        return Field(Text("  ") + Text(f" ! {text} ", self.style_of("drift")), WARNING)
+
+    def _progress(self, model: RunModel) -> list[Field]:
+        """The run's progress bar (step / total) and, while the trainer steps, its ETA."""
+        t = model.telemetry.value or {}
+        step, total = t.get("step"), model.total_steps
+        fields: list[Field] = []
+        if isinstance(step, int) and total:
+            done = min(max(step / total, 0.0), 1.0)
+            # Floored: 100% only at the total.
+            percent = Text(f" {int(done * 100)}%".rjust(5))
+            fields.append(Field(Text("  "), PROGRESS, bar=done, after=percent))
+            fields.append(
+                Field(
+                    Text(f" {fmt.integer(step)}/{fmt.integer(total)}", self.style_of("muted")),
+                    STEPS,
+                )
+            )
+        eta = t.get("eta_s")
+        if model.stepping and fmt.finite(eta):
+            fields.append(Field(Text(f"  ETA {fmt.duration(eta)}"), ETA))
+        return fields
 
     def _badge(self, model: RunModel) -> Text:
         phase = model.phase

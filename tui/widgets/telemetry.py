@@ -8,11 +8,36 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from trainwarden.supervisor.protocol import Phase
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
 
 LABEL_WIDTH = 7
+SPARK_CELLS = 12
+"""Cells of the tokens/s sparkline (the last model.SPARK_WINDOW_S of frames)."""
+SPARK_MIN_CELLS = 4
+"""Fewer free cells than this on the speed row: no sparkline."""
+SLOW_START_S = 60.0
+"""A start that logged no step for this long shows the trainer's last output line."""
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], cells: int) -> str:
+    """The values in `cells` buckets (the mean of each), scaled from their min to max.
+    Bar heights differ, so it reads without colour; a flat series is a flat line."""
+    if len(values) < 2:
+        return ""  # one frame has no shape
+    cells = min(cells, len(values))
+    buckets = [
+        values[i * len(values) // cells : (i + 1) * len(values) // cells] for i in range(cells)
+    ]
+    means = [sum(b) / len(b) for b in buckets if b]
+    low, high = min(means), max(means)
+    if high - low <= 1e-9 * max(abs(high), 1.0):
+        return BLOCKS[3] * len(means)
+    top = len(BLOCKS) - 1
+    return "".join(BLOCKS[round((m - low) / (high - low) * top)] for m in means)
 
 
 class TelemetryPanel(Static):
@@ -62,20 +87,45 @@ class TelemetryPanel(Static):
             progress = f"  {step / total:.1%}"
         total_text = f" / {fmt.integer(total)}" if total else ""
         row("step", (fmt.integer(step), value), (total_text, muted), (progress, muted))
-        row(
-            "loss",
-            (fmt.loss(t.get("loss")), value),
-            ("  ema ", muted),
-            (fmt.loss(t.get("loss_ema")), value),
-        )
-        row(
-            "speed",
-            (f"{fmt.compact(t.get('tokens_per_s'))} tok/s", value),
-            ("  ", muted),
-            (f"{_rate(t.get('steps_per_min'))} st/min", value),
-        )
+        stale = model.step_stale()
+        step_age = model.step_age_s()
+        aged = f" ({fmt.duration(step_age)} ago)" if stale and step_age is not None else ""
+        loss, ema = fmt.loss(t.get("loss")), fmt.loss(t.get("loss_ema"))
+        loss_parts: list[tuple[str, object]] = [(loss, muted if stale else value), (aged, muted)]
+        # The EMA when it fits whole (a stale row's age comes first).
+        if LABEL_WIDTH + len(loss) + len(aged) + 6 + len(ema) <= self.content_size.width:
+            loss_parts += [("  ema ", muted), (ema, muted if stale else value)]
+        row("loss", *loss_parts)
+        not_stepping = self._not_stepping(model)
+        start_line = self._start_line(model)
+        if start_line is not None:
+            row("start", *start_line)
+        elif not_stepping is not None:
+            # The trainer is not stepping: no speed is true now.
+            row("speed", (fmt.UNKNOWN, value), (f"  {not_stepping}", muted))
+        else:
+            speed = f"{fmt.compact(t.get('tokens_per_s'))} tok/s"
+            pace = f"{_rate(t.get('steps_per_min'))} st/min"
+            # The sparkline takes the room left on the row, if there is enough for a shape.
+            room = self.content_size.width - LABEL_WIDTH - len(speed) - len(pace) - 4
+            cells = min(room, SPARK_CELLS) if room >= SPARK_MIN_CELLS else 0
+            row(
+                "speed",
+                (speed, value),
+                ("  ", muted),
+                (pace, value),
+                ("  ", muted),
+                (sparkline(model.speed_samples(), cells) if cells else "", value),
+            )
         mfu = t.get("mfu")
-        if fmt.finite(mfu):
+        if not_stepping is not None:
+            row(
+                "MFU",
+                (fmt.UNKNOWN, value),
+                ("  run avg ", muted),
+                (fmt.percent(t.get("mfu_avg")), value),
+            )
+        elif fmt.finite(mfu):
             row(
                 "MFU",
                 (fmt.percent(mfu), value),
@@ -86,7 +136,12 @@ class TelemetryPanel(Static):
             reason = t.get("mfu_unknown_reason")
             row("MFU", ("unknown", value), (f"  {clean(reason, 200)}" if reason else "", muted))
         eta = t.get("eta_s")
-        row("ETA", (fmt.duration(eta) if eta is not None else fmt.UNKNOWN, value))
+        if model.phase == Phase.FINISHED and model.connected:
+            row("ETA", ("done", value))
+        elif not_stepping is not None:
+            row("ETA", (fmt.UNKNOWN, value), (f"  {not_stepping}", muted))
+        else:
+            row("ETA", (fmt.duration(eta) if eta is not None else fmt.UNKNOWN, value))
         last_step = t.get("last_checkpoint_step")
         next_step = t.get("next_checkpoint_step")
         parts: list[tuple[str, object]] = []
@@ -100,7 +155,7 @@ class TelemetryPanel(Static):
             parts.append(("none yet", muted))
         if model.saving:
             parts.append(("  saving…", busy))
-        elif next_step is not None:
+        elif next_step is not None and model.phase != Phase.FINISHED:
             parts += [("  next ", muted), (fmt.integer(next_step), value)]
         row("ckpt", *parts)
         # Below the fold at 80x24; shown when the terminal is taller.
@@ -112,6 +167,32 @@ class TelemetryPanel(Static):
         )
         self._host_rows(model, row, value, muted, busy)
         self.update(text, layout=False)
+
+    @staticmethod
+    def _not_stepping(model: RunModel) -> str | None:
+        """Why the trainer is not stepping now (None while it is)."""
+        if not model.connected:
+            return "disconnected"
+        if model.stepping:
+            return None
+        phase = model.phase
+        return "not stepping" if phase is None else f"trainer {phase.replace('_', ' ')}"
+
+    def _start_line(self, model: RunModel) -> list[tuple[str, object]] | None:
+        """A start that has logged no step for a minute: what the trainer says it does."""
+        if not model.connected or model.phase != Phase.STARTING:
+            return None
+        uptime = model.trainer_uptime_s()
+        line = (model.telemetry.value or {}).get("last_line")
+        if uptime is None or uptime < SLOW_START_S or not isinstance(line, str):
+            return None
+        age = model.last_line_age_s()
+        muted = self.get_component_rich_style("telemetry--muted")
+        return [
+            (f"up {fmt.duration(uptime)}: ", muted),
+            (clean(line, 200), self.get_component_rich_style("telemetry--value")),
+            (f" ({fmt.duration(age)} ago)" if age is not None else "", muted),
+        ]
 
     @staticmethod
     def _host_rows(model: RunModel, row: Any, value: Any, muted: Any, alarm: Any) -> None:
@@ -135,7 +216,7 @@ class TelemetryPanel(Static):
         )
         free = host.get("disk_free_bytes")
         if fmt.finite(free):
-            warning = "  LOW: the next checkpoint may not fit" if model.disk_low else ""
+            warning = "  ! LOW: the next checkpoint may not fit" if model.disk_low else ""
             row(
                 "disk",
                 (f"{fmt.size(free)} free", alarm if model.disk_low else value),
