@@ -37,6 +37,7 @@ from trainwarden.tui.screens.main import MainScreen, ReadOnlyMainScreen
 from trainwarden.tui.screens.pivot import PivotRequest, PivotScreen
 from trainwarden.tui.source import DaemonSource, DataSource, describe_failure
 from trainwarden.tui.widgets.bandit import BanditPanel
+from trainwarden.tui.widgets.caption import IncidentCaption
 from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
 from trainwarden.tui.widgets.events import EventsPanel
 from trainwarden.tui.widgets.gpu import GpuPanel
@@ -192,6 +193,7 @@ class TrainwardenApp(App[int]):
             screen.query_one(BanditPanel).show(model)
         elif panel == "events":
             screen.query_one(EventsPanel).show(model)
+            screen.query_one(IncidentCaption).show(model)
 
     # -------------------------------------------------------------- outcomes
 

@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from trainwarden.tui.widgets.bandit import BanditPanel
+from trainwarden.tui.widgets.caption import IncidentCaption
 from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
 from trainwarden.tui.widgets.events import EventsPanel
 from trainwarden.tui.widgets.gpu import GpuPanel
@@ -47,6 +48,7 @@ class MainScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(read_only=self.read_only, id="header")
+        yield IncidentCaption(id="caption")
         with Container(id="body"):
             with Horizontal(id="row-top", classes="row"):
                 yield TelemetryPanel(id="telemetry", classes="panel left")
