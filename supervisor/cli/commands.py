@@ -50,7 +50,7 @@ def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from trainwarden.supervisor.cli.init import write_config
+    from trainwarden.supervisor.cli.init import cpu_warning, write_config
 
     path = write_config(
         _run_dir(args),
@@ -62,6 +62,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     print(f"wrote {path}")
     print(f"start it with: trainwarden daemon --detach {path.parent}")
+    warning = cpu_warning(args.preset, args.device)
+    if warning:
+        print(f"trainwarden init: {warning}", file=sys.stderr)
     return 0
 
 
