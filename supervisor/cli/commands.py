@@ -266,7 +266,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.demo import run_demo
 
-    return run_demo(Path(args.run_dir).expanduser().resolve() if args.run_dir else None)
+    run_dir = Path(args.run_dir).expanduser().resolve() if args.run_dir else None
+    return run_demo(run_dir, fresh=args.fresh)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
