@@ -32,13 +32,14 @@ from trainwarden.tui.messages import (
 from trainwarden.tui.model import PANELS, Clock, RunModel
 from trainwarden.tui.sanitize import clean
 from trainwarden.tui.screens.confirm import ConfirmScreen
-from trainwarden.tui.screens.help import HelpScreen
+from trainwarden.tui.screens.help import QUIT_LEAVES_RUN, HelpScreen
 from trainwarden.tui.screens.log import LogScreen
 from trainwarden.tui.screens.main import MainScreen, ReadOnlyMainScreen
 from trainwarden.tui.screens.pivot import PivotRequest, PivotScreen
 from trainwarden.tui.screens.samples import SamplesScreen
 from trainwarden.tui.source import DaemonSource, DataSource, describe_failure
 from trainwarden.tui.widgets.bandit import BanditPanel
+from trainwarden.tui.widgets.caption import IncidentCaption
 from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
 from trainwarden.tui.widgets.events import EventsPanel
 from trainwarden.tui.widgets.gpu import GpuPanel
@@ -80,11 +81,17 @@ class TrainwardenApp(App[int]):
     NOTIFICATION_TIMEOUT = 8
 
     def __init__(
-        self, source: DataSource, read_only: bool = False, clock: Clock | None = None
+        self,
+        source: DataSource,
+        read_only: bool = False,
+        clock: Clock | None = None,
+        quit_means: str = QUIT_LEAVES_RUN,
     ) -> None:
         super().__init__()
         self.source = source
         self.read_only = read_only
+        self.quit_means = quit_means
+        """What q does to the run, as the help says it (the demo stops its own run)."""
         self.model = RunModel(clock=clock or Clock())
         self.rendered: dict[str, int] = {}
         self.clock_rendered_at = 0.0
@@ -248,6 +255,7 @@ class TrainwardenApp(App[int]):
             screen.query_one(BanditPanel).show(model)
         elif panel == "events":
             screen.query_one(EventsPanel).show(model)
+            screen.query_one(IncidentCaption).show(model)
 
     # -------------------------------------------------------------- outcomes
 
@@ -445,7 +453,7 @@ class TrainwardenApp(App[int]):
         self.push_screen(LogScreen(self.source.log_path))
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(read_only=self.read_only))
+        self.push_screen(HelpScreen(read_only=self.read_only, quit_means=self.quit_means))
 
     async def action_quit(self) -> None:
         self.exit(0)
@@ -473,7 +481,12 @@ def daemon_unreachable(socket_path: Path, wait_s: float = STARTUP_WAIT_S) -> str
         time.sleep(0.1)
 
 
-def main(socket_path: Path, read_only: bool = False, log_path: Path | None = None) -> int:
+def main(
+    socket_path: Path,
+    read_only: bool = False,
+    log_path: Path | None = None,
+    quit_means: str = QUIT_LEAVES_RUN,
+) -> int:
     """Run the TUI on the daemon at `socket_path`; the exit status.
 
     `log_path` is the run's training.log when the caller knows it (a local run
@@ -484,6 +497,8 @@ def main(socket_path: Path, read_only: bool = False, log_path: Path | None = Non
     if problem is not None:
         print(f"trainwarden tui: {problem}", file=sys.stderr)
         return 1
-    app = TrainwardenApp(DaemonSource(socket_path, log_path), read_only=read_only)
+    app = TrainwardenApp(
+        DaemonSource(socket_path, log_path), read_only=read_only, quit_means=quit_means
+    )
     app.run()
     return app.return_code or 0

@@ -50,7 +50,7 @@ def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from trainwarden.supervisor.cli.init import write_config
+    from trainwarden.supervisor.cli.init import cpu_warning, write_config
 
     path = write_config(
         _run_dir(args),
@@ -62,6 +62,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     print(f"wrote {path}")
     print(f"start it with: trainwarden daemon --detach {path.parent}")
+    warning = cpu_warning(args.preset, args.device)
+    if warning:
+        print(f"trainwarden init: {warning}", file=sys.stderr)
     return 0
 
 
@@ -263,7 +266,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.demo import run_demo
 
-    return run_demo(Path(args.run_dir).expanduser().resolve() if args.run_dir else None)
+    run_dir = Path(args.run_dir).expanduser().resolve() if args.run_dir else None
+    return run_demo(run_dir, fresh=args.fresh)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

@@ -1,12 +1,20 @@
 """`trainwarden demo`: from nothing to a supervised run in the TUI, in one command.
 
 Creates (or reuses) a run directory for the reference trainer, starts the daemon in the
-background unless one already supervises it, opens the TUI, and on quit asks whether to
-stop the run. The run directory stays either way, for inspection.
+background unless one already supervises it, and opens the TUI. The demo run trains until
+it is stopped, and within its first minute the trainer crashes, diverges (NaN) and hangs,
+once each (the reference trainer's fault flags), so the daemon's restarts, rollback and
+hang detection happen on screen. On quit the demo stops the run it started (asking first,
+yes by default) and leaves alone a run it only attached to (asking first, no by default).
+The run directory stays either way, for inspection; `--fresh` starts it over.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,14 +25,29 @@ from trainwarden.supervisor.cli.init import write_config
 from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
 from trainwarden.supervisor.protocol import Client
-from trainwarden.supervisor.store.rundir import RunFiles
+from trainwarden.supervisor.store.journal import read_records
+from trainwarden.supervisor.store.rundir import RunFiles, read_pid
 
 DEFAULT_DIR_NAME = "trainwarden-demo"
+"""The demo's run directory when none is given: ./trainwarden-demo in the current directory."""
 DEMO_PRESET = "tiny"
-DEMO_STEPS = 5000
+DEMO_STEPS = 100_000_000
+"""Far more than anyone watches: the demo trains until it is stopped."""
 DEMO_SAVE_EVERY = 100
+DEMO_FAULTS = {"--crash-at-step": 350, "--nan-at-step": 1050, "--hang-at-step": 1750}
+"""One crash, one divergence and one hang, each once per run directory, a few seconds apart
+on a CPU."""
+DEMO_STALL_TIMEOUT_S = 15.0
+"""Short, so the hang is detected within the demo's first minute; longer than the
+trainer's start-up (importing torch) on a busy machine."""
+DEMO_STOP_TIMEOUT_S = 5.0
+"""The tiny model saves in milliseconds; a hung trainer is killed this soon after SIGTERM."""
+DEMO_BACKOFF_S = 1.0
+DEMO_HEADER = "# A `trainwarden demo` run: `trainwarden demo --fresh` may delete this directory.\n"
 SHUTDOWN_WAIT_S = 120.0
 RESUMABLE = ("stopped",)
+QUIT_STOPS_OWN_RUN = "quit; the demo then stops the run it started (asks first, yes by default)"
+QUIT_LEAVES_ATTACHED = "quit the TUI; the run goes on (the demo only attached to it)"
 
 
 def say(message: str, out: TextIO | None = None) -> None:
@@ -36,9 +59,30 @@ def prepare(run_dir: Path) -> bool:
     if (run_dir / CONFIG_NAME).exists():
         return False
     write_config(
-        run_dir, preset=DEMO_PRESET, steps=DEMO_STEPS, save_every=DEMO_SAVE_EVERY, device="auto"
+        run_dir,
+        preset=DEMO_PRESET,
+        steps=DEMO_STEPS,
+        save_every=DEMO_SAVE_EVERY,
+        device="auto",
+        extra_args=[str(arg) for pair in DEMO_FAULTS.items() for arg in pair],
+        stall_timeout_s=DEMO_STALL_TIMEOUT_S,
+        stop_timeout_s=DEMO_STOP_TIMEOUT_S,
+        backoff_initial_s=DEMO_BACKOFF_S,
+        header=DEMO_HEADER,
     )
     return True
+
+
+def made_by_demo(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a demo run (so --fresh may delete it): the demo's header, or
+    the default name with the reference trainer (demo directories from before the header)."""
+    try:
+        text = (run_dir / CONFIG_NAME).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    if text.startswith(DEMO_HEADER):
+        return True
+    return run_dir.name == DEFAULT_DIR_NAME and '"trainwarden.trainer"' in text
 
 
 def daemon_status(cfg: Config) -> dict | None:
@@ -50,37 +94,161 @@ def daemon_status(cfg: Config) -> dict | None:
         return None
 
 
-def ensure_daemon(cfg: Config) -> None:
+def ensure_daemon(cfg: Config, out: TextIO) -> bool:
+    """A daemon supervises the run; True when this demo started it (the demo's own run)."""
     status = daemon_status(cfg)
+    own = status is None
     if status is None:
-        say("starting the daemon in the background…")
+        say("starting the daemon in the background…", out)
         pid = start_detached(cfg)
-        say(f"daemon started (pid {pid}); its log: {RunFiles(cfg.run_dir).daemon_log}")
+        say(f"daemon started (pid {pid}); its log: {RunFiles(cfg.run_dir).daemon_log}", out)
         status = daemon_status(cfg)
     else:
-        say(f"a daemon already supervises this run (pid {status.get('daemon_pid')}); attaching")
+        say(
+            f"a daemon already supervises this run (pid {status.get('daemon_pid')}); "
+            "attaching (quitting leaves it running)",
+            out,
+        )
     if status is not None and status.get("state") in RESUMABLE:
         # A previous demo stopped it; a demo is for watching a run, so carry on training.
         with Client(cfg.socket_path, timeout=30.0) as client:
             client.request("start")
-        say("the trainer was stopped; started it again from its newest checkpoint")
+        say("the trainer was stopped; started it again from its newest checkpoint", out)
+    return own
 
 
-def ask_to_stop(stdin: TextIO, out: TextIO) -> bool:
-    """Whether to stop the run; yes unless the operator says no. No prompt without a terminal."""
-    if not stdin.isatty():
-        say("stdin is not a terminal: stopping the run (the default)", out)
-        return True
+# -------------------------------------------------------------- finished runs, --fresh
+
+
+def finished_at(run_dir: Path) -> int | None:
+    """The step a finished run ended at (its journal's newest trainer event says it
+    finished), or None when it has not finished."""
+    journal = RunFiles(run_dir).journal
+    last: dict | None = None
     try:
-        out.write("Stop the training run? The run directory is kept either way. [Y/n] ")
+        for record in read_records(journal):
+            if record.get("kind") in ("spawn", "trainer_finished"):
+                last = record
+    except OSError:
+        return None
+    if last is None or last.get("kind") != "trainer_finished":
+        return None
+    step = last.get("last_step")
+    return step if isinstance(step, int) else -1
+
+
+def daemon_holding(files: RunFiles) -> int | None:
+    """The pid of the daemon that holds the run's lock, or None when no daemon holds it."""
+    try:
+        fd = os.open(files.lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_pid(files.daemon_pid) or -1
+    finally:
+        os.close(fd)  # closing drops the lock if we took it
+    return None
+
+
+def stop_daemon(run_dir: Path, out: TextIO) -> bool:
+    """SIGTERM the daemon that supervises `run_dir` (its pid file names it; it stops the
+    trainer, which saves, then exits) and wait for its lock; True once none holds it."""
+    files = RunFiles(run_dir)
+    pid = daemon_holding(files)
+    if pid is None:
+        return True
+    if pid < 0:
+        say(f"a daemon holds {files.lock} but {files.daemon_pid} names none; stop it first", out)
+        return False
+    say(f"stopping the daemon that supervises it (pid {pid})…", out)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + SHUTDOWN_WAIT_S
+    while daemon_holding(files) is not None:
+        if time.monotonic() > deadline:
+            say(f"the daemon (pid {pid}) has not exited after {SHUTDOWN_WAIT_S:.0f} s", out)
+            return False
+        time.sleep(0.1)
+    say("the daemon has exited", out)
+    return True
+
+
+def start_over(run_dir: Path, out: TextIO) -> bool:
+    """Empty a demo run directory (after stopping its daemon); False, saying why, when it
+    is not a demo's or its daemon does not stop."""
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return True
+    if not made_by_demo(run_dir):
+        say(
+            f"{run_dir} is not a demo run directory (its {CONFIG_NAME} was not written by "
+            "`trainwarden demo`); refusing to delete it. Give the demo another directory.",
+            out,
+        )
+        return False
+    if not stop_daemon(run_dir, out):
+        return False
+    for entry in run_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    say(f"cleared {run_dir} for a fresh demo run", out)
+    return True
+
+
+def offer_fresh(run_dir: Path, step: int, stdin: TextIO, out: TextIO) -> bool:
+    """Say the run has finished; True when the operator wants a fresh one."""
+    at = f" at step {step:,}" if step >= 0 else ""
+    say(f"the demo run in {run_dir} has finished{at}: there is nothing more to watch", out)
+    command = f"trainwarden demo --fresh {run_dir}"
+    if not stdin.isatty():
+        say(f"to start it over, run `{command}`", out)
+        return False
+    try:
+        out.write("Start a fresh demo run there (deletes the finished one)? [y/N] ")
+        out.flush()
+        answer = stdin.readline()
+    except KeyboardInterrupt:
+        out.write("\n")
+        answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    say(f"left as it is; `{command}` starts it over", out)
+    return False
+
+
+# -------------------------------------------------------------- quitting
+
+
+def ask_to_stop(stdin: TextIO, out: TextIO, own: bool = True) -> bool:
+    """Whether to stop the run: yes by default for the demo's own run, no for a run it only
+    attached to. Without a terminal the default, without a prompt."""
+    default = own
+    if not stdin.isatty():
+        if own:
+            say("stdin is not a terminal: stopping the demo's run (the default)", out)
+        else:
+            say("stdin is not a terminal: leaving the run going (the default)", out)
+        return default
+    if own:
+        question = "Stop the demo's run (this demo started it)? The directory is kept. [Y/n] "
+    else:
+        question = "The demo attached to a run that was already going. Stop it? [y/N] "
+    try:
+        out.write(question)
         out.flush()
         answer = stdin.readline()
     except KeyboardInterrupt:
         out.write("\n")
         return False
-    if not answer:  # end of input
-        return True
-    return answer.strip().lower() not in ("n", "no")
+    answer = answer.strip().lower()
+    if not answer:  # Enter, or end of input
+        return default
+    return answer in ("y", "yes") if not own else answer not in ("n", "no")
 
 
 def shutdown(cfg: Config, out: TextIO) -> bool:
@@ -110,23 +278,34 @@ def shutdown(cfg: Config, out: TextIO) -> bool:
 
 
 def run_demo(
-    run_dir: Path | None = None, stdin: TextIO | None = None, out: TextIO | None = None
+    run_dir: Path | None = None,
+    stdin: TextIO | None = None,
+    out: TextIO | None = None,
+    fresh: bool = False,
 ) -> int:
     """The whole demo; the exit status."""
     stdin = stdin or sys.stdin
     out = out or sys.stdout
     run_dir = (run_dir or Path.cwd() / DEFAULT_DIR_NAME).expanduser().resolve()
+    finished = None if fresh else finished_at(run_dir)
+    if finished is not None:
+        fresh = offer_fresh(run_dir, finished, stdin, out)
+        if not fresh:
+            return 1
+    if fresh and not start_over(run_dir, out):
+        return 1
     created = prepare(run_dir)
     say(f"{'created' if created else 'reusing'} the run directory {run_dir}", out)
     cfg = load_config(run_dir)
-    ensure_daemon(cfg)
+    own = ensure_daemon(cfg, out)
 
     from trainwarden.tui.app import main as tui_main
 
-    status = tui_main(cfg.socket_path, log_path=cfg.log_path)
+    quit_means = QUIT_STOPS_OWN_RUN if own else QUIT_LEAVES_ATTACHED
+    status = tui_main(cfg.socket_path, log_path=cfg.log_path, quit_means=quit_means)
     if status != 0:
         return status
-    if ask_to_stop(stdin, out):
+    if ask_to_stop(stdin, out, own):
         stopped = shutdown(cfg, out)
     else:
         say(

@@ -42,12 +42,15 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def add(
-        name: str, func: Callable[[argparse.Namespace], int], help_text: str, *, json: bool = False
+        name: str,
+        func: Callable[[argparse.Namespace], int],
+        help_text: str,
+        *,
+        json: bool = False,
+        run_dir_help: str = "run directory (default: current directory)",
     ) -> Parser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "run_dir", nargs="?", default=".", help="run directory (default: current directory)"
-        )
+        p.add_argument("run_dir", nargs="?", default=".", help=run_dir_help)
         if json:
             p.add_argument("--json", action="store_true", help="print the raw result as JSON")
         p.set_defaults(func=func)
@@ -128,9 +131,18 @@ def build_parser() -> Parser:
     )
     p.add_argument("--read-only", action="store_true", help="watch only: acting keys are refused")
     p = add(
-        "demo", cmd_demo, "create a demo run of the reference trainer, supervise it, open the TUI"
+        "demo",
+        cmd_demo,
+        "create a demo run of the reference trainer (it crashes, diverges and hangs once each"
+        " within its first minute, and trains until stopped), supervise it, open the TUI",
+        run_dir_help="run directory (default: ./trainwarden-demo in the current directory)",
     )
     p.set_defaults(run_dir=None)
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: stop the daemon that supervises the demo run, delete the run's files",
+    )
 
     p = add(
         "install-unit", cmd_install_unit, "write a systemd unit that runs the daemon for this run"

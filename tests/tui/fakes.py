@@ -224,8 +224,10 @@ class StaticSource:
         disconnected: str | None = None,
         replies: dict[str, Any] | None = None,
         log_path: Path | None = None,
+        journal: list[dict[str, Any]] | None = None,
     ) -> None:
         self.status = status or globals()["status"]()
+        self.journal = events() if journal is None else journal
         self.disconnected = disconnected
         self.replies = replies or {}
         self.log_path = log_path
@@ -249,7 +251,7 @@ class StaticSource:
         post(
             Connected({"protocol": 1, "run": self.status["run"], "run_dir": self.status["run_dir"]})
         )
-        post(TopicPushed("events", events()))
+        post(TopicPushed("events", self.journal))
         post(TopicPushed("bandit", bandit()))
         post(TopicPushed("samples", samples()))
         post(StatusReceived(self.status))

@@ -1,20 +1,31 @@
-"""`trainwarden demo` from nothing, in a real 80x24 terminal: run dir, daemon, TUI, stop prompt."""
+"""`trainwarden demo` from nothing, in a real 80x24 terminal: run dir, daemon, TUI, the three
+incidents it stages, and what q does to the run (stops the demo's own, leaves one it attached to)."""
 
 from __future__ import annotations
 
 import io
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import belongs_to_run, checkpoints, kill_quietly, pid_alive, trainer_pid
+from tests.support import (
+    DaemonProcess,
+    belongs_to_run,
+    checkpoints,
+    journal,
+    kill_quietly,
+    pid_alive,
+    trainer_pid,
+    wait_for,
+)
 from tests.tui.terminal import Tmux
-from trainwarden.supervisor.cli.demo import ask_to_stop
+from trainwarden.supervisor.cli.demo import DEMO_FAULTS, DEMO_SAVE_EVERY, ask_to_stop, prepare
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(360)
 
 
 @pytest.fixture
@@ -35,33 +46,100 @@ def demo_dir(tmp_path: Path) -> Iterator[Path]:
             kill_quietly(daemon, group=True)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_demo_from_nothing_then_quit_and_stop(demo_dir: Path):
+DEMO = (
+    "import sys; from pathlib import Path; from trainwarden.supervisor.cli.demo import run_demo; "
+    "sys.exit(run_demo(Path(sys.argv[1])))"
+)
+CRASH, NAN, HANG = (DEMO_FAULTS[f] for f in ("--crash-at-step", "--nan-at-step", "--hang-at-step"))
+BEFORE = DEMO_SAVE_EVERY
+"""Each fault fires halfway between two checkpoints: the daemon resumes from the one before."""
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+def wait_in_order(tmux: Tmux, texts: list[str], deadline: float) -> None:
+    """Each text on screen in turn (the caption shows the newest incident only)."""
+    for text in texts:
+        tmux.wait_for(text, timeout=max(deadline - time.monotonic(), 1.0))
+
+
+@needs_tmux
+def test_demo_shows_a_crash_a_divergence_and_a_hang_then_quit_stops_its_own_run(demo_dir: Path):
     tmux = Tmux()
     try:
-        code = "import sys; from pathlib import Path; from trainwarden.supervisor.cli.demo import run_demo; "
-        code += "sys.exit(run_demo(Path(sys.argv[1])))"
-        tmux.start([sys.executable, "-c", code, str(demo_dir)])
+        started = time.monotonic()
+        tmux.start([sys.executable, "-c", DEMO, str(demo_dir)])
         tmux.wait_for("RUNNING", "telemetry", "checkpoints", timeout=90)
         assert (demo_dir / "trainwarden.toml").exists()
+        # Within 150 s of starting from nothing: each incident, captioned with what the
+        # daemon did, as it happens.
+        wait_in_order(
+            tmux,
+            [
+                f"trainer crashed at step {CRASH} (exit 3); daemon restarted it from step"
+                f" {CRASH - CRASH % BEFORE}",
+                f"loss nan at step {NAN:,}; daemon killed the trainer, rolled back to step"
+                f" {NAN - NAN % BEFORE:,}",
+                f"trainer hung at step {HANG:,}; daemon killed it, restarted it from step"
+                f" {HANG - HANG % BEFORE:,}",
+            ],
+            started + 150,
+        )
+        kinds = [r["kind"] for r in journal(demo_dir)]
+        assert {"crash", "divergence", "stall"} <= set(kinds)
+        # Still training after all three: new checkpoints past the hang.
+        wait_for(lambda: max(checkpoints(demo_dir), default=0) > HANG, 60, what="training on")
         pid = trainer_pid(demo_dir)
         assert pid is not None and pid_alive(pid)
+        daemon = int((demo_dir / ".trainwarden" / "daemon.pid").read_text())
 
+        tmux.keys("?")  # the help says what q does here
+        tmux.wait_for("the demo then stops the run it started", "escape closes", timeout=20)
+        tmux.keys("Escape")
+        tmux.wait_for("RUNNING", timeout=20)
         tmux.keys("q")
-        screen = tmux.wait_for("Stop the training run?", "[Y/n]", timeout=20)
+        screen = tmux.wait_for("Stop the demo's run (this demo started it)?", "[Y/n]", timeout=20)
         assert f"created the run directory {demo_dir}" in screen
         tmux.keys("Enter")
         screen = tmux.wait_for("the run directory is kept for inspection", timeout=90)
         assert "the daemon has exited" in screen
-        assert not pid_alive(pid)
+        assert not pid_alive(pid) and not pid_alive(daemon)
         assert not (demo_dir / ".trainwarden" / "daemon.pid").exists()
         assert checkpoints(demo_dir)  # the trainer saved before it stopped
     finally:
         tmux.close()
 
 
+@needs_tmux
+def test_demo_attached_to_a_run_it_did_not_start_leaves_it_running(demo_dir: Path):
+    prepare(demo_dir)
+    daemon = DaemonProcess(demo_dir).start()
+    tmux = Tmux()
+    try:
+        tmux.start([sys.executable, "-c", DEMO, str(demo_dir)])
+        tmux.wait_for("RUNNING", "telemetry", "checkpoints", timeout=90)
+        tmux.keys("?")
+        tmux.wait_for("the run goes on (the demo only attached to it)", timeout=20)
+        tmux.keys("Escape")
+        tmux.wait_for("RUNNING", timeout=20)
+        tmux.keys("q")
+        screen = tmux.wait_for("already going. Stop it? [y/N]", timeout=20)
+        assert f"a daemon already supervises this run (pid {daemon.pid})" in screen
+        tmux.keys("Enter")
+        screen = tmux.wait_for("the run directory is kept for inspection", timeout=30)
+        assert "the run goes on; watch it with `trainwarden tui" in screen
+        assert daemon.alive
+        assert daemon.status()["state"] in ("running", "starting", "backoff", "stopping")
+    finally:
+        tmux.close()
+        daemon.cleanup()
+
+
 def test_no_terminal_means_the_default_without_a_prompt():
     out = io.StringIO()
     assert ask_to_stop(io.StringIO("n\n"), out) is True
     assert "[Y/n]" not in out.getvalue()
-    assert "stopping the run (the default)" in out.getvalue()
+    assert "stopping the demo's run (the default)" in out.getvalue()
+    out = io.StringIO()
+    assert ask_to_stop(io.StringIO("y\n"), out, own=False) is False
+    assert "[y/N]" not in out.getvalue()
+    assert "leaving the run going (the default)" in out.getvalue()

@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+QUIT_LEAVES_RUN = "quit the TUI; the run goes on"
 KEYS = (
     ("s", "save a checkpoint now (waits for it to be committed)"),
     ("x", "stop the trainer after it saves (asks first; the daemon stays)"),
@@ -17,8 +18,10 @@ KEYS = (
     ("p", "pivot: edit the data arms' caps and floors (asks first)"),
     ("P", "pin / unpin the selected checkpoint (pinned ones are never deleted)"),
     ("l", "the tail of training.log (local runs only)"),
+    ("m", "samples: every data arm's recent samples in full (the run's audit trail)"),
+    ("c", "loss chart range: whole run, last 1k steps, last 10k, last 10 % of the run"),
+    ("y", "loss chart scale: linear or log"),
     ("?", "this help"),
-    ("q", "quit the TUI; the run goes on"),
 )
 PANELS = (
     (
@@ -35,6 +38,12 @@ PANELS = (
         "loss",
         "the whole run, one point per dot column; the dashed line is ln(V), the loss of "
         "uniform guessing; R restart, C crash, D divergence, P pivot",
+    ),
+    (
+        "gpu",
+        "utilisation and memory bars, sparklines of utilisation, power and temperature "
+        "over the last minutes, SM clock; a marked warning when it throttles; "
+        "'no NVIDIA GPU' on a CPU run",
     ),
     (
         "checkpoints",
@@ -57,22 +66,27 @@ PANELS = (
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss_help", "close")]
 
-    def __init__(self, read_only: bool = False) -> None:
+    def __init__(self, read_only: bool = False, quit_means: str = QUIT_LEAVES_RUN) -> None:
         super().__init__()
         self.read_only = read_only
+        self.quit_means = quit_means
 
     def compose(self) -> ComposeResult:
         keys = Table.grid(padding=(0, 2))
         keys.add_column(style="bold")
         keys.add_column()
-        for key, what in KEYS:
+        # q first: what quitting does to the run matters most, and shows even at 60x20.
+        for key, what in (("q", self.quit_means), *KEYS):
             keys.add_row(key, what)
         panels = Table.grid(padding=(0, 2))
         panels.add_column(style="bold")
         panels.add_column()
         for name, what in PANELS:
             panels.add_row(name, what)
-        with VerticalScroll(id="help", classes="dialog"):
+        dialog = VerticalScroll(id="help", classes="dialog")
+        # In the border, so it shows however small the terminal and wherever the scroll is.
+        dialog.border_subtitle = "escape closes"
+        with dialog:
             yield Static(Text("trainwarden - keys"), classes="dialog-title", markup=False)
             yield Static(keys, markup=False)
             if self.read_only:
@@ -83,7 +97,6 @@ class HelpScreen(ModalScreen[None]):
                 )
             yield Static(Text("panels"), classes="dialog-title", markup=False)
             yield Static(panels, markup=False)
-            yield Static(Text("escape closes"), classes="dialog-hint", markup=False)
 
     def action_dismiss_help(self) -> None:
         self.dismiss(None)

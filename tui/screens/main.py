@@ -13,6 +13,7 @@ from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
 from trainwarden.tui.widgets.bandit import BanditPanel
+from trainwarden.tui.widgets.caption import IncidentCaption
 from trainwarden.tui.widgets.checkpoints import CheckpointsPanel
 from trainwarden.tui.widgets.events import EventsPanel
 from trainwarden.tui.widgets.gpu import GpuPanel
@@ -76,6 +77,7 @@ class MainScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield RunHeader(read_only=self.read_only, id="header")
+        yield IncidentCaption(id="caption")
         with Container(id="body"):
             with Horizontal(id="row-top", classes="row"):
                 yield TelemetryPanel(id="telemetry", classes="panel left")
