@@ -69,9 +69,10 @@ PALETTE = (
     ("Chart log scale", "Loss chart: switch between linear and log-scale loss (y)", "chart_scale"),
     ("Log", "The run's training.log (l)", "log"),
     ("Help", "Keys and what each panel shows (?)", "help"),
-    ("Quit", "Quit the TUI; the run goes on (q)", "quit"),
+    ("Quit", "q", "quit"),
 )
-"""The command palette's entries: title, help line, app action."""
+"""The command palette's entries: title, help line, app action (quit's help line is the
+app's own `quit_means`, which the demo changes)."""
 
 
 class TrainwardenApp(App[int]):
@@ -441,6 +442,8 @@ class TrainwardenApp(App[int]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         for title, help_line, action in PALETTE:
+            if action == "quit":
+                help_line = f"{self.quit_means[:1].upper()}{self.quit_means[1:]} (q)"
             yield SystemCommand(title, help_line, self._palette_action(action))
 
     def _palette_action(self, action: str) -> Any:

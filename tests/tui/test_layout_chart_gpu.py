@@ -329,3 +329,14 @@ async def test_mouse_clicks_on_panels():
 
         await pilot.click("#bandit", offset=(10, 2))
         await until(pilot, lambda: isinstance(app.screen, SamplesScreen), 10, "samples")
+
+
+def test_the_palettes_quit_says_what_quitting_does_to_the_run():
+    from trainwarden.supervisor.cli.demo import QUIT_STOPS_OWN_RUN
+
+    def quit_help(app: TrainwardenApp) -> str:
+        return next(c.help for c in app.get_system_commands(MainScreen()) if c.title == "Quit")
+
+    assert quit_help(frozen()) == "Quit the TUI; the run goes on (q)"
+    demo = TrainwardenApp(StaticSource(), clock=FrozenClock(), quit_means=QUIT_STOPS_OWN_RUN)
+    assert quit_help(demo).startswith("Quit; the demo then stops the run it started")
