@@ -169,6 +169,8 @@ class StopArgs(TypedDict, total=False):
 
 class PinArgs(TypedDict):
     step: int
+    dry_run: NotRequired[bool]
+    """unpin only: change nothing, answer `would_delete`."""
 
 
 class PivotArgs(TypedDict, total=False):
@@ -568,6 +570,11 @@ class StartResult(TypedDict):
 class PinResult(TypedDict):
     step: int
     pinned: bool
+    dry_run: NotRequired[bool]
+    """An unpin's dry run: nothing changed."""
+    would_delete: NotRequired[list[int]]
+    """A dry run's answer: the steps retention would delete at once after the unpin (the
+    unpinned one, or an older one it no longer keeps), oldest first; empty: nothing goes."""
 
 
 class PivotResult(TypedDict):

@@ -15,6 +15,7 @@ from tests.tui.live import until
 from tests.tui.screen_text import screen_text
 from trainwarden.tui.app import TrainwardenApp
 from trainwarden.tui.messages import TopicPushed
+from trainwarden.tui.screens.confirm import ConfirmScreen
 from trainwarden.tui.widgets.events import EventsPanel
 
 SIZES = [(80, 24), (120, 40), (60, 20)]
@@ -101,3 +102,72 @@ def test_fit_keeps_whole_fields_and_cuts_no_number():
     assert fit(pieces, 8) == "step=…"
     assert fit(["exit", "status", "1:", "CUDA", "error"], 16) == "exit status 1: …"
     assert fit(["resume=12,345,678"], 14) == "resume=…"
+
+
+class Retention(StaticSource):
+    """Answers unpin as a daemon whose retention would delete `would_delete` after it."""
+
+    def __init__(self, would_delete: list[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.would_delete = would_delete
+
+    async def request(self, cmd: str, timeout: float | None = 30.0, **args: Any) -> Any:
+        if cmd != "unpin":
+            return await super().request(cmd, timeout, **args)
+        self.requests.append((cmd, args))
+        if args.get("dry_run"):
+            return {
+                "step": args["step"],
+                "pinned": True,
+                "dry_run": True,
+                "would_delete": self.would_delete,
+            }
+        return {"step": args["step"], "pinned": False}
+
+
+async def press_unpin_on_the_pinned_checkpoint(app: TrainwardenApp, pilot: Pilot[Any]) -> None:
+    await drawn(app, pilot)
+    await pilot.press("down", "down", "down")  # newest first: 12,000 11,500 11,000 10,000 (pinned)
+    await pilot.press("P")
+
+
+async def test_unpin_that_lets_retention_delete_asks_and_yes_unpins():
+    source = Retention(would_delete=[10_000])
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await press_unpin_on_the_pinned_checkpoint(app, pilot)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the confirmation")
+        text = screen_text(app)
+        assert "step_010000.bin" in text and "delete" in text, text
+        assert source.requests == [("unpin", {"step": 10_000, "dry_run": True})]
+        await pilot.press("y")
+        await until(pilot, lambda: len(source.requests) == 2, 5, "the unpin")
+        assert source.requests[-1] == ("unpin", {"step": 10_000})
+        await until(pilot, lambda: app.outcomes, 5, "the outcome")
+        assert app.outcomes[-1] == "checkpoint at step 10000 unpinned"
+
+
+async def test_unpin_answered_no_leaves_it_pinned():
+    source = Retention(would_delete=[10_000])
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await press_unpin_on_the_pinned_checkpoint(app, pilot)
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the confirmation")
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 5, "the answer")
+        await pilot.pause(0.3)
+        assert source.requests == [("unpin", {"step": 10_000, "dry_run": True})]
+        assert app.outcomes[-1] == "checkpoint at step 10,000 stays pinned"
+
+
+async def test_unpin_of_a_checkpoint_that_stays_is_not_asked():
+    source = Retention(would_delete=[])
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await press_unpin_on_the_pinned_checkpoint(app, pilot)
+        await until(pilot, lambda: len(source.requests) == 2, 5, "the unpin")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert source.requests == [
+            ("unpin", {"step": 10_000, "dry_run": True}),
+            ("unpin", {"step": 10_000}),
+        ]
