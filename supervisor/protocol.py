@@ -23,6 +23,7 @@ imports nothing else of the daemon: no store, no shell, no config, no torch.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final, Literal, NotRequired, TypedDict, get_args
 
 # Re-exported (the `as` says so): every party imports the protocol from this one module.
@@ -206,12 +207,26 @@ class Checkpoint(TypedDict):
 class Quarantined(TypedDict):
     name: str
     """The file's name in checkpoints/quarantine/."""
+    step: NotRequired[int | None]
+    cause: NotRequired[str | None]
+    """"pivot" (set aside: written under the old policy), "divergence" (rolled back
+    past), "verification" (failed it), "failed" (another fault); None: not journaled."""
+    cause_step: NotRequired[int | None]
+    """The pivot's or the divergence's step."""
+    reason: NotRequired[str | None]
+    """The journal's reason, as the policy gave it."""
+    why: NotRequired[str]
+    """The reason in words, as the TUI and the CLI show it."""
+    alarming: NotRequired[bool]
+    """False for a pivot's set-aside checkpoints, the normal archive of a pivot."""
 
 
 class CheckpointsView(TypedDict):
     checkpoints: list[Checkpoint]
     """Oldest first."""
     quarantined: list[Quarantined]
+    offline: NotRequired[bool]
+    """Read from the run directory by the command line, with no daemon running."""
 
 
 class StateDetail(TypedDict, total=False):
@@ -584,6 +599,19 @@ class PivotResult(TypedDict):
     """The archive folder, relative to the run directory."""
     zombies: list[str]
     """Arms the trainer has no data for any more."""
+
+
+def size_text(n: Any) -> str:
+    """A size in binary units, as the TUI and the command line both print it:
+    "512 B", "1.4 MiB", "3.2 GiB"; "-" for no number."""
+    if not isinstance(n, int | float) or isinstance(n, bool) or not math.isfinite(n):
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 RESULTS: Final[dict[str, Any]] = {

@@ -333,7 +333,7 @@ class TrainwardenApp(App[int]):
             self.tell(f"checkpoint at step {result.get('step')} {state}")
 
     async def _unpin(self, step: int) -> None:
-        """Unpin, asking first when the daemon says retention would then delete checkpoints."""
+        """Unpin, asking first when the daemon says retention would then delete it."""
         preview = await self.send("unpin", "unpin", step=step, dry_run=True)
         if preview is None:
             return
@@ -341,20 +341,23 @@ class TrainwardenApp(App[int]):
             self.tell(f"checkpoint at step {preview.get('step')} unpinned")
             return
         doomed = [s for s in preview.get("would_delete") or [] if isinstance(s, int)]
-        if not doomed:
+        if step not in doomed:
             await self._pin("unpin", step)
             return
-        names = {
-            c.get("step"): clean(c.get("name") or "", 80)
-            for c in (self.model.checkpoints or {}).get("checkpoints") or []
-            if isinstance(c, dict)
-        }
-        listed = ", ".join(
-            f"{names[s]} (step {s:,})" if names.get(s) else f"step {s:,}" for s in doomed
+        name = next(
+            (
+                clean(c.get("name") or "", 80)
+                for c in (self.model.checkpoints or {}).get("checkpoints") or []
+                if isinstance(c, dict) and c.get("step") == step
+            ),
+            "",
         )
+        others = [s for s in doomed if s != step]
+        also = f" (and step {', '.join(f'{s:,}' for s in others)})" if others else ""
         body = Text(
-            f"Retention keeps only the newest unpinned checkpoints: unpinning step {step:,} "
-            f"deletes {listed} at once. This cannot be undone."
+            f"Retention keeps only the newest unpinned checkpoints: unpinned, "
+            f"{name or 'the checkpoint'} (step {step:,}) is deleted at once{also}. "
+            "This cannot be undone."
         )
 
         def answered(yes: bool | None) -> None:
@@ -364,7 +367,8 @@ class TrainwardenApp(App[int]):
                 self.tell(f"checkpoint at step {step:,} stays pinned")
 
         self.push_screen(
-            ConfirmScreen(f"Unpin step {step:,} and delete?", body, yes_label="Unpin"), answered
+            ConfirmScreen(f"Unpin step {step:,} and delete it?", body, yes_label="Unpin"),
+            answered,
         )
 
     def action_pivot(self) -> None:

@@ -8,6 +8,8 @@ from typing import Any, TypeGuard
 
 from rich.cells import cell_len, set_cell_size
 
+from trainwarden.supervisor.protocol import size_text
+
 UNKNOWN = "-"
 
 
@@ -71,14 +73,8 @@ def duration(seconds: Any) -> str:
 
 
 def size(n: Any) -> str:
-    if not finite(n):
-        return UNKNOWN
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+    """Binary units, the command line's too: "1.4 MiB"."""
+    return size_text(n)
 
 
 def gib(n: Any) -> str:

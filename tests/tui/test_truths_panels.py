@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from tests.tui.fakes import NOW, FrozenClock, StaticSource, events
+from tests.tui.fakes import NOW, FrozenClock, StaticSource, events, status
 from tests.tui.live import until
 from tests.tui.screen_text import screen_text
 from trainwarden.tui.app import TrainwardenApp
@@ -75,7 +75,7 @@ async def drawn(app: TrainwardenApp, pilot: Pilot[Any]) -> None:
     await until(pilot, lambda: app.up_to_date, 10, "every panel drawn")
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size[0]}x{size[1]}")
 async def test_event_details_drop_whole_fields_and_never_slice_a_number(size):
     records = restart_records()
     app = TrainwardenApp(Scenario(records), clock=FrozenClock())
@@ -160,8 +160,9 @@ async def test_unpin_answered_no_leaves_it_pinned():
         assert app.outcomes[-1] == "checkpoint at step 10,000 stays pinned"
 
 
-async def test_unpin_of_a_checkpoint_that_stays_is_not_asked():
-    source = Retention(would_delete=[])
+@pytest.mark.parametrize("would_delete", [[], [11_000]])
+async def test_unpin_of_a_checkpoint_that_stays_is_not_asked(would_delete):
+    source = Retention(would_delete=would_delete)
     app = TrainwardenApp(source, clock=FrozenClock())
     async with app.run_test(size=(80, 24)) as pilot:
         await press_unpin_on_the_pinned_checkpoint(app, pilot)
@@ -171,3 +172,69 @@ async def test_unpin_of_a_checkpoint_that_stays_is_not_asked():
             ("unpin", {"step": 10_000, "dry_run": True}),
             ("unpin", {"step": 10_000}),
         ]
+
+
+def pivot_status() -> dict[str, Any]:
+    """After a normal pivot at step 8,400 (its stop's checkpoint set aside), and one
+    checkpoint that really failed verification."""
+    pivoted = {"step": 8_489, "cause": "pivot", "cause_step": 8_400, "alarming": False}
+    data = status()
+    data["quarantined"] = [
+        {"name": "step_008489.bin", "why": "set aside by the pivot at step 8,400", **pivoted},
+        {"name": "step_008489.json", "why": "set aside by the pivot at step 8,400", **pivoted},
+        {
+            "name": "step_009500.bin",
+            "step": 9_500,
+            "cause": "verification",
+            "cause_step": None,
+            "why": "failed verification: size 1200 != header's 1468008",
+            "alarming": True,
+        },
+    ]
+    return data
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size[0]}x{size[1]}")
+async def test_a_pivots_set_aside_checkpoints_are_told_apart_from_a_failure(size):
+    app = TrainwardenApp(StaticSource(status=pivot_status()), clock=FrozenClock())
+    async with app.run_test(size=size) as pilot:
+        await drawn(app, pilot)
+        text = screen_text(app)
+        assert "quarantined (3)" not in text, text
+        if size[0] >= 80:
+            assert "set aside by the pivot at step 8,400 (2)" in text or (
+                "set aside at pivot 8,400 (2)" in text
+            ), text
+            assert "quarantined (1): step_009500.bin" in text, text
+        # Whatever the width, a step is shown whole or not at all.
+        shown = {"8,400", "12,000", "11,500", "11,000", "10,000", "9000", "3900", "1"}
+        for number in re.findall(r"(?:pivot|step) ([\d,]+)", text):
+            assert number.rstrip(",") in shown, text
+
+
+def restart_app() -> TrainwardenApp:
+    return TrainwardenApp(Scenario(restart_records()), clock=FrozenClock())
+
+
+def pivot_app() -> TrainwardenApp:
+    return TrainwardenApp(StaticSource(status=pivot_status()), clock=FrozenClock())
+
+
+async def settled(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, TrainwardenApp)
+    await drawn(app, pilot)
+    history = app.model.history or {}
+    await until(
+        pilot, lambda: len(history.get("step", [])) == app.history_points(), 10, "the chart"
+    )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size[0]}x{size[1]}")
+def test_after_a_daemon_restart(snap_compare, size):
+    assert snap_compare(restart_app(), terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size[0]}x{size[1]}")
+def test_after_a_pivot(snap_compare, size):
+    assert snap_compare(pivot_app(), terminal_size=size, run_before=settled)
