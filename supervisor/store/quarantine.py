@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.store.journal import read_records
 
 Note = dict[str, Any]
@@ -35,12 +36,20 @@ def note_of(record: dict[str, Any]) -> Note:
                 cause, cause_step = named, int(found.group(1))
                 break
     return {
-        "step": record.get("step"),
+        "step": _step(record.get("step")),
         "name": str(record.get("name") or ""),
         "reason": reason,
-        "cause": cause or "failed",
-        "cause_step": cause_step,
+        "cause": str(cause or "failed"),
+        "cause_step": _step(cause_step),
     }
+
+
+def _step(value: Any) -> int | None:
+    """A step the view can carry: a file named past MAX_STEP (quarantined for it) has
+    none, and would not even serialise beyond 64 bits."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP:
+        return value
+    return None
 
 
 def notes_from_journal(path: Path) -> dict[str, Note]:
