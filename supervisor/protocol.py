@@ -225,8 +225,6 @@ class CheckpointsView(TypedDict):
     checkpoints: list[Checkpoint]
     """Oldest first."""
     quarantined: list[Quarantined]
-    offline: NotRequired[bool]
-    """Read from the run directory by the command line, with no daemon running."""
 
 
 class StateDetail(TypedDict, total=False):
@@ -585,11 +583,18 @@ class StartResult(TypedDict):
 class PinResult(TypedDict):
     step: int
     pinned: bool
-    dry_run: NotRequired[bool]
-    """An unpin's dry run: nothing changed."""
-    would_delete: NotRequired[list[int]]
-    """A dry run's answer: the steps retention would delete at once after the unpin (the
-    unpinned one, or an older one it no longer keeps), oldest first; empty: nothing goes."""
+
+
+class UnpinPreview(TypedDict):
+    """An unpin's dry run (`dry_run: true`): nothing changed."""
+
+    step: int
+    pinned: bool
+    """Still true."""
+    dry_run: bool
+    would_delete: list[int]
+    """The steps retention would delete at once after the unpin (the unpinned one, or an
+    older one it no longer keeps), oldest first; empty: nothing goes."""
 
 
 class PivotResult(TypedDict):
@@ -626,7 +631,7 @@ RESULTS: Final[dict[str, Any]] = {
     "shutdown": StopResult,
     "start": StartResult,
     "pin": PinResult,
-    "unpin": PinResult,
+    "unpin": PinResult | UnpinPreview,
     "pivot": PivotResult,
 }
 """Each command's result type."""

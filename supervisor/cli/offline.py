@@ -2,7 +2,8 @@
 
 Nothing is verified again here (that is the daemon's work, off its loop); a checkpoint
 counts as verified when the journal recorded it so and recorded nothing that removed it
-since. The view has the daemon's shape, marked `offline`.
+since. The view has the daemon's shape plus `"offline": true` (the command line's own key: the
+daemon never sends it).
 """
 
 from __future__ import annotations
