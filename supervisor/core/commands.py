@@ -42,12 +42,14 @@ NO_SAVE_HANDLER = (
 
 def on_operator(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
     command = ev.command
-    actions.append(
-        Record(
-            "operator",
-            {"cmd": command_name(command), "args": command_args(command), "uid": ev.uid},
+    # An unpin's dry run changes nothing: journaled, the question would bury what happened.
+    if not (isinstance(command, Unpin) and command.dry_run):
+        actions.append(
+            Record(
+                "operator",
+                {"cmd": command_name(command), "args": command_args(command), "uid": ev.uid},
+            )
         )
-    )
     if isinstance(command, Pivot) and _lacks(ev, "SIGUSR1"):
         # The pivot's own checks come first; refused only where it would send SIGUSR1.
         tried: list[Action] = []

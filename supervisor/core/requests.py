@@ -126,8 +126,6 @@ def command_args(command: Command) -> dict[str, Any]:
         return args
     if isinstance(command, Stop | Shutdown):
         return {"force": True} if command.force else {}
-    if isinstance(command, Unpin) and command.dry_run:
-        return {"step": command.step, "dry_run": True}
     if isinstance(command, Pin | Unpin):
         return {"step": command.step}
     if isinstance(command, Pivot):

@@ -318,6 +318,7 @@ def test_an_unpin_dry_run_names_what_retention_would_delete_and_changes_nothing(
         "would_delete": [1],
     }
     assert not kinds(actions, p.Delete) and after.pinned == {1, 5}
+    assert not kinds(actions, p.Record)  # a question, not an action: not journaled
     # Unpinning the newest lets retention drop the oldest unpinned one it kept beside it.
     _, actions = run([op("unpin", step=5, dry_run=True, rid=3)], after)
     assert replies(actions)[0].result["would_delete"] == [2]
