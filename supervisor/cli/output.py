@@ -79,7 +79,15 @@ def format_status(s: StatusResult) -> str:
     )
     quarantined = s.get("quarantined") or []
     if quarantined:
-        lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
+        calm = sum(1 for q in quarantined if q.get("alarming", True) is False)
+        told = [
+            f"{len(quarantined) - calm} quarantined" if len(quarantined) > calm else "",
+            f"{calm} set aside by a pivot" if calm else "",
+        ]
+        lines.append(
+            f"quarant.  {', '.join(t for t in told if t)} file(s) in quarantine/"
+            " (`trainwarden checkpoints` says why)"
+        )
     for hint in status_hints(s):
         lines.append(f"hint      {clean(hint)}")
     if s.get("disk_full"):

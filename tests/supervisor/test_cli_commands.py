@@ -128,3 +128,32 @@ def test_checkpoints_without_a_daemon_reads_the_directory_newest_first(tmp_path:
     # The JSON is the daemon's shape, marked as read from the directory.
     done = cli("checkpoints", str(run_dir), "--json", cwd=tmp_path)
     assert done.returncode == 0 and '"offline": true' in done.stdout, done.stderr
+
+
+def test_the_printed_quarantine_tells_a_pivots_archive_from_a_failure():
+    from trainwarden.supervisor.cli.output import format_checkpoints
+
+    view = {
+        "checkpoints": [
+            {"step": s, "bytes": 3 * 2**20, "mtime": 0.0, "pinned": False, "next_to_delete": False}
+            for s in (8_000, 8_400)
+        ],
+        "quarantined": [
+            {
+                "name": "step_008489.bin",
+                "why": "set aside by the pivot at step 8,400",
+                "alarming": False,
+            },
+            {
+                "name": "step_009500.bin",
+                "why": "failed verification: digest mismatch",
+                "alarming": True,
+            },
+        ],
+    }
+    lines = format_checkpoints(view, now=60.0).splitlines()
+    assert [line.split()[0] for line in lines[1:3]] == ["8400", "8000"]
+    assert lines[1].split()[1:3] == ["3.0", "MiB"]
+    assert lines[3].split(None, 2)[:2] == ["set", "aside:"]
+    assert lines[3].endswith("step_008489.bin: set aside by the pivot at step 8,400")
+    assert lines[4].strip() == "quarantined: step_009500.bin: failed verification: digest mismatch"
