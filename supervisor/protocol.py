@@ -23,6 +23,7 @@ imports nothing else of the daemon: no store, no shell, no config, no torch.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final, Literal, NotRequired, TypedDict, get_args
 
 # Re-exported (the `as` says so): every party imports the protocol from this one module.
@@ -169,6 +170,8 @@ class StopArgs(TypedDict, total=False):
 
 class PinArgs(TypedDict):
     step: int
+    dry_run: NotRequired[bool]
+    """unpin only: change nothing, answer `would_delete`."""
 
 
 class PivotArgs(TypedDict, total=False):
@@ -204,6 +207,18 @@ class Checkpoint(TypedDict):
 class Quarantined(TypedDict):
     name: str
     """The file's name in checkpoints/quarantine/."""
+    step: NotRequired[int | None]
+    cause: NotRequired[str | None]
+    """"pivot" (set aside: written under the old policy), "divergence" (rolled back
+    past), "verification" (failed it), "failed" (another fault); None: not journaled."""
+    cause_step: NotRequired[int | None]
+    """The pivot's or the divergence's step."""
+    reason: NotRequired[str | None]
+    """The journal's reason, as the policy gave it."""
+    why: NotRequired[str]
+    """The reason in words, as the TUI and the CLI show it."""
+    alarming: NotRequired[bool]
+    """False for a pivot's set-aside checkpoints, the normal archive of a pivot."""
 
 
 class CheckpointsView(TypedDict):
@@ -577,6 +592,18 @@ class PinResult(TypedDict):
     pinned: bool
 
 
+class UnpinPreview(TypedDict):
+    """An unpin's dry run (`dry_run: true`): nothing changed."""
+
+    step: int
+    pinned: bool
+    """Still true."""
+    dry_run: bool
+    would_delete: list[int]
+    """The steps retention would delete at once after the unpin (the unpinned one, or an
+    older one it no longer keeps), oldest first; empty: nothing goes."""
+
+
 class PivotResult(TypedDict):
     step: int
     """The checkpoint the new policy starts from."""
@@ -584,6 +611,19 @@ class PivotResult(TypedDict):
     """The archive folder, relative to the run directory."""
     zombies: list[str]
     """Arms the trainer has no data for any more."""
+
+
+def size_text(n: Any) -> str:
+    """A size in binary units, as the TUI and the command line both print it:
+    "512 B", "1.4 MiB", "3.2 GiB"; "-" for no number."""
+    if not isinstance(n, int | float) or isinstance(n, bool) or not math.isfinite(n):
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 RESULTS: Final[dict[str, Any]] = {
@@ -598,7 +638,7 @@ RESULTS: Final[dict[str, Any]] = {
     "shutdown": StopResult,
     "start": StartResult,
     "pin": PinResult,
-    "unpin": PinResult,
+    "unpin": PinResult | UnpinPreview,
     "pivot": PivotResult,
 }
 """Each command's result type."""

@@ -49,6 +49,7 @@ from trainwarden.supervisor.protocol import (
     StopResult,
     SubscribeResult,
     Telemetry,
+    UnpinPreview,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -213,6 +214,8 @@ def test_the_types_match_what_a_live_daemon_sends(tmp_path: Path):
             assert len(events["events"]) == 5
 
             assert_shape(daemon.request("pin", step=step), PinResult, "pin")
+            preview = daemon.request("unpin", step=step, dry_run=True)
+            assert_shape(preview, UnpinPreview, "unpin dry run")
             assert_shape(daemon.request("unpin", step=step), PinResult, "unpin")
 
             assert_shape(daemon.request("save"), SaveRequested, "save")

@@ -386,14 +386,55 @@ class TrainwardenApp(App[int]):
         if ckpt is None:
             self.tell("no checkpoint selected", "warning")
             return
-        cmd = "unpin" if ckpt.get("pinned") else "pin"
-        self.run_worker(self._pin(cmd, ckpt["step"]), group="actions")
+        if ckpt.get("pinned"):
+            self.run_worker(self._unpin(ckpt["step"]), group="actions")
+        else:
+            self.run_worker(self._pin("pin", ckpt["step"]), group="actions")
 
     async def _pin(self, cmd: str, step: int) -> None:
         result = await self.send(cmd, cmd, step=step)
         if result is not None:
             state = "pinned" if result.get("pinned") else "unpinned"
             self.tell(f"checkpoint at step {result.get('step')} {state}")
+
+    async def _unpin(self, step: int) -> None:
+        """Unpin, asking first when the daemon says retention would then delete it."""
+        preview = await self.send("unpin", "unpin", step=step, dry_run=True)
+        if preview is None:
+            return
+        if not preview.get("dry_run"):  # a daemon that cannot preview has unpinned already
+            self.tell(f"checkpoint at step {preview.get('step')} unpinned")
+            return
+        doomed = [s for s in preview.get("would_delete") or [] if isinstance(s, int)]
+        if step not in doomed:
+            await self._pin("unpin", step)
+            return
+        name = next(
+            (
+                clean(c.get("name") or "", 80)
+                for c in (self.model.checkpoints or {}).get("checkpoints") or []
+                if isinstance(c, dict) and c.get("step") == step
+            ),
+            "",
+        )
+        others = [s for s in doomed if s != step]
+        also = f" (and step {', '.join(f'{s:,}' for s in others)})" if others else ""
+        body = Text(
+            f"Retention keeps only the newest unpinned checkpoints: unpinned, "
+            f"{name or 'the checkpoint'} (step {step:,}) is deleted at once{also}. "
+            "This cannot be undone."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._pin("unpin", step), group="actions")
+            else:
+                self.tell(f"checkpoint at step {step:,} stays pinned")
+
+        self.push_screen(
+            ConfirmScreen(f"Unpin step {step:,} and delete it?", body, yes_label="Unpin"),
+            answered,
+        )
 
     def action_pivot(self) -> None:
         if self.refused_read_only("pivot"):

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, TypeGuard
+
+from rich.cells import cell_len, set_cell_size
+
+from trainwarden.supervisor.protocol import size_text
 
 UNKNOWN = "-"
 
@@ -68,15 +73,52 @@ def duration(seconds: Any) -> str:
 
 
 def size(n: Any) -> str:
-    if not finite(n):
-        return UNKNOWN
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+    """Binary units, the command line's too: "1.4 MiB"."""
+    return size_text(n)
 
 
 def gib(n: Any) -> str:
     return f"{n / 2**30:.1f}" if finite(n) else UNKNOWN
+
+
+ELLIPSIS = "…"
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` in at most `width` cells, its end replaced by "…" when it is longer."""
+    if cell_len(text) <= width:
+        return text
+    return set_cell_size(text, max(width - 1, 0)) + ELLIPSIS
+
+
+def fit(pieces: Sequence[str], width: int) -> str:
+    """The pieces joined by spaces in at most `width` cells. When they do not fit, whole
+    pieces are dropped from the end and "…" says so: a piece (a word, a key=value field)
+    is never cut, so a number never shows as a shorter one."""
+    text = " ".join(pieces)
+    if cell_len(text) <= width:
+        return text
+    kept: list[str] = []
+    used = 0
+    for piece in pieces:
+        needed = used + (1 if kept else 0) + cell_len(piece)
+        if needed + 2 > width:  # leave room for " …"
+            break
+        kept.append(piece)
+        used = needed
+    if not kept and pieces:
+        return _cut_outside_numbers(pieces[0], width)
+    return " ".join([*kept, ELLIPSIS])
+
+
+def _cut_outside_numbers(text: str, width: int) -> str:
+    """The start of `text` and "…" in `width` cells, cut before a run of digits rather than
+    inside it."""
+    cut = set_cell_size(text, max(width - 1, 0)).rstrip()
+    while cut and _in_number(cut[-1]) and _in_number(text[len(cut)]):
+        cut = cut[:-1]
+    return cut.rstrip() + ELLIPSIS
+
+
+def _in_number(char: str) -> bool:
+    return char.isdigit() or char in ".,"

@@ -10,21 +10,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.cli.output import (
-    age_text,
-    clean,
     describe_result,
+    format_checkpoints,
     format_status,
     print_event,
     print_json,
     print_progress,
-    size_text,
     stop_status,
 )
-from trainwarden.supervisor.errors import ConfigError, UsageError
+from trainwarden.supervisor.errors import (
+    CommandRefused,
+    ConfigError,
+    DaemonNotRunning,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import (
-        CheckpointsView,
         EventsResult,
         PivotResult,
         StatusResult,
@@ -43,10 +45,17 @@ def _socket_path(run_dir: Path) -> Path:
     return run_dir / ".trainwarden" / "control.sock"
 
 
+def _daemon_socket(args: argparse.Namespace) -> Path:
+    """--socket when given (a forwarded socket: no run directory needed), else RUN's."""
+    if getattr(args, "socket", None):
+        return Path(args.socket).expanduser()
+    return _socket_path(_run_dir(args))
+
+
 def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
     from trainwarden.supervisor.protocol import Client
 
-    return Client(_socket_path(_run_dir(args)), timeout=timeout)
+    return Client(_daemon_socket(args), timeout=timeout)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -115,22 +124,47 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        result: CheckpointsView = client.request("checkpoints")
+    from trainwarden.supervisor.config import CONFIG_NAME
+
+    try:
+        with _client(args) as client:
+            result: Any = client.request("checkpoints")
+    except DaemonNotRunning:
+        # No daemon: a run directory can still be read as it is (never a bare socket).
+        if args.socket or not (_run_dir(args) / CONFIG_NAME).exists():
+            raise
+        from trainwarden.supervisor.cli.offline import checkpoints_from_directory
+
+        result = checkpoints_from_directory(_run_dir(args))
     if args.json:
         print_json(result)
         return 0
-    now = time.time()
-    print(f"{'step':>10}  {'size':>10}  {'age':>8}  flags")
-    for c in result["checkpoints"]:
-        flags = " ".join(
-            f for f, on in (("pinned", c["pinned"]), ("next-to-delete", c["next_to_delete"])) if on
-        )
-        print(
-            f"{c['step']:>10}  {size_text(c['bytes']):>10}  {age_text(now - c['mtime']):>8}  {flags}"
-        )
-    for q in result["quarantined"]:
-        print(f"{'':>10}  quarantined: {clean(q['name'])}")
+    print(format_checkpoints(result, time.time()))
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    """Unpin; a checkpoint that retention would then delete only with --yes."""
+    with _client(args) as client:
+        if not args.yes:
+            preview = client.request("unpin", step=args.step, dry_run=True)
+            if not preview.get("dry_run"):  # a daemon that cannot preview unpinned it
+                return _print_result("unpin", preview, args.json)
+            if args.step in (preview.get("would_delete") or []):
+                raise CommandRefused(
+                    "would_delete",
+                    f"unpinned, step {args.step} would be deleted at once by retention "
+                    f"(it keeps the newest unpinned ones); add --yes to unpin and delete it",
+                )
+        result = client.request("unpin", step=args.step)
+    return _print_result("unpin", result, args.json)
+
+
+def _print_result(cmd: str, result: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print_json(result)
+    else:
+        print(describe_result(cmd, result))
     return 0
 
 
@@ -255,7 +289,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from trainwarden.tui.app import main as tui_main
 
     if args.socket:
-        return tui_main(Path(args.socket).expanduser(), read_only=args.read_only)
+        return tui_main(_daemon_socket(args), read_only=args.read_only)
     run_dir = _run_dir(args)
     if not (run_dir / CONFIG_NAME).exists():
         return tui_main(_socket_path(run_dir), read_only=args.read_only)

@@ -23,6 +23,7 @@ from trainwarden.supervisor.cli.commands import (
     cmd_restore,
     cmd_status,
     cmd_tui,
+    cmd_unpin,
 )
 from trainwarden.supervisor.errors import (
     CommandRefused,
@@ -48,11 +49,19 @@ def build_parser() -> Parser:
         *,
         json: bool = False,
         run_dir_help: str = "run directory (default: current directory)",
+        socket: bool = False,
     ) -> Parser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("run_dir", nargs="?", default=".", help=run_dir_help)
         if json:
             p.add_argument("--json", action="store_true", help="print the raw result as JSON")
+        if socket:
+            p.add_argument(
+                "--socket",
+                metavar="PATH",
+                help="the daemon's control socket instead of RUN's (e.g. forwarded with ssh -L);"
+                " RUN may then be left out",
+            )
         p.set_defaults(func=func)
         return p
 
@@ -68,9 +77,16 @@ def build_parser() -> Parser:
         "--detach", action="store_true", help="start in the background and return once it answers"
     )
 
-    add("status", cmd_status, "show the run's state and telemetry", json=True)
-    add("checkpoints", cmd_checkpoints, "list verified and quarantined checkpoints", json=True)
-    p = add("events", cmd_events, "show the journal's newest events", json=True)
+    add("status", cmd_status, "show the run's state and telemetry", json=True, socket=True)
+    add(
+        "checkpoints",
+        cmd_checkpoints,
+        "list the checkpoints, newest first, and the quarantined ones with their reasons"
+        " (no daemon: read from the directory)",
+        json=True,
+        socket=True,
+    )
+    p = add("events", cmd_events, "show the journal's newest events", json=True, socket=True)
     p.add_argument("-n", type=int, default=30, help="how many (default 30)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
 
@@ -79,6 +95,7 @@ def build_parser() -> Parser:
         acting("save", wait=True),
         "ask the trainer for a checkpoint now (SIGUSR1)",
         json=True,
+        socket=True,
     )
     p.add_argument("--wait", action="store_true", help="return once the checkpoint is committed")
     force_help = (
@@ -90,24 +107,44 @@ def build_parser() -> Parser:
         acting("stop", force=True),
         "stop the trainer (it saves first); the daemon stays; exit 1 if steps were lost",
         json=True,
+        socket=True,
     )
     p.add_argument("--force", action="store_true", help=force_help)
-    add("start", acting("start"), "start the trainer again after stop or a halt", json=True)
+    add(
+        "start",
+        acting("start"),
+        "start the trainer again after stop or a halt",
+        json=True,
+        socket=True,
+    )
     p = add(
         "shutdown",
         acting("shutdown", force=True),
         "stop the trainer, then the daemon; exit 1 if steps were lost",
         json=True,
+        socket=True,
     )
     p.add_argument("--force", action="store_true", help=force_help)
-    for name in ("pin", "unpin"):
-        p = add(
-            name,
-            acting(name, step=True),
-            f"{name} a checkpoint (pinned ones are never deleted)",
-            json=True,
-        )
-        p.add_argument("step", type=int, help="the checkpoint's step")
+    p = add(
+        "pin",
+        acting("pin", step=True),
+        "pin a checkpoint (pinned ones are never deleted)",
+        json=True,
+        socket=True,
+    )
+    p.add_argument("step", type=int, help="the checkpoint's step")
+    p = add(
+        "unpin",
+        cmd_unpin,
+        "unpin a checkpoint; refused (exit 1) when retention would then delete checkpoints,"
+        " unless --yes",
+        json=True,
+        socket=True,
+    )
+    p.add_argument("step", type=int, help="the checkpoint's step")
+    p.add_argument(
+        "--yes", action="store_true", help="unpin even if retention then deletes checkpoints"
+    )
 
     p = add(
         "restore", cmd_restore, "recreate the run directory from a mirror (after losing its disk)"
@@ -123,11 +160,8 @@ def build_parser() -> Parser:
         "--config", metavar="FILE", help="install this trainwarden.toml instead of the mirror's"
     )
 
-    p = add("tui", cmd_tui, "watch and steer the run in a terminal UI (works over SSH)")
-    p.add_argument(
-        "--socket",
-        metavar="PATH",
-        help="control socket instead of RUN's (e.g. forwarded with ssh -L)",
+    p = add(
+        "tui", cmd_tui, "watch and steer the run in a terminal UI (works over SSH)", socket=True
     )
     p.add_argument("--read-only", action="store_true", help="watch only: acting keys are refused")
     p = add(
@@ -156,7 +190,9 @@ def build_parser() -> Parser:
     p.add_argument("--dry-run", action="store_true", help="print the unit and write nothing")
     p.add_argument("--reload", action="store_true", help="run `systemctl daemon-reload` afterwards")
 
-    p = add("pivot", cmd_pivot, "change the data-mixing caps/floors mid-run", json=True)
+    p = add(
+        "pivot", cmd_pivot, "change the data-mixing caps/floors mid-run", json=True, socket=True
+    )
     p.add_argument(
         "--cap", action="append", metavar="ARM=X", help="new cap for an arm (repeatable)"
     )
@@ -166,16 +202,28 @@ def build_parser() -> Parser:
     return parser
 
 
+VALUE_OPTIONS = ("--socket",)
+"""Options of pin and unpin whose value is the next word (not a positional)."""
+
+
 def _reorder_step(argv: list[str]) -> list[str]:
     """Allow `pin STEP [RUN_DIR]` as well as `pin RUN_DIR STEP`."""
-    if len(argv) >= 2 and argv[0] in ("pin", "unpin"):
-        positional = [a for a in argv[1:] if not a.startswith("-")]
-        if len(positional) == 2 and positional[0].isdigit() and not positional[1].isdigit():
-            rest = [a for a in argv[1:] if a.startswith("-")]
-            return [argv[0], positional[1], positional[0], *rest]
-        if len(positional) == 1 and positional[0].isdigit():
-            rest = [a for a in argv[1:] if a.startswith("-")]
-            return [argv[0], ".", positional[0], *rest]
+    if len(argv) < 2 or argv[0] not in ("pin", "unpin"):
+        return argv
+    positional: list[str] = []
+    rest: list[str] = []
+    words = iter(argv[1:])
+    for word in words:
+        if word in VALUE_OPTIONS:
+            rest += [word, next(words, "")]
+        elif word.startswith("-"):
+            rest.append(word)
+        else:
+            positional.append(word)
+    if len(positional) == 2 and positional[0].isdigit() and not positional[1].isdigit():
+        return [argv[0], positional[1], positional[0], *rest]
+    if len(positional) == 1 and positional[0].isdigit():
+        return [argv[0], ".", positional[0], *rest]
     return argv
 
 

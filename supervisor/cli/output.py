@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from trainwarden.supervisor.protocol import size_text as size_text
+
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import JournalRecord, StatusResult
 
@@ -77,7 +79,15 @@ def format_status(s: StatusResult) -> str:
     )
     quarantined = s.get("quarantined") or []
     if quarantined:
-        lines.append(f"quarant.  {len(quarantined)} file(s) in quarantine/")
+        calm = sum(1 for q in quarantined if q.get("alarming", True) is False)
+        told = [
+            f"{len(quarantined) - calm} quarantined" if len(quarantined) > calm else "",
+            f"{calm} set aside by a pivot" if calm else "",
+        ]
+        lines.append(
+            f"quarant.  {', '.join(t for t in told if t)} file(s) in quarantine/"
+            " (`trainwarden checkpoints` says why)"
+        )
     for hint in status_hints(s):
         lines.append(f"hint      {clean(hint)}")
     if s.get("disk_full"):
@@ -108,12 +118,30 @@ def handles_text(handles: list[str] | None) -> str:
     return ", ".join([*handles, *missing]) or "none"
 
 
-def size_text(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+def format_checkpoints(view: dict[str, Any], now: float) -> str:
+    """The checkpoints newest first, as the TUI lists them, then the quarantined ones with
+    their reasons; read without a daemon, the first line says so."""
+    lines = []
+    if view.get("offline"):
+        lines.append("daemon not running: read from the directory; verification as last journaled")
+    lines.append(f"{'step':>10}  {'size':>10}  {'age':>8}  flags")
+    for c in sorted(view["checkpoints"], key=lambda c: c["step"], reverse=True):
+        flags = " ".join(
+            f
+            for f, on in (
+                ("not-verified", not c.get("verified", True)),
+                ("pinned", c["pinned"]),
+                ("next-to-delete", c["next_to_delete"]),
+            )
+            if on
+        )
+        age = age_text(now - c["mtime"])
+        lines.append(f"{c['step']:>10}  {size_text(c['bytes']):>10}  {age:>8}  {flags}".rstrip())
+    for q in view["quarantined"]:
+        what = "quarantined" if q.get("alarming", True) is not False else "set aside"
+        why = f": {clean(q['why'])}" if q.get("why") else ""
+        lines.append(f"{'':>10}  {what}: {clean(q['name'])}{why}")
+    return "\n".join(lines)
 
 
 def age_text(seconds: float) -> str:

@@ -37,6 +37,12 @@ class Quarantine:
     reason: str
     retract_mirror: bool = True
     """Also drop the mirror's copy of this step (it must never offer poisoned weights)."""
+    cause: str = "failed"
+    """What kind of reason, for the reader: "pivot" (set aside, written under the old
+    policy), "divergence" (rolled back past), "verification" (failed it), "failed" (any
+    other fault)."""
+    cause_step: int | None = None
+    """The pivot's or the divergence's step."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from trainwarden.supervisor.core.requests import (
     command_args,
     command_name,
 )
-from trainwarden.supervisor.core.retention import apply_retention
+from trainwarden.supervisor.core.retention import apply_retention, retention_deletions
 from trainwarden.supervisor.core.state import Rules, State, Waiter
 from trainwarden.supervisor.core.transitions import (
     finish_stop,
@@ -42,12 +42,14 @@ NO_SAVE_HANDLER = (
 
 def on_operator(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
     command = ev.command
-    actions.append(
-        Record(
-            "operator",
-            {"cmd": command_name(command), "args": command_args(command), "uid": ev.uid},
+    # An unpin's dry run changes nothing: journaled, the question would bury what happened.
+    if not (isinstance(command, Unpin) and command.dry_run):
+        actions.append(
+            Record(
+                "operator",
+                {"cmd": command_name(command), "args": command_args(command), "uid": ev.uid},
+            )
         )
-    )
     if isinstance(command, Pivot) and _lacks(ev, "SIGUSR1"):
         # The pivot's own checks come first; refused only where it would send SIGUSR1.
         tried: list[Action] = []
@@ -228,9 +230,14 @@ def unpin(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
     if step not in state.pinned:
         reply_error(actions, ev.request_id, "bad_argument", f"step {step} is not pinned")
         return state
+    unpinned = replace(state, pinned=state.pinned - {step})
+    if ev.command.dry_run:
+        doomed = [c.step for c in retention_deletions(unpinned, rules)]
+        result = {"step": step, "pinned": True, "dry_run": True, "would_delete": doomed}
+        actions.append(Reply(ev.request_id, ok=True, result=result))
+        return state
     actions.append(Reply(ev.request_id, ok=True, result={"step": step, "pinned": False}))
-    state = replace(state, pinned=state.pinned - {step})
-    return apply_retention(state, rules, actions)
+    return apply_retention(unpinned, rules, actions)
 
 
 def shutdown(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:

@@ -85,7 +85,15 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
             verified.append(Ckpt(found.step, found.name, found.bytes, found.mtime, found.digest))
         else:
             # Found broken at start-up: the mirror's copy, verified when it was made, stays.
-            actions.append(Quarantine(found.step, found.name, found.reason, retract_mirror=False))
+            actions.append(
+                Quarantine(
+                    found.step,
+                    found.name,
+                    found.reason,
+                    retract_mirror=False,
+                    cause="verification",
+                )
+            )
     implausible = implausible_at_startup(
         [c.step for c in verified], ev.last_logged_step, state.max_commit_gap, rules
     )

@@ -118,7 +118,11 @@ def on_commit(
     if plan.step is not None and ckpt.step > plan.step:
         actions.append(
             Quarantine(
-                ckpt.step, ckpt.name, f"written under the old policy after pivot step {plan.step}"
+                ckpt.step,
+                ckpt.name,
+                f"written under the old policy after pivot step {plan.step}",
+                cause="pivot",
+                cause_step=plan.step,
             )
         )
         return state, True
@@ -132,7 +136,13 @@ def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Actio
     later = [c for c in state.checkpoints if c.step > plan.step]
     for c in later:
         actions.append(
-            Quarantine(c.step, c.name, f"written under the old policy after pivot step {plan.step}")
+            Quarantine(
+                c.step,
+                c.name,
+                f"written under the old policy after pivot step {plan.step}",
+                cause="pivot",
+                cause_step=plan.step,
+            )
         )
     state = without_checkpoints(state, {c.step for c in later})
     return _start_archiving(
@@ -235,7 +245,13 @@ def resume_after_restart(state: State, t: float, rules: Rules, actions: list[Act
     later = [c for c in state.checkpoints if plan.step is not None and c.step > plan.step]
     for c in later:
         actions.append(
-            Quarantine(c.step, c.name, f"written under the old policy after pivot step {plan.step}")
+            Quarantine(
+                c.step,
+                c.name,
+                f"written under the old policy after pivot step {plan.step}",
+                cause="pivot",
+                cause_step=plan.step,
+            )
         )
     state = without_checkpoints(state, {c.step for c in later})
     state = replace(state, phase=Phase.PIVOTING, pivot=replace(plan, request_id=None))

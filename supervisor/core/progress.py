@@ -61,7 +61,11 @@ def on_committed(
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
         actions.append(
             Quarantine(
-                ev.step, ev.name, f"written at or after divergence at step {state.poisoned_from}"
+                ev.step,
+                ev.name,
+                f"written at or after divergence at step {state.poisoned_from}",
+                cause="divergence",
+                cause_step=state.poisoned_from,
             )
         )
         return state
@@ -99,7 +103,7 @@ def on_committed(
 
 def on_rejected(state: State, ev: CheckpointRejected, rules: Rules, actions: list[Action]) -> State:
     state = barrier.resolved(state, ev.name)
-    actions.append(Quarantine(ev.step, ev.name, ev.reason))
+    actions.append(Quarantine(ev.step, ev.name, ev.reason, cause="verification"))
     if ev.step is not None:
         state = without_checkpoints(state, {ev.step})
     return state
@@ -176,7 +180,13 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
     poisoned = [c for c in state.checkpoints if c.step >= ev.step]
     for c in poisoned:
         actions.append(
-            Quarantine(c.step, c.name, f"written at or after divergence at step {ev.step}")
+            Quarantine(
+                c.step,
+                c.name,
+                f"written at or after divergence at step {ev.step}",
+                cause="divergence",
+                cause_step=ev.step,
+            )
         )
     resumed = suspects.suspect_of_divergence(state, ev.step, rules)
     state = without_checkpoints(state, {c.step for c in poisoned})

@@ -53,6 +53,9 @@ class Unpin:
     """Hand the checkpoint at `step` back to retention."""
 
     step: int
+    dry_run: bool = False
+    """Change nothing; answer which checkpoints retention would delete at once if it were
+    unpinned (what an operator is asked to confirm)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,12 @@ def parse_command(cmd: str, args: dict[str, Any]) -> Command | BadRequest:
             )
         if step is None:
             return BadRequest("bad_argument", f"'{cmd}' needs 'step', the checkpoint's step number")
-        return Pin(step) if cmd == "pin" else Unpin(step)
+        if cmd == "pin":
+            return Pin(step)
+        dry_run = args.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            return BadRequest("bad_argument", "'dry_run' must be true or false")
+        return Unpin(step, dry_run=dry_run)
     if cmd == "pivot":
         return _pivot(args)
     return BadRequest("unknown_command", f"unknown command '{cmd}'")

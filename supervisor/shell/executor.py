@@ -31,6 +31,7 @@ from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.digest import digest_checkpoint
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.mirror import Mirror
+from trainwarden.supervisor.store.quarantine import note_of
 from trainwarden.supervisor.store.rundir import RunFiles
 
 log = logging.getLogger("trainwarden.daemon")
@@ -109,9 +110,15 @@ class Executor:
             await self._file_op(self.store.delete, action.name, "delete_failed")
             self.forget_commit(action.name)
         elif isinstance(action, core.Quarantine):
-            journal.append(
-                "quarantine", {"step": action.step, "name": action.name, "reason": action.reason}
-            )
+            fields = {
+                "step": action.step,
+                "name": action.name,
+                "reason": action.reason,
+                "cause": action.cause,
+                "cause_step": action.cause_step,
+            }
+            journal.append("quarantine", fields)
+            self.store.quarantine_notes[action.name] = note_of(fields)
             await self._file_op(self.store.quarantine, action.name, "quarantine_failed")
             self.forget_commit(action.name)
             if action.retract_mirror and self.mirror is not None and action.step is not None:

@@ -9,6 +9,7 @@ from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
 from trainwarden.supervisor.shell.hub import TelemetryHub
+from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 
@@ -39,7 +40,8 @@ def state_view(s: State, now: float) -> dict[str, Any]:
 
 
 def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> dict[str, Any]:
-    """The `checkpoints` topic: the verified ones, oldest first, and the quarantined."""
+    """The `checkpoints` topic: the verified ones, oldest first, and the quarantined with
+    their reasons."""
     doomed = next_to_delete(s, rules)
     return {
         "checkpoints": [
@@ -55,7 +57,7 @@ def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> dict[str
             }
             for c in s.checkpoints
         ],
-        "quarantined": [{"name": n} for n in store.quarantined()],
+        "quarantined": quarantine.entries(store.quarantined(), store.quarantine_notes),
     }
 
 

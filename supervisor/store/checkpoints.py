@@ -21,6 +21,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainwarden.plugins.api import CheckpointFormat, CheckpointInfo
 from trainwarden.supervisor.contract import MAX_STEP
@@ -65,6 +66,9 @@ class CheckpointStore:
         """The directory it resolved to when the store was made: where everything happens."""
         self.fmt = fmt
         self.quarantine_dir = self.dir / QUARANTINE
+        self.quarantine_notes: dict[str, dict[str, Any]] = {}
+        """Why each checkpoint was quarantined, by name: the daemon fills it from the
+        journal at start-up, then with each quarantine it performs (see store.quarantine)."""
 
     def _child(self, name: str) -> Path:
         """A direct child of the checkpoint directory; refuses anything that would escape."""

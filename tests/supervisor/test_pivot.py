@@ -108,6 +108,12 @@ def test_full_pivot(tmp_path: Path):
             "writing_policy",
         ]
         assert_new_policy_in_force(run_dir, step)
+        # What the stop saved under the old policy is set aside, and said so calmly.
+        set_aside = daemon.request("checkpoints")["quarantined"]
+        assert set_aside and all(
+            q["why"] == f"set aside by the pivot at step {step:,}" and q["alarming"] is False
+            for q in set_aside
+        ), set_aside
         log = (run_dir / "training.log").read_text()
         assert f"resuming from {pivot_ckpt} at step {step}, bandit phase 1" in log
         # The pivot checkpoint is pinned and outlives retention.

@@ -305,6 +305,32 @@ def test_pin_unknown_step_and_unpin_triggers_retention():
     assert [d.step for d in kinds(actions, p.Delete)] == [1]
 
 
+def test_an_unpin_dry_run_names_what_retention_would_delete_and_changes_nothing():
+    ckpts = tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in (1, 2, 3, 4, 5))
+    state = p.State(checkpoints=ckpts, pinned=frozenset({1, 5}))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 9)], state)
+    after, actions = run([op("unpin", step=1, dry_run=True, rid=2)], state)
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result == {
+        "step": 1,
+        "pinned": True,
+        "dry_run": True,
+        "would_delete": [1],
+    }
+    assert not kinds(actions, p.Delete) and after.pinned == {1, 5}
+    assert not kinds(actions, p.Record)  # a question, not an action: not journaled
+    # Unpinning the newest lets retention drop the oldest unpinned one it kept beside it.
+    _, actions = run([op("unpin", step=5, dry_run=True, rid=3)], after)
+    assert replies(actions)[0].result["would_delete"] == [2]
+    # Within keep_last nothing goes, and it is said so.
+    small = p.State(checkpoints=ckpts[:2], pinned=frozenset({1}))
+    small, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 9)], small)
+    _, actions = run([op("unpin", step=1, dry_run=True, rid=4)], small)
+    assert replies(actions)[0].result["would_delete"] == []
+    bad = p.parse_command("unpin", {"step": 1, "dry_run": "yes"})
+    assert isinstance(bad, p.BadRequest) and bad.code == "bad_argument"
+
+
 def test_resume_checkpoint_is_released_once_the_trainer_moves_past_it():
     rules = replace(RULES, keep_last=2)
     ckpts = (p.Ckpt(10, "step_000010.bin", 1),)

@@ -70,7 +70,7 @@ async def test_refusals_show_the_daemons_code_and_message():
 
         await pilot.press("down", "down", "down", "P")  # the pinned one: P unpins it
         await pilot.pause(0.2)
-        assert source.requests[-1] == ("unpin", {"step": 10_000})
+        assert source.requests[-1] == ("unpin", {"step": 10_000, "dry_run": True})
 
         await pilot.press("r")  # running: start is refused locally with the reason
         assert app.outcomes[-1] == "the run is running: start works after a stop or a halt"

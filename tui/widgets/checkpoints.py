@@ -1,9 +1,11 @@
-"""Verified checkpoints, newest first, with retention's next victim; quarantined ones apart."""
+"""Verified checkpoints, newest first, with retention's next victim; quarantined ones apart,
+each with its reason (a pivot's set-aside checkpoints calm, a failure in the alarm style)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -101,16 +103,35 @@ class CheckpointsPanel(Vertical):
         box = self.query_one("#quarantined", Static)
         box.display = bool(quarantined)
         if quarantined:
-            bad = self.get_component_rich_style("checkpoints--bad")
-            text = Text(
-                f"quarantined ({len(quarantined)}): ", bad, no_wrap=True, overflow="ellipsis"
+            box.update(self.quarantine_text(quarantined))
+
+    def quarantine_text(self, quarantined: list[dict[str, Any]]) -> Text:
+        """One line for the alarms (a failed verification, a rollback), each with its
+        reason; one calm line per pivot for what it set aside. Fitted by whole words, so
+        no step number is cut short."""
+        bad = str(self.get_component_rich_style("checkpoints--bad"))
+        muted = str(self.get_component_rich_style("checkpoints--muted"))
+        width = max(self.query_one("#quarantined", Static).content_region.width, 20)
+        alarms = [q for q in quarantined if q.get("alarming", True) is not False]
+        calm: dict[Any, list[str]] = {}
+        for q in quarantined:
+            if q.get("alarming", True) is False:
+                calm.setdefault(q.get("cause_step"), []).append(clean(q.get("name"), 60))
+        lines = []
+        if alarms:
+            head = f"quarantined ({len(alarms)}):"
+            told = "; ".join(
+                clean(q.get("name"), 60) + (f": {clean(q['why'], 160)}" if q.get("why") else "")
+                for q in alarms
             )
-            text.append(
-                ", ".join(
-                    clean(q.get("name"), 60)
-                    + (f" ({clean(q['reason'], 60)})" if q.get("reason") else "")
-                    for q in quarantined
-                ),
-                muted,
-            )
-            box.update(text)
+            pieces = told.split()
+            body = fmt.fit(pieces, max(width - cell_len(head) - 1, 1))
+            lines.append(Text.assemble((head, bad), " ", (body, muted), no_wrap=True))
+        for at, names in calm.items():
+            where = f" at step {fmt.integer(at)}" if fmt.finite(at) else ""
+            head = f"set aside by the pivot{where} ({len(names)}):"
+            if where and cell_len(head) + 1 + cell_len(names[0]) > width:
+                head = f"set aside at pivot {fmt.integer(at)} ({len(names)}):"
+            pieces = [*head.split(), *[f"{n}," for n in names[:-1]], names[-1]]
+            lines.append(Text(fmt.fit(pieces, width), muted, no_wrap=True))
+        return Text("\n", no_wrap=True).join(lines)

@@ -15,6 +15,15 @@ from trainwarden.tui.sanitize import clean
 from trainwarden.tui.widgets.table import Cell, sync_rows
 
 COLUMNS = ("time", "kind", "detail")
+KIND_WIDTH = (10, 16)
+"""Cells of the kind column, the least and the most: a quarter of the panel between them.
+A longer kind (leftover_trainer_stopped) is shortened with "…" rather than widening the
+column and pushing the detail off the screen."""
+NARROW = 48
+"""Below this many cells the clock drops its seconds, which the detail needs more."""
+CELL_PADDING = 2
+"""DataTable pads each cell by one cell on either side."""
+DETAIL_MIN = 8
 ALARMING = {
     "crash",
     "divergence",
@@ -63,11 +72,17 @@ few checkpoints; `trainwarden events` lists them."""
 
 def summary(record: dict[str, Any]) -> str:
     """The one thing to know about a record, then its other fields."""
+    return " ".join(summary_pieces(record))
+
+
+def summary_pieces(record: dict[str, Any]) -> list[str]:
+    """The summary as the pieces it may be shortened by: the head's words, then whole
+    key=value fields (a field is never split, so no number is cut in two)."""
     kind = record.get("kind")
     if kind == "crash" and record.get("cause"):
         head = f"{record['cause']}"
     elif kind in HINTED and record.get("hint"):
-        return f"{record['hint']}"  # it names everything the record holds
+        return _words(f"{record['hint']}")  # it names everything the record holds
     elif kind == "spawn":
         resume = record.get("resume") or {}
         step = resume.get("step") if isinstance(resume, dict) else None
@@ -76,23 +91,26 @@ def summary(record: dict[str, Any]) -> str:
         )
         if record.get("pivot"):
             head += ", pivot"
-        return head
+        return _words(head)
     elif kind == "state" and isinstance(record.get("state"), dict):
         state = record["state"]
         head = f"{state.get('phase')}, seg {state.get('seg')}, restarts {state.get('restarts')}"
         if state.get("halt_reason"):
             head += f": {state['halt_reason']}"
-        return head
     elif kind == "restart_scheduled" and "backoff_s" in record:
         head = f"in {record['backoff_s']} s"
     else:
         head = ""
-    rest = " ".join(
+    rest = [
         f"{key}={_short(value)}"
         for key, value in record.items()
         if key not in SKIPPED_FIELDS and not (kind == "crash" and key == "cause")
-    )
-    return f"{head} {rest}".strip()
+    ]
+    return [*_words(head), *rest]
+
+
+def _words(text: str) -> list[str]:
+    return [word for word in text.split(" ") if word]
 
 
 def _short(value: Any) -> str:
@@ -111,6 +129,8 @@ class EventsPanel(Vertical):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.border_title = "events"
+        self.model: RunModel | None = None
+        self.shown_widths = (0, 0, 0)
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="events-table", cursor_type="none", show_cursor=False)
@@ -119,7 +139,23 @@ class EventsPanel(Vertical):
             table.add_column(column if column != "time" else "UTC", key=column)
         yield table
 
+    def on_resize(self) -> None:
+        # The details were fitted to the old width: fit them again.
+        if self.model is not None and self.column_widths() != self.shown_widths:
+            self.show(self.model)
+
+    def column_widths(self) -> tuple[int, int, int]:
+        """Cells for the time, the kind and the detail, beside padding and the scroll bar."""
+        table = self.query_one(DataTable)
+        width = self.content_region.width
+        clock = 5 if width < NARROW else 8
+        kind = min(max(width // 4, KIND_WIDTH[0]), KIND_WIDTH[1])
+        used = clock + kind + 3 * CELL_PADDING + table.styles.scrollbar_size_vertical
+        return clock, kind, max(width - used, DETAIL_MIN)
+
     def show(self, model: RunModel) -> None:
+        self.model = model
+        self.shown_widths = clock_width, kind_width, width = self.column_widths()
         alarm = str(self.get_component_rich_style("events--alarm"))
         notable = str(self.get_component_rich_style("events--notable"))
         good = str(self.get_component_rich_style("events--good"))
@@ -139,12 +175,14 @@ class EventsPanel(Vertical):
                 else ""
             )
             ts = record.get("ts")
-            clock = ts[11:19] if isinstance(ts, str) and len(ts) >= 19 else fmt.UNKNOWN
+            clock = (
+                ts[11 : 11 + clock_width] if isinstance(ts, str) and len(ts) >= 19 else fmt.UNKNOWN
+            )
             order = record.get("t") if fmt.finite(record.get("t")) else 0.0
             rows[event_key(record)] = [
                 Cell(clock, muted, order=order),
-                Cell(clean(kind, 24), style),
-                Cell(clean(summary(record), 240)),
+                Cell(fmt.shorten(clean(kind, 60), kind_width), style),
+                Cell(fmt.fit([clean(piece, 240) for piece in summary_pieces(record)], width)),
             ]
         table = self.query_one(DataTable)
         if sync_rows(table, rows.items(), COLUMNS):
