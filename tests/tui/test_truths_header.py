@@ -113,12 +113,15 @@ def header_of(text: str) -> str:
 
 
 def telemetry_rows(text: str) -> dict[str, str]:
-    """The telemetry panel's rows by label (the panel is the screen's left column)."""
+    """The telemetry panel's rows by label (the panel is the screen's left column, drawn
+    without its border on a compact screen)."""
     rows = {}
     for line in text.splitlines()[2:]:
         cell = line.split("│")
         if len(cell) < 2:
-            continue
+            if "─" in line:
+                continue
+            cell = ["", line]
         words = cell[1].split(None, 1)
         if len(words) == 2:
             rows.setdefault(words[0], words[1].rstrip())

@@ -31,6 +31,7 @@ class CheckpointsPanel(Vertical):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.border_title = "checkpoints"
+        self.quarantined: list[dict[str, Any]] = []
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(
@@ -102,8 +103,15 @@ class CheckpointsPanel(Vertical):
         quarantined = [q for q in data.get("quarantined") or [] if isinstance(q, dict)]
         box = self.query_one("#quarantined", Static)
         box.display = bool(quarantined)
+        self.quarantined = quarantined
         if quarantined:
             box.update(self.quarantine_text(quarantined))
+
+    def on_resize(self) -> None:
+        # The quarantine lines are fitted to the width: fit them again to the new one.
+        if self.quarantined:
+            box = self.query_one("#quarantined", Static)
+            box.update(self.quarantine_text(self.quarantined))
 
     def quarantine_text(self, quarantined: list[dict[str, Any]]) -> Text:
         """One line for the alarms (a failed verification, a rollback), each with its
@@ -111,7 +119,11 @@ class CheckpointsPanel(Vertical):
         no step number is cut short."""
         bad = str(self.get_component_rich_style("checkpoints--bad"))
         muted = str(self.get_component_rich_style("checkpoints--muted"))
-        width = max(self.query_one("#quarantined", Static).content_region.width, 20)
+        box = self.query_one("#quarantined", Static)
+        # A box shown for the first time has no width yet: take the panel's, less the
+        # box's own padding.
+        width = box.content_region.width or self.content_region.width - 2
+        width = max(width, 20)
         alarms = [q for q in quarantined if q.get("alarming", True) is not False]
         calm: dict[Any, list[str]] = {}
         for q in quarantined:
