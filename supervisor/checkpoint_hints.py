@@ -68,7 +68,7 @@ def unrecognised_hint(name: str, is_dir: bool, fmt: str) -> str:
         return f'{head}; an llm.c checkpoint: set [checkpoints] format = "llmc"'
     pattern = step_pattern(name)
     if is_dir or not name.endswith(TORCH_SUFFIXES):
-        return f'{head}; see README, "Other checkpoint formats"'
+        return f'{head}; see docs/formats.md, "Other checkpoint formats"'
     if pattern is None:
         prefix = "" if fmt == "torch-pt" else 'format = "torch-pt" and '
         return (

@@ -71,7 +71,7 @@ class CheckpointsConfig:
     pinned: list[int] = field(default_factory=list)
     """Steps whose checkpoints retention never deletes."""
     options: dict[str, str | int | float | bool | list[str]] = field(default_factory=dict)
-    """Options for the format plugin (README, "Other checkpoint formats")."""
+    """Options for the format plugin (docs/formats.md, "Other checkpoint formats")."""
     max_step_jump: int | None = None
     """Steps a commit may lie beyond the newest logged step (unset: 10 x the largest gap)."""
     fixed: str | None = None

@@ -1,7 +1,7 @@
 """The layering rules, read from the sources: every import statement of every project module
 (at the top, inside functions, under TYPE_CHECKING) is an edge of the import graph.
 
-Rules (README, "Code map"): no import cycles; the core imports only the standard library and
+Rules (docs/code-map.md): no import cycles; the core imports only the standard library and
 itself, and no I/O module; the TUI reaches into the daemon's package only for the protocol,
 the client, the contract, the errors and the phases; neither the daemon nor the TUI imports
 the reference trainer or the integrations; nothing imports the source folders by their bare names.

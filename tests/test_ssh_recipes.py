@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import pty
 import re
@@ -247,6 +248,7 @@ def forwarded_status(local_sock: Path) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------ the tests
 
 
+@pytest.mark.skipif(not TRAINWARDEN.exists(), reason="no trainwarden script beside python")
 def test_the_forwarded_socket_recipe_reaches_the_daemon(tmp_path: Path):
     mkdir_line, ssh_line, tui_line = forward_recipe()
     assert "-o StreamLocalBindUnlink=yes -N -L" in ssh_line
@@ -277,6 +279,16 @@ def test_the_forwarded_socket_recipe_reaches_the_daemon(tmp_path: Path):
             assert stat.S_ISSOCK(local_sock.stat().st_mode)
             assert stat.S_IMODE(tunnels.stat().st_mode) == 0o700
             assert proc.poll() is None, "ssh -N keeps the forward up"
+            # The CLI's read commands take the forwarded socket too, with no RUN.
+            cli = subprocess.run(
+                [str(TRAINWARDEN), "status", "--socket", str(local_sock), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=home,
+            )
+            assert cli.returncode == 0, cli.stderr
+            assert json.loads(cli.stdout)["run_dir"] == str(run_dir)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

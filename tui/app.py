@@ -187,6 +187,13 @@ class TrainwardenApp(App[int]):
             args["start"] = start
         return args
 
+    def panel_resized(self, panel: str) -> None:
+        """A panel that fits its text to its width was resized: draw it again for the new
+        one (a frozen clock, or a quiet run, would otherwise leave the old fitting up)."""
+        if panel in PANELS:
+            self.model.touch(panel)
+            self.request_render()
+
     def chart_resized(self) -> None:
         self.source.want_history()
         self.model.touch("chart")

@@ -113,9 +113,10 @@ def fit(pieces: Sequence[str], width: int) -> str:
 
 def _cut_outside_numbers(text: str, width: int) -> str:
     """The start of `text` and "…" in `width` cells, cut before a run of digits rather than
-    inside it."""
+    inside it. A number that would end right at the "…" goes too, even whole: `226…` reads
+    as a longer number cut short."""
     cut = set_cell_size(text, max(width - 1, 0)).rstrip()
-    while cut and _in_number(cut[-1]) and _in_number(text[len(cut)]):
+    while cut and _in_number(cut[-1]) and (len(cut) >= len(text) or _in_number(text[len(cut)])):
         cut = cut[:-1]
     return cut.rstrip() + ELLIPSIS
 

@@ -17,7 +17,7 @@ CUDA_PROBE = "import torch; print(int(torch.cuda.is_available()))"
 CUDA_PROBE_TIMEOUT_S = 120.0
 
 TEMPLATE = """\
-{header}# trainwarden run configuration (reference: README.md, "Configuration").
+{header}# trainwarden run configuration (reference: docs/configuration.md).
 [run]
 name = {name}
 log = "training.log"

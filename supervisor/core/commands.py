@@ -36,7 +36,7 @@ STOP_GRACE_S = 60.0
 
 NO_SAVE_HANDLER = (
     "the trainer does not handle SIGUSR1 (a save request would kill it); add a handler:"
-    " see README, 'Saving on request'"
+    " see docs/trainer-contract.md, 'Saving on request'"
 )
 
 

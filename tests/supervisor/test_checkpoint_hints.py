@@ -61,7 +61,7 @@ def test_llmc_names_name_llmc():
 @pytest.mark.parametrize("name, is_dir", [("notes.txt", False), ("logs", True), ("run-3", True)])
 def test_anything_else_points_at_the_formats_section(name: str, is_dir: bool):
     assert option(unrecognised_hint(name, is_dir, "andrea-bin")) == (
-        'see README, "Other checkpoint formats"'
+        'see docs/formats.md, "Other checkpoint formats"'
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.tui.fakes import FrozenClock, StaticSource, status
+from tests.tui.live import until
 from tests.tui.screen_text import screen_text
 from tests.tui.test_snapshots import populated
 from trainwarden.tui.app import TrainwardenApp
@@ -277,3 +278,17 @@ async def test_the_speed_sparkline_is_drawn_from_the_frames_received():
 )
 def test_header_and_telemetry_look(snap_compare, make, size):
     assert snap_compare(frozen(make), terminal_size=size, run_before=populated)
+
+
+async def test_a_resized_terminal_gets_the_header_fitted_again():
+    """The header drops fields for its width: after a resize it is fitted to the new one
+    (with a frozen clock nothing else would draw it again)."""
+    app = frozen(running)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await populated(pilot)
+        assert "pid 4242" in header_of(screen_text(app))
+        await pilot.resize_terminal(60, 20)
+        await until(pilot, lambda: "pid 4242" not in header_of(screen_text(app)), 10, "refit")
+        header = header_of(screen_text(app))
+        assert "━" in header and " 24%" in header, header
+        assert_numbers_whole(header)

@@ -102,6 +102,10 @@ def test_fit_keeps_whole_fields_and_cuts_no_number():
     assert fit(pieces, 8) == "step=…"
     assert fit(["exit", "status", "1:", "CUDA", "error"], 16) == "exit status 1: …"
     assert fit(["resume=12,345,678"], 14) == "resume=…"
+    # A first field that fits alone but not with " …" after it (it took the TUI down once).
+    fields = ["resume_step=226", "last_logged_step=226", "steps_lost=0"]
+    assert fit(fields, 16) == "resume_step=…"
+    assert fit(fields, 15) == "resume_step=…"
 
 
 class Retention(StaticSource):

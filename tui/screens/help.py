@@ -16,7 +16,7 @@ KEYS = (
     ("x", "stop the trainer after it saves (asks first; the daemon stays)"),
     ("r", "start the trainer again (after a stop or a halt)"),
     ("p", "pivot: edit the data arms' caps and floors (asks first)"),
-    ("P", "pin / unpin the selected checkpoint (pinned ones are never deleted)"),
+    ("P", "pin / unpin the selected checkpoint (asks before an unpin retention would act on)"),
     ("l", "the tail of training.log (local runs only)"),
     ("m", "samples: every data arm's recent samples in full (the run's audit trail)"),
     ("c", "loss chart range: whole run, last 1k steps, last 10k, last 10 % of the run"),

@@ -58,6 +58,10 @@ class GpuPanel(Static):
         super().__init__("", markup=False, **kwargs)  # type: ignore[arg-type]
         self.border_title = "gpu"
 
+    def on_resize(self) -> None:
+        # Fitted to the width: drawn again for the new one.
+        self.app.panel_resized(self.id or "")  # type: ignore[attr-defined]
+
     def show(self, model: RunModel) -> None:
         label = self.get_component_rich_style("gpu--label")
         value = self.get_component_rich_style("gpu--value")

@@ -107,6 +107,10 @@ class RunHeader(Static):
         super().__init__("", markup=False, **kwargs)  # type: ignore[arg-type]
         self.read_only = read_only
 
+    def on_resize(self) -> None:
+        # Fitted to the width: drawn again for the new one.
+        self.app.panel_resized(self.id or "")  # type: ignore[attr-defined]
+
     def style_of(self, name: str) -> str:
         return str(self.get_component_rich_style(f"run-header--{name}"))
 

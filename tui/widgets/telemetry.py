@@ -52,6 +52,10 @@ class TelemetryPanel(Static):
         super().__init__("", markup=False, **kwargs)  # type: ignore[arg-type]
         self.border_title = "telemetry"
 
+    def on_resize(self) -> None:
+        # Fitted to the width: drawn again for the new one.
+        self.app.panel_resized(self.id or "")  # type: ignore[attr-defined]
+
     def show(self, model: RunModel) -> None:
         label = self.get_component_rich_style("telemetry--label")
         value = self.get_component_rich_style("telemetry--value")
