@@ -36,6 +36,13 @@ CLOSED = "_closed"
 
 
 def not_running_message(socket_path: Path) -> str:
+    if socket_path.parent.name != ".trainwarden":
+        # Not a run's own socket (a forwarded one, or [control] socket elsewhere): which
+        # run it serves is not known here, so name no directory to start a daemon in.
+        return (
+            f"no trainwarden daemon answers on {socket_path}; is the daemon running, and the "
+            "ssh tunnel to it up if this socket is a forwarded one?"
+        )
     run_dir = socket_path.parent.parent
     return (
         f"no trainwarden daemon answers on {socket_path}; start one with "

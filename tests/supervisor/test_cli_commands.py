@@ -157,3 +157,16 @@ def test_the_printed_quarantine_tells_a_pivots_archive_from_a_failure():
     assert lines[3].split(None, 2)[:2] == ["set", "aside:"]
     assert lines[3].endswith("step_008489.bin: set aside by the pivot at step 8,400")
     assert lines[4].strip() == "quarantined: step_009500.bin: failed verification: digest mismatch"
+
+
+def test_a_socket_nobody_answers_on_names_no_run_to_start(tmp_path: Path):
+    """A forwarded socket's folder is no run directory: the error must not tell the user to
+    start a daemon there."""
+    tunnels = tmp_path / "tunnels"
+    tunnels.mkdir(mode=0o700)
+    done = cli("status", "--socket", str(tunnels / "run.sock"), cwd=tmp_path)
+    assert done.returncode == 1
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert "no trainwarden daemon answers on" in line and "ssh tunnel" in line, line
+    assert "daemon --detach" not in line, line
