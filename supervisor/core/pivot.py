@@ -129,22 +129,28 @@ def on_commit(
     return state, False
 
 
-def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
-    """The trainer is down after the pivot checkpoint: archive, then the new policy."""
-    plan = state.pivot
-    assert plan is not None and plan.step is not None
-    later = [c for c in state.checkpoints if c.step > plan.step]
+def _set_aside_after(state: State, pivot_step: int, actions: list[Action]) -> State:
+    """Quarantine the checkpoints written under the old policy after the pivot's own: they
+    are kept, never resumed from."""
+    later = [c for c in state.checkpoints if c.step > pivot_step]
     for c in later:
         actions.append(
             Quarantine(
                 c.step,
                 c.name,
-                f"written under the old policy after pivot step {plan.step}",
+                f"written under the old policy after pivot step {pivot_step}",
                 cause="pivot",
-                cause_step=plan.step,
+                cause_step=pivot_step,
             )
         )
-    state = without_checkpoints(state, {c.step for c in later})
+    return without_checkpoints(state, {c.step for c in later})
+
+
+def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
+    """The trainer is down after the pivot checkpoint: archive, then the new policy."""
+    plan = state.pivot
+    assert plan is not None and plan.step is not None
+    state = _set_aside_after(state, plan.step, actions)
     return _start_archiving(
         replace(state, phase=Phase.PIVOTING, stop_reason=None, kill_at=None), actions
     )
@@ -242,18 +248,8 @@ def resume_after_restart(state: State, t: float, rules: Rules, actions: list[Act
         state = apply_retention(state, rules, actions)
         return spawn(state, t, actions)
     actions.append(Record("pivot_resumed", {"stage": plan.stage, "step": plan.step}))
-    later = [c for c in state.checkpoints if plan.step is not None and c.step > plan.step]
-    for c in later:
-        actions.append(
-            Quarantine(
-                c.step,
-                c.name,
-                f"written under the old policy after pivot step {plan.step}",
-                cause="pivot",
-                cause_step=plan.step,
-            )
-        )
-    state = without_checkpoints(state, {c.step for c in later})
+    if plan.step is not None:
+        state = _set_aside_after(state, plan.step, actions)
     state = replace(state, phase=Phase.PIVOTING, pivot=replace(plan, request_id=None))
     if plan.stage == "archiving":
         assert plan.step is not None
