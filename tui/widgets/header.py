@@ -33,7 +33,7 @@ SHOWS_REASON = HALTED - {Phase.FINISHED}
 
 # What goes first when the line is too narrow: the highest number (a field is dropped
 # whole, so no number is ever cut).
-KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, STEPS, UPTIME, PID = range(9)
+KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, PID, UPTIME, STEPS = range(9)
 BAR_MIN, BAR_MAX = 8, 24
 """Cells of the progress bar: it grows into the room the other fields leave."""
 
@@ -42,7 +42,7 @@ BAR_MIN, BAR_MAX = 8, 24
 class Field:
     text: Text
     rank: int
-    """KEEP ... PID: the order in which fields are dropped, last first."""
+    """KEEP ... STEPS: the order in which fields are dropped, last first (step/total first: the telemetry panel shows it too; the pid, which a user needs to act on the trainer, late)."""
     bar: float | None = None
     """Set for the progress bar: the fraction done (its text is drawn at fit time)."""
     after: Text | None = None
