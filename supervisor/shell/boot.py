@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
+from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal, read_records
 
@@ -60,14 +61,20 @@ def rules_from(cfg: Config) -> core.Rules:
     )
 
 
-def last_state_record(journal_path: Path) -> tuple[dict[str, Any] | None, bool]:
-    """(the newest persisted state, whether the previous daemon exited cleanly)."""
+def last_state_record(
+    journal_path: Path, quarantine_notes: dict[str, quarantine.Note] | None = None
+) -> tuple[dict[str, Any] | None, bool]:
+    """(the newest persisted state, whether the previous daemon exited cleanly), in one
+    pass over the journal; the same pass fills `quarantine_notes` with why each
+    quarantined checkpoint was set aside."""
     state = None
     last_kind = None
     for record in read_records(journal_path):
         last_kind = record.get("kind")
         if last_kind == "state":
             state = record.get("state")
+        elif quarantine_notes is not None:
+            quarantine.remember(quarantine_notes, record)
     clean = last_kind in (None, "daemon_exit")
     return state, clean
 

@@ -46,7 +46,6 @@ from trainwarden.supervisor.shell.verdicts import CheckpointReports
 from trainwarden.supervisor.store.appendfile import DiskSpace, no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal
-from trainwarden.supervisor.store.quarantine import notes_from_journal
 from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_atomic
 
 log = logging.getLogger("trainwarden.daemon")
@@ -128,8 +127,7 @@ class Daemon:
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
         self._write_pid_file()
-        restored, clean = last_state_record(self.files.journal)
-        self.store.quarantine_notes = notes_from_journal(self.files.journal)
+        restored, clean = last_state_record(self.files.journal, self.store.quarantine_notes)
         self.journal = Journal(self.files.journal, self.space)
         self.journal.append(
             "daemon_start",

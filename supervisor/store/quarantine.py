@@ -10,11 +10,9 @@ line reads it when no daemon runs.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from trainwarden.supervisor.contract import MAX_STEP
-from trainwarden.supervisor.store.journal import read_records
 
 Note = dict[str, Any]
 """A quarantine record's step, name, reason, cause and cause_step."""
@@ -52,14 +50,12 @@ def _step(value: Any) -> int | None:
     return None
 
 
-def notes_from_journal(path: Path) -> dict[str, Note]:
-    """Every quarantine the journal records, by checkpoint name (the newest wins)."""
-    notes: dict[str, Note] = {}
-    for record in read_records(path):
-        if record.get("kind") == "quarantine" and record.get("name"):
-            note = note_of(record)
-            notes[note["name"]] = note
-    return notes
+def remember(notes: dict[str, Note], record: dict[str, Any]) -> None:
+    """Add a journal record's quarantine note to `notes` (by checkpoint name, the newest
+    wins); any other record is ignored. Read with the journal's one pass at start-up."""
+    if record.get("kind") == "quarantine" and record.get("name"):
+        note = note_of(record)
+        notes[note["name"]] = note
 
 
 def _note_for(file_name: str, notes: dict[str, Note]) -> Note | None:
