@@ -35,6 +35,7 @@ from trainwarden.supervisor.client import result_of as result_of
 from trainwarden.supervisor.client import unreachable as unreachable
 from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.core.phases import HALTED as HALTED
+from trainwarden.supervisor.core.phases import STEPPING as STEPPING
 from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
 from trainwarden.supervisor.core.phases import Phase as Phase
 from trainwarden.supervisor.wire import MAX_LINE as MAX_LINE

@@ -16,16 +16,14 @@ from typing import Any
 
 from trainwarden.supervisor.protocol import (
     STATE_KEYS,
+    STEPPING,
     TELEMETRY_KEYS,
     TELEMETRY_NOTICES,
-    Phase,
 )
 
 EVENTS_KEPT = 200
 GPU_SAMPLES_KEPT = 150
 """GPU pushes kept for the sparklines: five minutes at the daemon's 2 s cadence."""
-STEPPING = frozenset({Phase.RUNNING, Phase.SAVING})
-"""Phases in which the trainer steps: only then are a speed, an MFU now and an ETA true."""
 HEADER_KEYS = ("step", "eta_s")
 """Telemetry fields the header's progress bar shows."""
 SPARK_WINDOW_S = 300.0

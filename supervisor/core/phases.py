@@ -43,3 +43,5 @@ TRAINER_UP: frozenset[Phase] = frozenset(
     {Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.STOPPING, Phase.PIVOTING}
 )
 """Phases in which a trainer process is (or is about to be) running."""
+STEPPING: frozenset[Phase] = frozenset({Phase.RUNNING, Phase.SAVING})
+"""Phases in which the trainer steps: only then are its speed, MFU now and ETA true."""

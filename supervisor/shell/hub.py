@@ -21,7 +21,7 @@ from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
-from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
     SIDECAR_READ_MAX_BYTES,
@@ -59,8 +59,6 @@ UNRECOGNISED_SHOWN = 20
 """Unrecognised names status lists at most (the newest; the journal has every one)."""
 LAST_LINE_CHARS = 300
 """The trainer's newest output line is kept this long at most (status and telemetry)."""
-LIVE_PHASES = frozenset({Phase.RUNNING, Phase.SAVING})
-"""Phases in which the trainer is stepping: only then are its speed, MFU and ETA true."""
 LIVE_FIGURES = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
 """The figures of the trainer's pace now, withheld while it is not stepping (the run
 averages, mfu_avg and loss_avg, stay: they say what the run did)."""
@@ -510,7 +508,7 @@ class TelemetryHub:
     def telemetry(self) -> dict[str, Any]:
         data = self.monitor.snapshot()
         phase = self.phase()
-        if phase not in LIVE_PHASES:
+        if phase not in STEPPING:
             data.update(dict.fromkeys(LIVE_FIGURES))
         data["step"] = self.last_step
         newest = self.newest_checkpoint

@@ -115,3 +115,13 @@ async def test_no_incident_no_caption_row():
         await until(pilot, lambda: bool(app.model.events) and app.up_to_date, 10, "data")
         await pilot.pause(0.2)
         assert app.query_one(IncidentCaption).display is False
+
+
+def test_a_long_cause_is_cut_by_whole_words_never_inside_a_number():
+    from trainwarden.tui.widgets.caption import CAUSE_CHARS, _cause
+
+    cause = _cause({"cause": "exit status 1: worker 123456789 lost"})
+    assert len(cause) <= CAUSE_CHARS and cause.endswith("…"), cause
+    assert not any(ch.isdigit() for ch in cause.split()[-2:-1][0][-1:]), cause  # no "1234…"
+    assert "123456789" in cause or "1234" not in cause, cause
+    assert _cause({"cause": "exit status 3"}) == "exit 3"

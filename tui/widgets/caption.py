@@ -78,9 +78,8 @@ def _cause(record: dict[str, Any]) -> str:
         cause = "exit " + cause.removeprefix("exit status ")
     elif not cause and record.get("returncode") is not None:
         cause = f"exit {record['returncode']}"
-    if len(cause) > CAUSE_CHARS:
-        cause = cause[: CAUSE_CHARS - 1].rstrip() + "…"
-    return cause or "no cause recorded"
+    # Whole words, as the events panel fits its details: a number is never cut short.
+    return fmt.fit(cause.split(), CAUSE_CHARS) if cause else "no cause recorded"
 
 
 def what_happened(incident: Incident) -> str:
