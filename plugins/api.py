@@ -1,7 +1,7 @@
 """Everything a plugin needs. Third-party plugins import only this module.
 
-A log parser turns one line of trainer output into a StepRecord (or None when the
-line is not a step line). A checkpoint format recognises committed and in-flight
+A log parser turns one line of trainer output into a StepRecord (or an EvalRecord for a
+held-out evaluation line, or None when the line is neither). A checkpoint format recognises committed and in-flight
 checkpoint names in the checkpoint directory and verifies a committed one, raising
 CheckpointInvalid with the reason when it fails; a plugin whose options make no sense
 raises ConfigError. Neither may import torch at module level: the daemon and TUI must
@@ -30,6 +30,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointInvalid",
     "ConfigError",
+    "EvalRecord",
     "LogParser",
     "StepRecord",
     "TrainwardenError",
@@ -49,11 +50,25 @@ class StepRecord:
     """Other `key: value` pairs on the line (lr, arm, tokens, ...)."""
 
 
+@dataclass(frozen=True, slots=True)
+class EvalRecord:
+    """One held-out evaluation as the trainer logged it: never a training step, so it
+    moves neither the step count nor the divergence policy (a nan here is reported only)."""
+
+    step: int
+    """The training step the evaluation was made at."""
+    loss: float
+    """Validation loss; may be nan or inf."""
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    """Other values on the line (per-arm validation losses, perplexity, ...)."""
+
+
 class LogParser(Protocol):
     """Parses trainer output lines. Constructed with the `[telemetry]` options."""
 
-    def parse(self, line: str) -> StepRecord | None:
-        """The step this line reports, or None for any other line (never raises)."""
+    def parse(self, line: str) -> StepRecord | EvalRecord | None:
+        """The step (or evaluation) this line reports, or None for any other line (never
+        raises). Returning EvalRecord is optional: a parser that never does is complete."""
         ...
 
 

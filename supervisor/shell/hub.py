@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from trainwarden.plugins.api import CheckpointInfo
+from trainwarden.plugins.api import CheckpointInfo, EvalRecord
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
@@ -275,7 +275,7 @@ class TelemetryHub:
                 break
         for line in lines:
             record = parse(line)
-            if record is None:
+            if record is None or isinstance(record, EvalRecord):
                 continue
             # The policy first: a divergence is acted on before any bookkeeping.
             self.on_step(record.step, record.loss)

@@ -56,6 +56,14 @@ class RunFiles:
         return self.run_dir / ".loss.json"
 
     @property
+    def eval_history(self) -> Path:
+        return self.run_dir / ".eval.json"
+
+    @property
+    def branch(self) -> Path:
+        return self.run_dir / "branch.json"
+
+    @property
     def bandit_state(self) -> Path:
         return self.run_dir / ".state.json"
 
