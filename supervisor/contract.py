@@ -6,6 +6,16 @@ Environment: the daemon starts each trainer with these variables.
                           `seg` of .loss.json)                            ENV_SEG
     TRAINWARDEN_RESUME    the checkpoint to resume from (absent: fresh)   ENV_RESUME
     TRAINWARDEN_PIVOT     "1": start the bandit fresh under policy.json   ENV_PIVOT
+  Optional, only for a trainer that declares them (`[trainer] supports`):
+    TRAINWARDEN_SKIP_DATA the data windows skipped after loss spikes      ENV_SKIP_DATA
+                          (JSON list of [from_step, to_step) pairs)
+    TRAINWARDEN_LR_SCALE  factor on the learning rate (a float > 0)       ENV_LR_SCALE
+
+Skipped data (`skip_data`): each window [from_step, to_step) makes the trainer jump over
+the data of to_step - from_step steps at step from_step: step s consumes the data the run
+without skips consumed at `data_step(s, windows)` = s + the sum of (to - from) over every
+window whose from <= s. The list only grows over a run (the daemon passes all of it on
+every start), so resuming any checkpoint reproduces the same data for every later step.
 
 Files in the run directory the two sides share: policy.json (the daemon writes it at a
 pivot, the trainer reads it at start), .state.json and .samples.json (the trainer
@@ -43,6 +53,63 @@ ENV_SEG = "TRAINWARDEN_SEG"
 ENV_RESUME = "TRAINWARDEN_RESUME"
 ENV_PIVOT = "TRAINWARDEN_PIVOT"
 PIVOT_ON = "1"
+ENV_SKIP_DATA = "TRAINWARDEN_SKIP_DATA"
+ENV_LR_SCALE = "TRAINWARDEN_LR_SCALE"
+SUPPORTS = ("skip_data", "lr_scale")
+"""What a trainer may declare in `[trainer] supports`."""
+MAX_SKIP_WINDOWS = 4096
+
+SkipWindow = tuple[int, int]
+
+
+def parse_skip_data(text: str | None) -> list[SkipWindow]:
+    """TRAINWARDEN_SKIP_DATA read back; raises ValueError saying what is wrong."""
+    if not text:
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_SKIP_DATA} is not JSON: {exc}") from exc
+    if not isinstance(value, list) or len(value) > MAX_SKIP_WINDOWS:
+        raise ValueError(f"{ENV_SKIP_DATA} must be a list of [from_step, to_step] pairs")
+    windows = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+            or not 0 <= item[0] < item[1] <= MAX_STEP
+        ):
+            raise ValueError(
+                f"{ENV_SKIP_DATA}: {item!r} is not a [from_step, to_step) pair with "
+                "0 <= from_step < to_step"
+            )
+        windows.append((item[0], item[1]))
+    return windows
+
+
+def skip_data_text(windows: Iterable[SkipWindow]) -> str:
+    return json.dumps([[a, b] for a, b in windows], separators=(",", ":"))
+
+
+def data_step(step: int, windows: Iterable[SkipWindow]) -> int:
+    """The step whose data step `step` consumes, given the skipped windows."""
+    return step + sum(b - a for a, b in windows if a <= step)
+
+
+def parse_lr_scale(text: str | None) -> float:
+    """TRAINWARDEN_LR_SCALE read back (1.0 when absent); raises ValueError when bad."""
+    if not text:
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        raise ValueError(f"{ENV_LR_SCALE} must be a number, got {text!r}") from None
+    if not (math.isfinite(scale) and 0.0 < scale <= 1e6):
+        raise ValueError(f"{ENV_LR_SCALE} must be a finite number > 0, got {text!r}")
+    return scale
+
+
 """The value of TRAINWARDEN_PIVOT that asks for a fresh bandit."""
 
 # ----------------------------------------------------------------------------- shared files

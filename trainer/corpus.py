@@ -20,6 +20,9 @@ from pathlib import Path
 ARM_NAMES = ("docs", "code", "tests")
 ARM_BYTES = 2 * 1024 * 1024
 """Each arm is capped at 2 MiB: plenty for a byte-level model, quick to read and hash."""
+HOLDOUT_DIVISOR = 16
+"""The last 1/16 of every arm is held out: never trained on, read only by evaluation
+(`--eval-every`) and by `export`'s probe batch. The fingerprint covers both parts."""
 MIN_ARM_BYTES = 64 * 1024
 """Less than this (a stdlib stripped of its tests) and the arm is left out."""
 TEST_DIRS = {"test", "tests", "idle_test"}
@@ -34,6 +37,20 @@ TRIPLE_QUOTED = re.compile(rb"[rRuU]?(\"\"\"|''')(.*?)\1", re.S)
 class Arm:
     name: str
     data: bytes
+
+    @property
+    def split_at(self) -> int:
+        return len(self.data) - len(self.data) // HOLDOUT_DIVISOR
+
+    @property
+    def train(self) -> bytes:
+        """The bytes training batches are drawn from."""
+        return self.data[: self.split_at]
+
+    @property
+    def held_out(self) -> bytes:
+        """The bytes validation batches are drawn from (never trained on)."""
+        return self.data[self.split_at :]
 
     @property
     def fingerprint(self) -> str:

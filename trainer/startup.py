@@ -126,7 +126,7 @@ def start_session(plan: Plan) -> Session:
         device=device,
         model=model,
         optimizer=build_optimizer(model, preset),
-        tokens={name: as_tokens(arm.data) for name, arm in plan.arms.items()},
+        tokens={name: as_tokens(arm.train) for name, arm in plan.arms.items()},
         bandit=Bandit(list(plan.arms), plan.policy, options.seed),
         autocast=autocast,
     )
