@@ -199,7 +199,35 @@ def build_parser() -> Parser:
     p.add_argument(
         "--floor", action="append", metavar="ARM=X", help="new floor for an arm (repeatable)"
     )
+
+    p = sub.add_parser(
+        "compare",
+        help="compare the loss of two runs from their branch point (no daemon needed)",
+        description="compare the loss of two runs that share an ancestor step (a run and its"
+        " branch, or two branches of one run), read from their files",
+    )
+    p.add_argument("run_a", metavar="RUN_A", help="a run directory")
+    p.add_argument("run_b", metavar="RUN_B", help="another run directory")
+    p.add_argument("--json", action="store_true", help="print the arrays as JSON")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        help="a loss difference larger than this counts (default 0: any difference)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        help="the newest steps over which the lower run is judged (default 100)",
+    )
+    p.set_defaults(func=_compare)
     return parser
+
+
+def _compare(args: argparse.Namespace) -> int:
+    # Imported when run: it reads histories with numpy, which other commands never load.
+    from trainwarden.supervisor.cli.compare import cmd_compare
+
+    return cmd_compare(args)
 
 
 VALUE_OPTIONS = ("--socket",)

@@ -1,0 +1,117 @@
+"""A run's losses read back over its lineage, with no daemon: the training loss by step
+and the held-out validation points, each stitched from the oldest ancestor to the run
+(the parent's steps up to the branch step, then the branch's own), the newest segment's
+value per step as `losshistory` and `evaldb` keep them. Read only: nothing is written,
+not even the loss cache (a valid one is used when the run's daemon left it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainwarden.supervisor.store.branches import lineage
+from trainwarden.supervisor.store.evaldb import read_evals
+from trainwarden.supervisor.store.losshistory import LossHistory
+from trainwarden.supervisor.store.lossquery import HistoryView
+from trainwarden.supervisor.store.rundir import RunFiles
+
+
+@dataclass(frozen=True)
+class Series:
+    """Steps in increasing order and the loss at each (nan/inf kept as read)."""
+
+    steps: np.ndarray
+    losses: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    run: Path
+    lineage: list[tuple[Path, int | None]]
+    """The run and its reachable ancestors, oldest first, each with the last step taken
+    from it (None for the run itself)."""
+    train: Series
+    val: Series
+
+    def history_view(self) -> HistoryView:
+        """The train series for `HistoryView.query` (decimated like the daemon's history)."""
+        return HistoryView([(self.train.steps, self.train.losses)])
+
+
+def _empty() -> Series:
+    return Series(np.empty(0, np.int64), np.empty(0, np.float64))
+
+
+def _window(steps: np.ndarray, after: int | None, through: int | None) -> slice:
+    """The indices of after < step <= through in increasing `steps`."""
+    i0 = 0 if after is None else int(np.searchsorted(steps, after, side="right"))
+    i1 = len(steps) if through is None else int(np.searchsorted(steps, through, side="right"))
+    return slice(i0, max(i0, i1))
+
+
+def _stitch(pieces: list[tuple[np.ndarray, np.ndarray]]) -> Series:
+    if not pieces:
+        return _empty()
+    return Series(
+        np.concatenate([np.asarray(s, np.int64) for s, _ in pieces]),
+        np.concatenate([np.asarray(v, np.float64) for _, v in pieces]),
+    )
+
+
+def _train_of(
+    run_dir: Path, after: int | None, through: int | None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    files = RunFiles(run_dir)
+    history = LossHistory.load(files.loss_history, files.state_dir / "loss-cache")
+    pieces = []
+    for steps, losses in history.snapshot().parts:
+        part = _window(np.asarray(steps), after, through)
+        if part.stop > part.start:
+            pieces.append((np.asarray(steps)[part], np.asarray(losses)[part]))
+    return pieces
+
+
+def spans(chain: list[tuple[Path, int | None]]) -> list[tuple[Path, int | None, int | None]]:
+    """(run, after, through) for each run of a lineage that supplies steps: its steps
+    after < step <= through (None: unbounded). A branch made at a step its parent took
+    from its own parent cuts that older run's span too."""
+    cuts: list[int | None] = []
+    limit: int | None = None
+    for _, through in reversed(chain):
+        if through is not None:
+            limit = through if limit is None else min(limit, through)
+        cuts.insert(0, limit)
+    out = []
+    after: int | None = None
+    for (path, _), through in zip(chain, cuts, strict=True):
+        if after is None or through is None or through > after:
+            out.append((path, after, through))
+            after = through
+    return out
+
+
+def read_run_series(run_dir: Path | str) -> RunSeries:
+    """The run's train and validation series over its lineage (see the module)."""
+    chain = lineage(run_dir)
+    train: list[tuple[np.ndarray, np.ndarray]] = []
+    val: list[tuple[np.ndarray, np.ndarray]] = []
+    for path, after, through in spans(chain):
+        train += _train_of(path, after, through)
+        points = [
+            p
+            for p in read_evals(RunFiles(path).eval_history, through)
+            if after is None or p.step > after
+        ]
+        if points:
+            val.append(
+                (
+                    np.array([p.step for p in points], np.int64),
+                    np.array([p.loss for p in points], np.float64),
+                )
+            )
+    return RunSeries(chain[-1][0], chain, _stitch(train), _stitch(val))

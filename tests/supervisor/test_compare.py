@@ -1,0 +1,170 @@
+"""`trainwarden compare` on histories written in their documented formats (lossdb, evaldb,
+branches): the branch point, the table at matching steps, the first difference, the lower
+run over the last window, the --json arrays, and each refusal in one line."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from tests.support import PYTHON
+from trainwarden.supervisor.store.branches import BranchInfo, write_branch
+from trainwarden.supervisor.store.evaldb import EvalWriter
+from trainwarden.supervisor.store.lossdb import LossWriter
+from trainwarden.supervisor.store.runseries import read_run_series
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", "compare", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def make_run(
+    path: Path,
+    losses: dict[int, float],
+    *,
+    parent: Path | None = None,
+    step: int = 0,
+    evals: dict[int, float] | None = None,
+    seg: int = 1,
+) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    with LossWriter(path / ".loss.json") as writer:
+        writer.append_many([(s, v, 0.1, 1000.0 + s, seg) for s, v in sorted(losses.items())])
+    if evals:
+        writer_e = EvalWriter(path / ".eval.json")
+        writer_e.append_many([(s, v, 1000.0 + s, seg, {}) for s, v in sorted(evals.items())])
+        writer_e.close()
+    if parent is not None:
+        write_branch(path, BranchInfo(parent, step, f"step_{step:06d}.bin", "xxh3:00", {}))
+    return path
+
+
+def descending(start: float, slope: float, steps: range) -> dict[int, float]:
+    return {s: start - slope * s for s in steps}
+
+
+def base_and_branches(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A base run of 300 steps, and two branches made from it at step 100: A learns
+    slower than B; both repeat the base's loss for step 101 (same weights, same batch)."""
+    base = make_run(tmp_path / "base", descending(5.0, 0.001, range(1, 301)), evals={100: 4.95})
+    a_losses = descending(5.0, 0.001, range(101, 102)) | descending(4.99, 0.0005, range(102, 301))
+    b_losses = descending(5.0, 0.001, range(101, 102)) | descending(4.99, 0.002, range(102, 301))
+    a = make_run(tmp_path / "a", a_losses, parent=base, step=100, evals={200: 4.9, 300: 4.85})
+    b = make_run(tmp_path / "b", b_losses, parent=base, step=100, evals={200: 4.7, 300: 4.5})
+    return base, a, b
+
+
+def test_two_branches_of_one_run_table_first_difference_and_lower(tmp_path: Path):
+    base, a, b = base_and_branches(tmp_path)
+    done = cli(str(a), str(b))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"branch point: step 100, both from {base.resolve()}" in out
+    assert "first difference > 0: step 102" in out
+    assert "lower over the last 100 steps (201-300): B" in out
+    assert "validation at step 300: B, A 4.8500 vs B 4.5000" in out
+    table = out[out.index("step  ") :].splitlines()
+    assert "A val" in table[0] and "B val" in table[0]
+    rows = [line.split() for line in table[1:]]
+    assert 20 <= len(rows) <= 24  # ~20 decimated rows, plus the eval steps
+    steps = [int(r[0].replace(",", "")) for r in rows]
+    assert steps[0] == 101 and steps[-1] == 300 and steps == sorted(steps)
+    assert {102, 200, 300} <= set(steps)
+    row_101 = rows[steps.index(101)]
+    assert row_101[1] == row_101[3] == f"{5.0 - 0.101:.4f}"  # identical from the same weights
+    row_300 = rows[steps.index(300)]
+    assert float(row_300[1]) == round(4.99 - 0.0005 * 300, 4)
+    assert float(row_300[3]) == round(4.99 - 0.002 * 300, 4)
+    assert row_300[-2:] == ["4.8500", "4.5000"]
+
+
+def test_parent_and_branch_json_arrays_stitch_the_parents_steps(tmp_path: Path):
+    base = make_run(tmp_path / "base", descending(5.0, 0.01, range(1, 51)), evals={20: 4.8})
+    # The branch replays step 21 once more (a restart), the newer segment wins.
+    branch = make_run(tmp_path / "br", {21: 9.0, 22: 4.0, 23: 3.5}, parent=base, step=20)
+    with LossWriter(branch / ".loss.json") as writer:
+        writer.append(21, 4.5, 0.1, 2000.0, 2)
+    done = cli(str(base), str(branch), "--json")
+    assert done.returncode == 0, done.stderr
+    result = orjson.loads(done.stdout)
+    assert result["branch"] == {"run": str(base.resolve()), "step": 20}
+    assert result["steps"] == [20, 21, 22, 23]
+    assert result["a_loss"] == [5.0 - 0.2, 5.0 - 0.21, 5.0 - 0.22, 5.0 - 0.23]
+    assert result["b_loss"] == [5.0 - 0.2, 4.5, 4.0, 3.5]
+    assert result["a_ema"][0] == result["b_ema"][0]  # one history up to the branch point
+    assert result["a_ema"][1] != result["b_ema"][1]
+    assert result["val_steps"] == [20] and result["a_val"] == result["b_val"] == [4.8]
+    assert result["first_difference"] == {"step": 21, "a": 5.0 - 0.21, "b": 4.5}
+    assert result["lower"]["run"] == "b" and result["lower"]["from_step"] == 21
+    assert result["b"]["lineage"] == [[str(base.resolve()), 20], [str(branch.resolve()), None]]
+    text = cli(str(base), str(branch)).stdout
+    assert "A is B's ancestor" in text
+
+
+def test_tolerance_and_window(tmp_path: Path):
+    base = make_run(tmp_path / "base", {s: 3.0 for s in range(1, 11)})
+    a = make_run(tmp_path / "a", {s: 3.0 + 0.001 * s for s in range(11, 41)}, parent=base, step=10)
+    # B is higher early on and lower over its last 5 steps.
+    b = make_run(
+        tmp_path / "b",
+        {s: 3.5 if s <= 35 else 2.0 for s in range(11, 41)},
+        parent=base,
+        step=10,
+    )
+    result = orjson.loads(cli(str(a), str(b), "--json", "--tolerance", "0.6").stdout)
+    assert result["first_difference"]["step"] == 36
+    assert result["lower"]["run"] == "a"  # over 100 steps: the whole of both branches
+    result = orjson.loads(cli(str(a), str(b), "--json", "--window", "5").stdout)
+    assert result["lower"]["run"] == "b" and result["lower"]["from_step"] == 36
+    assert result["first_difference"]["step"] == 11
+    same = cli(str(a), str(a.parent / "a"), "--tolerance", "1")
+    assert same.returncode == 2 and "the same run" in same.stderr
+
+
+def test_nan_losses_are_shown_not_hidden(tmp_path: Path):
+    base = make_run(tmp_path / "base", {1: 3.0, 2: 2.9})
+    a = make_run(tmp_path / "a", {3: math.nan, 4: 2.5}, parent=base, step=2, evals={4: math.nan})
+    b = make_run(tmp_path / "b", {3: 2.8, 4: 2.7}, parent=base, step=2, evals={4: 2.6})
+    result = orjson.loads(cli(str(a), str(b), "--json").stdout)
+    assert result["a_loss"][1] == "nan" and result["first_difference"]["step"] == 3
+    assert result["lower"]["val"] == {"run": None, "step": 4, "a": "nan", "b": 2.6}
+    assert "nan" in cli(str(a), str(b)).stdout
+
+
+def test_lineage_of_a_branch_of_a_branch_cuts_the_older_run(tmp_path: Path):
+    root = make_run(tmp_path / "root", {s: 10.0 for s in range(1, 101)})
+    middle = make_run(tmp_path / "mid", {s: 20.0 for s in range(51, 101)}, parent=root, step=50)
+    # Branched from `middle` at step 30, a step `middle` took from `root`.
+    leaf = make_run(tmp_path / "leaf", {s: 30.0 for s in range(31, 41)}, parent=middle, step=30)
+    series = read_run_series(leaf)
+    assert series.train.steps.tolist() == list(range(1, 41))
+    assert series.train.losses.tolist() == [10.0] * 30 + [30.0] * 10
+    result = orjson.loads(cli(str(leaf), str(middle), "--json").stdout)
+    assert result["branch"] == {"run": str(root.resolve()), "step": 30}
+
+
+def test_refusals_are_one_line(tmp_path: Path):
+    base, a, _ = base_and_branches(tmp_path)
+    stranger = make_run(tmp_path / "stranger", {1: 3.0})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        ((str(tmp_path / "nope"), str(a)), 2, "no such run directory"),
+        ((str(a), str(empty)), 1, "no loss history yet"),
+        ((str(a), str(stranger)), 2, "share no ancestor step"),
+        ((str(a), str(base), "--window", "0"), 2, "--window 0"),
+        ((str(a), str(base), "--tolerance", "-1"), 2, "--tolerance -1"),
+    ]
+    for args, code, words in cases:
+        done = cli(*args)
+        assert done.returncode == code, (args, done.stderr)
+        assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+        assert done.stdout == ""
