@@ -55,7 +55,9 @@ REPLACEABLE_TOPICS: Final[frozenset[Topic]] = frozenset(
 (a checkpoints push is the full list), so a slow reader may skip to the newest. Only
 `events` is a stream (one journal record per push) and must arrive whole and in order."""
 
-ReadCommand = Literal["hello", "status", "checkpoints", "events", "history", "subscribe"]
+ReadCommand = Literal[
+    "hello", "status", "checkpoints", "events", "history", "subscribe", "history_of", "related_runs"
+]
 ActingCommand = Literal["save", "stop", "start", "pin", "unpin", "shutdown", "pivot"]
 Command = ReadCommand | ActingCommand
 READ_COMMANDS: Final[tuple[ReadCommand, ...]] = get_args(ReadCommand)
@@ -76,6 +78,7 @@ ErrorCode = Literal[
     "unsupported",
     "superseded",
     "internal",
+    "not_a_run",
 ]
 ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)
 """bad_request: not a request at all (bad JSON, no 'cmd', a bad 'id');
@@ -86,7 +89,8 @@ forbidden: a peer uid not in [control] allow_uids; too_large: a line over MAX_LI
 unsupported: the trainer does not catch the signal the command sends (save without a
 SIGUSR1 handler; stop or shutdown without a SIGTERM handler, unless `force`);
 superseded: a waiting save answered by a stop or shutdown that pre-empted it;
-internal: the daemon failed (its log says why)."""
+internal: the daemon failed (its log says why); not_a_run: history_of named a path that
+is no run directory."""
 
 # ----------------------------------------------------------------------------- envelopes
 
@@ -149,6 +153,11 @@ class HistoryArgs(TypedDict, total=False):
     """First and last step, inclusive (None: the whole history)."""
     points: int
     """Buckets to decimate to (default 200; at most HISTORY_MAX_POINTS are sent)."""
+
+
+class HistoryOfArgs(HistoryArgs):
+    run: str
+    """Another run: an absolute path, or a name beside this run (a sibling folder)."""
 
 
 class EventsArgs(TypedDict, total=False):
@@ -536,6 +545,42 @@ class HistoryResult(TypedDict):
     collapse_loss: float | None
 
 
+class ValidationSeries(TypedDict):
+    step: list[int]
+    loss: list[float | None]
+    """None: a non-finite validation loss."""
+
+
+class HistoryOfResult(TypedDict):
+    """Another run's history read from its files, over its lineage (its parent's steps up
+    to the branch step, then its own), bucketed as `history` (no markers)."""
+
+    step: list[int]
+    min: list[float | None]
+    mean: list[float | None]
+    max: list[float | None]
+    nonfinite: list[int]
+    first_step: int | None
+    last_step: int | None
+    count: int
+    val: ValidationSeries
+    run: str
+    """The run's resolved path."""
+    lineage: list[list[Any]]
+    """[path, last step taken from it (None: the run itself)], oldest first."""
+
+
+class RelatedRun(TypedDict):
+    path: str
+    name: str
+    relation: Literal["parent", "ancestor", "branch", "sibling"]
+
+
+class RelatedRunsResult(TypedDict):
+    runs: list[RelatedRun]
+    """This run's ancestors, then the run directories beside it, by name."""
+
+
 class _EventsCut(TypedDict, total=False):
     truncated: bool
     """True when the newest records asked for did not all fit one line (half of MAX_LINE):
@@ -632,6 +677,8 @@ RESULTS: Final[dict[str, Any]] = {
     "status": StatusResult,
     "subscribe": SubscribeResult,
     "history": HistoryResult,
+    "history_of": HistoryOfResult,
+    "related_runs": RelatedRunsResult,
     "checkpoints": CheckpointsView,
     "events": EventsResult,
     "save": SaveRequested | SaveCommitted,

@@ -49,6 +49,7 @@ from trainwarden.supervisor.serve.supervised import Supervised
 from trainwarden.supervisor.serve.turns import Turns
 from trainwarden.supervisor.socket_place import SocketPlace, check_socket_place, resolve_group
 from trainwarden.supervisor.store.journal import tail_records
+from trainwarden.supervisor.store.runseries import NotARun
 
 log = logging.getLogger("trainwarden.control")
 
@@ -439,6 +440,23 @@ class ControlServer:
         # More buckets than fit one line are not sent: the reply says how many it holds.
         return await self.daemon.history_query(start, end, min(points, HISTORY_MAX_POINTS))
 
+    async def cmd_history_of(self, conn: Connection, args: dict[str, Any]) -> Any:
+        run = args.get("run")
+        if not isinstance(run, str) or not run or len(run) > RUN_PATH_MAX:
+            raise CommandError("bad_argument", "'run' must name a run directory (a path)")
+        start = _int_arg(args, "start", None, 0, MAX_STEP)
+        end = _int_arg(args, "end", None, 0, MAX_STEP)
+        points = _int_arg(args, "points", 200, 1, 100_000)
+        try:
+            return await self.daemon.history_of_query(
+                run, start, end, min(points, HISTORY_MAX_POINTS)
+            )
+        except NotARun as exc:
+            raise CommandError("not_a_run", str(exc)) from None
+
+    async def cmd_related_runs(self, conn: Connection, args: dict[str, Any]) -> Any:
+        return {"runs": await self.daemon.related_runs()}
+
     def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
         topics = args.get("topics", list(TOPICS))
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
@@ -455,7 +473,18 @@ class ControlServer:
         }
 
 
-READS = ("hello", "status", "checkpoints", "events", "history", "subscribe")
+READS = (
+    "hello",
+    "status",
+    "checkpoints",
+    "events",
+    "history",
+    "subscribe",
+    "history_of",
+    "related_runs",
+)
+RUN_PATH_MAX = 4096
+"""Bytes of a run path history_of takes (PATH_MAX)."""
 
 
 EVENTS_MAX_BYTES = MAX_LINE // 2

@@ -37,6 +37,17 @@ class Supervised(Protocol):
         """The decimated loss history (computed off the event loop)."""
         ...
 
+    async def history_of_query(
+        self, run: str, start: int | None, end: int | None, points: int
+    ) -> Any:
+        """Another run's history from its files (off the event loop); NotARun for a path
+        that is no run directory."""
+        ...
+
+    async def related_runs(self) -> list[dict[str, Any]]:
+        """Runs to overlay on this one: ancestors, then run directories beside it."""
+        ...
+
     def snapshot(self, topic: str) -> Any:
         """The newest frame of a telemetry topic."""
         ...

@@ -541,6 +541,16 @@ class Daemon:
         assert self.hub is not None
         return await self.hub.history_query(start, end, points)
 
+    async def history_of_query(
+        self, run: str, start: int | None, end: int | None, points: int
+    ) -> Any:
+        assert self.hub is not None
+        return await self.hub.history_of_query(run, start, end, points)
+
+    async def related_runs(self) -> list[dict[str, Any]]:
+        assert self.hub is not None
+        return await self.hub.related_runs()
+
     def snapshot(self, topic: str) -> Any:
         assert self.hub is not None
         return self.hub.snapshot(topic)

@@ -35,6 +35,7 @@ from trainwarden.supervisor.shell.telemetry import (
     no_gpu_reason,
     settings_from_config,
 )
+from trainwarden.supervisor.store import runseries
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossWriter
@@ -427,6 +428,23 @@ class TelemetryHub:
         result = await self.loop.run_in_executor(self._history_thread, answer)
         result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
         return result
+
+    async def history_of_query(
+        self, run: str, start: int | None, end: int | None, points: int
+    ) -> dict[str, Any]:
+        """Another run's history, read from its files in the history thread (read only:
+        its own daemon, if any, owns them)."""
+
+        def answer() -> dict[str, Any]:
+            path = runseries.resolve_run(self.files.run_dir, run)
+            return runseries.decimated(runseries.read_run_series(path), start, end, points)
+
+        return await self.loop.run_in_executor(self._history_thread, answer)
+
+    async def related_runs(self) -> list[dict[str, Any]]:
+        return await self.loop.run_in_executor(
+            self._history_thread, runseries.related_runs, self.files.run_dir
+        )
 
     def _markers(self) -> list[dict[str, Any]]:
         markers = []

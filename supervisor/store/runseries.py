@@ -6,12 +6,16 @@ not even the loss cache (a valid one is used when the run's daemon left it)."""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from trainwarden.supervisor.store.branches import lineage
+from trainwarden.supervisor.config import CONFIG_NAME
+from trainwarden.supervisor.store.branches import BranchFileInvalid, lineage, read_branch
 from trainwarden.supervisor.store.evaldb import read_evals
 from trainwarden.supervisor.store.losshistory import LossHistory
 from trainwarden.supervisor.store.lossquery import HistoryView
@@ -115,3 +119,81 @@ def read_run_series(run_dir: Path | str) -> RunSeries:
                 )
             )
     return RunSeries(chain[-1][0], chain, _stitch(train), _stitch(val))
+
+
+class NotARun(ValueError):
+    """A path asked about is no run directory."""
+
+
+RUN_MARKS = (CONFIG_NAME, ".loss.json", "branch.json")
+"""A folder holding one of these is a run (a branch may not have logged a step yet)."""
+SIBLINGS_SCANNED = 10_000
+"""Entries of the run's parent folder looked at, at most, for related runs."""
+RELATED_MAX = 200
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in RUN_MARKS)
+
+
+def resolve_run(run_dir: Path, name: str) -> Path:
+    """The run `name` names: an absolute path, or one relative to the folder that holds
+    `run_dir` (a sibling by its name). Raises NotARun."""
+    path = Path(name).expanduser()
+    if not path.is_absolute():
+        path = run_dir.resolve().parent / path
+    try:
+        path = path.resolve()
+        found = is_run_dir(path)
+    except OSError as exc:
+        raise NotARun(f"{name}: {exc.strerror or exc}") from None
+    if not found:
+        raise NotARun(f"{name}: not a run directory (no {', '.join(RUN_MARKS)} in it)")
+    return path
+
+
+def decimated(series: RunSeries, start: int | None, end: int | None, points: int) -> dict[str, Any]:
+    """The run's train series decimated like the daemon's `history` (min/mean/max per
+    bucket), its validation points in the range (at most `points`, spread evenly; a
+    non-finite loss as None) and its lineage."""
+    reply = series.history_view().query(start, end, points)
+    part = _window(series.val.steps, None if start is None else start - 1, end)
+    steps, losses = series.val.steps[part].tolist(), series.val.losses[part].tolist()
+    if len(steps) > points:
+        keep = sorted({round(i * (len(steps) - 1) / max(points - 1, 1)) for i in range(points)})
+        steps, losses = [steps[i] for i in keep], [losses[i] for i in keep]
+    reply["val"] = {"step": steps, "loss": [v if math.isfinite(v) else None for v in losses]}
+    reply["run"] = str(series.run)
+    reply["lineage"] = [[str(path), step] for path, step in series.lineage]
+    return reply
+
+
+def related_runs(run_dir: Path) -> list[dict[str, Any]]:
+    """Runs worth overlaying on `run_dir`'s: its ancestors, then the run directories
+    beside it (its branches among them), by name; at most RELATED_MAX."""
+    me = run_dir.resolve()
+    chain = lineage(me)
+    found: list[dict[str, Any]] = []
+    for i, (path, _) in enumerate(reversed(chain[:-1])):
+        found.append({"path": str(path), "relation": "parent" if i == 0 else "ancestor"})
+    known = {Path(f["path"]) for f in found} | {me}
+    try:
+        with os.scandir(me.parent) as entries:
+            names = sorted(e.name for _, e in zip(range(SIBLINGS_SCANNED), entries, strict=False))
+    except OSError:
+        names = []
+    for name in names:
+        if len(found) >= RELATED_MAX:
+            break
+        path = me.parent / name
+        if path in known or not is_run_dir(path):
+            continue
+        try:
+            info = read_branch(path)
+        except BranchFileInvalid:
+            info = None
+        is_branch = info is not None and info.parent.resolve() == me
+        found.append({"path": str(path), "relation": "branch" if is_branch else "sibling"})
+    for entry in found:
+        entry["name"] = Path(entry["path"]).name
+    return found

@@ -1,6 +1,7 @@
 """`trainwarden compare` on histories written in their documented formats (lossdb, evaldb,
 branches): the branch point, the table at matching steps, the first difference, the lower
-run over the last window, the --json arrays, and each refusal in one line."""
+run over the last window, the --json arrays, and each refusal in one line; and the
+daemon's read-only `history_of` and `related_runs` (what the TUI overlays)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 
-from tests.support import PYTHON
+from tests.support import PYTHON, running_daemon, scripted_run, wait_for
+from trainwarden.supervisor.errors import CommandRefused
 from trainwarden.supervisor.store.branches import BranchInfo, write_branch
 from trainwarden.supervisor.store.evaldb import EvalWriter
 from trainwarden.supervisor.store.lossdb import LossWriter
@@ -168,3 +171,47 @@ def test_refusals_are_one_line(tmp_path: Path):
         assert done.returncode == code, (args, done.stderr)
         assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
         assert done.stdout == ""
+
+
+@pytest.mark.timeout(300)
+def test_daemon_answers_history_of_other_runs_read_only(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000000", "--dt", "0.02")
+    base = make_run(tmp_path / "base", {s: 7.0 - 0.01 * s for s in range(1, 101)}, evals={50: 6.6})
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("not a run")
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("running")
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 120, what="five steps")
+        branch = make_run(tmp_path / "br", {6: 1.5, 7: 1.25}, parent=run_dir, step=5)
+        before = (base / ".loss.json").read_bytes()
+
+        other = daemon.request("history_of", run="br", points=100)
+        assert other["run"] == str(branch.resolve())
+        assert other["step"] == [1, 2, 3, 4, 5, 6, 7] and other["count"] == 7
+        own = daemon.request("history", end=5)
+        assert other["mean"][:5] == own["mean"]  # the parent's steps up to the branch point
+        assert other["mean"][5:] == [1.5, 1.25]
+        assert other["lineage"] == [[str(run_dir.resolve()), 5], [str(branch.resolve()), None]]
+
+        decimated = daemon.request("history_of", run=str(base), start=11, end=90, points=8)
+        assert len(decimated["step"]) == 8 and decimated["count"] == 80
+        assert decimated["first_step"] == 11 and decimated["last_step"] == 90
+        assert decimated["val"] == {"step": [50], "loss": [6.6]}
+        assert (base / ".loss.json").read_bytes() == before
+        assert not (base / ".trainwarden").exists()  # nothing written for the other run
+
+        for run, code in (
+            ("notes", "not_a_run"),
+            (str(tmp_path / "gone"), "not_a_run"),
+            (7, "bad_argument"),
+        ):
+            with pytest.raises(CommandRefused) as refused:
+                daemon.request("history_of", run=run)
+            assert refused.value.code == code, refused.value
+
+        related = daemon.request("related_runs")["runs"]
+        by_name = {r["name"]: r["relation"] for r in related}
+        assert by_name == {"base": "sibling", "br": "branch"}
+        paths = {r["path"] for r in related}
+        assert str(branch.resolve()) in paths
+        assert daemon.status()["state"] == "running"
