@@ -35,6 +35,7 @@ from trainwarden.tui.screens.confirm import ConfirmScreen
 from trainwarden.tui.screens.help import QUIT_LEAVES_RUN, HelpScreen
 from trainwarden.tui.screens.log import LogScreen
 from trainwarden.tui.screens.main import MainScreen, ReadOnlyMainScreen
+from trainwarden.tui.screens.overlay import NO_OVERLAY, OverlayScreen
 from trainwarden.tui.screens.pivot import PivotRequest, PivotScreen
 from trainwarden.tui.screens.samples import SamplesScreen
 from trainwarden.tui.source import DaemonSource, DataSource, describe_failure
@@ -67,6 +68,7 @@ PALETTE = (
         "chart_range",
     ),
     ("Chart log scale", "Loss chart: switch between linear and log-scale loss (y)", "chart_scale"),
+    ("Overlay a run", "Loss chart: draw another run's loss beside this one's (o)", "overlay"),
     ("Log", "The run's training.log (l)", "log"),
     ("Help", "Keys and what each panel shows (?)", "help"),
     ("Quit", "q", "quit"),
@@ -87,6 +89,7 @@ class TrainwardenApp(App[int]):
         read_only: bool = False,
         clock: Clock | None = None,
         quit_means: str = QUIT_LEAVES_RUN,
+        compare: str | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -94,6 +97,7 @@ class TrainwardenApp(App[int]):
         self.quit_means = quit_means
         """What q does to the run, as the help says it (the demo stops its own run)."""
         self.model = RunModel(clock=clock or Clock())
+        self.model.overlay_run = compare
         self.rendered: dict[str, int] = {}
         self.clock_rendered_at = 0.0
         self.outcomes: list[str] = []
@@ -160,6 +164,27 @@ class TrainwardenApp(App[int]):
 
     def on_history_received(self, message: HistoryReceived) -> None:
         self.model.apply_history(message.history)
+        self.request_render()
+        if self.model.overlay_run is not None:
+            # The other run's history over the same range, each time this one's comes.
+            self.run_worker(
+                self._fetch_overlay(self.model.overlay_run), group="overlay", exclusive=True
+            )
+
+    async def _fetch_overlay(self, run: str) -> None:
+        args = self.history_args()
+        try:
+            reply = await self.source.request("history_of", run=run, **args)
+        except CommandRefused as exc:
+            # Not a run, or a daemon without history_of: asking again would not help.
+            self.model.set_overlay(None)
+            self.tell_failure(f"overlay {run}", exc)
+        except Exception as exc:  # a slow or lost connection: the next history retries
+            self.tell_failure(f"overlay {run}", exc)
+            return
+        else:
+            if self.model.overlay_run == run:  # not changed while it was asked for
+                self.model.set_overlay(run, reply if isinstance(reply, dict) else None)
         self.request_render()
 
     def history_points(self) -> int:
@@ -254,7 +279,9 @@ class TrainwardenApp(App[int]):
             screen.query_one(TelemetryPanel).show(model)
         elif panel == "chart":
             collapse = (model.telemetry.value or {}).get("collapse_loss")
-            screen.query_one(LossChart).show(model.history, collapse)
+            chart = screen.query_one(LossChart)
+            chart.show_overlay(model.overlay, (model.run_name, self.overlay_name()))
+            chart.show(model.history, collapse)
         elif panel == "gpu":
             screen.query_one(GpuPanel).show(model)
         elif panel == "checkpoints":
@@ -485,6 +512,38 @@ class TrainwardenApp(App[int]):
         if chart is not None:
             chart.set_mode(chart.mode.toggled_scale())
 
+    def overlay_name(self) -> str:
+        """The overlaid run as the legend names it: its folder's name."""
+        run = (self.model.overlay or {}).get("run") or self.model.overlay_run or ""
+        return clean(Path(str(run)).name or str(run), 40)
+
+    def action_overlay(self) -> None:
+        self.run_worker(self._pick_overlay(), group="actions")
+
+    async def _pick_overlay(self) -> None:
+        try:
+            reply = await self.source.request("related_runs")
+        except Exception as exc:  # an older daemon, or none: a typed path still works
+            self.tell_failure("listing other runs", exc)
+            reply = {}
+        runs = reply.get("runs") if isinstance(reply, dict) else None
+        self.push_screen(
+            OverlayScreen(runs if isinstance(runs, list) else [], self.model.overlay_run),
+            self._overlay_chosen,
+        )
+
+    def _overlay_chosen(self, run: str | None) -> None:
+        if run is None:
+            return
+        if run == NO_OVERLAY:
+            self.model.set_overlay(None)
+            self.tell("overlay cleared")
+        else:
+            self.model.set_overlay(run)
+            self.tell(f"overlaying {clean(run, 200)}…", timeout=3)
+            self.source.want_history()
+        self.request_render()
+
     def action_samples(self) -> None:
         self.push_screen(SamplesScreen(self.model))
 
@@ -537,19 +596,24 @@ def main(
     read_only: bool = False,
     log_path: Path | None = None,
     quit_means: str = QUIT_LEAVES_RUN,
+    compare: str | None = None,
 ) -> int:
     """Run the TUI on the daemon at `socket_path`; the exit status.
 
     `log_path` is the run's training.log when the caller knows it (a local run
     directory); without it the log screen is offered only when the socket lies inside
-    the run directory the daemon reports.
+    the run directory the daemon reports. `compare`: another run to overlay on the loss
+    chart, as the daemon finds it (an absolute path, or a folder beside the run).
     """
     problem = daemon_unreachable(socket_path)
     if problem is not None:
         print(f"trainwarden tui: {problem}", file=sys.stderr)
         return 1
     app = TrainwardenApp(
-        DaemonSource(socket_path, log_path), read_only=read_only, quit_means=quit_means
+        DaemonSource(socket_path, log_path),
+        read_only=read_only,
+        quit_means=quit_means,
+        compare=compare,
     )
     app.run()
     return app.return_code or 0

@@ -6,7 +6,9 @@ is the bucket means joined column to column. The collapse reference ln(V) (the l
 model that predicts uniformly) is a dashed line; restarts, divergences, pivots and
 crashes are letters on a row under the curve. A ChartMode picks the step range (the
 whole run or its newest part) and the scale (linear or log); a validation series, when
-the history carries one, is drawn as `×` marks over the curve.
+the history carries one, is drawn as `×` marks over the curve. Another run's history
+(`trainwarden tui --compare`) is overlaid on the same axes as a line of `•` cells, its
+validation as `+`: told apart from the braille curve without colour.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ MARKER_GLYPHS = {"restart": "R", "divergence": "D", "pivot": "P", "crash": "C"}
 MARKER_PRIORITY = ("divergence", "crash", "pivot", "restart")
 Y_LABEL_WIDTH = 7
 VALIDATION_GLYPH = "×"
+OVERLAY_GLYPH = "•"
+OVERLAY_VALIDATION_GLYPH = "+"
 RANGES: tuple[tuple[str, int | None, float | None], ...] = (
     ("whole run", None, None),
     ("last 1k steps", 1_000, None),
@@ -75,6 +79,7 @@ class ChartStyles:
     axis: Style = Style(dim=True)
     nonfinite: Style = Style(color="red", bold=True)
     validation: Style = Style(bold=True)
+    overlay: Style = Style(color="magenta")
     markers: dict[str, Style] | None = None
 
     def marker(self, kind: str) -> Style:
@@ -137,11 +142,13 @@ def render_chart(
     collapse_loss: float | None = None,
     styles: ChartStyles | None = None,
     log_scale: bool = False,
+    overlay: dict[str, Any] | None = None,
 ) -> list[Text]:
     """`height` lines of `width` cells: curve rows, then a marker row and a step axis.
 
     With `log_scale` the curve is drawn over log(loss) and the labels give the loss
-    itself; losses <= 0 have no logarithm and leave a gap.
+    itself; losses <= 0 have no logarithm and leave a gap. `overlay`, another run's
+    history reply, shares the axes: the step range and the scale cover both.
     """
     styles = styles or ChartStyles()
     width = max(width, Y_LABEL_WIDTH + 2)
@@ -151,9 +158,17 @@ def render_chart(
     steps = history.get("step")
     means = _numbers(history.get("mean"))
     validation = validation_points(history)
+    other = overlay if isinstance(overlay, dict) else {}
+    other_steps = other.get("step")
+    if not isinstance(other_steps, list):
+        other_steps = []
+    other_means = _numbers(other.get("mean"))
+    other_validation = validation_points(other)
     if log_scale:
         means = [_log(v) for v in means]
         validation = [(s, lv) for s, v in validation if (lv := _log(v)) is not None]
+        other_means = [_log(v) for v in other_means]
+        other_validation = [(s, lv) for s, v in other_validation if (lv := _log(v)) is not None]
     if not isinstance(steps, list) or not steps or not any(v is not None for v in means):
         empty = [Text("") for _ in range(height)]
         why = "no positive loss to draw on a log scale" if log_scale else "no steps logged yet"
@@ -169,9 +184,21 @@ def render_chart(
     last = newest_step(history)
     if last is None:
         last = first
+    other_drawn = [
+        (step, value)
+        for step, value in zip(other_steps, other_means, strict=False)
+        if isinstance(step, int)
+    ]
+    if other_drawn:
+        first = min(first, other_drawn[0][0])
+        last = max(last, newest_step(other) or other_drawn[-1][0])
     span = max(last - first, 1)
 
-    finite = [v for v in means if v is not None] + [v for s, v in validation if first <= s <= last]
+    finite = (
+        [v for v in means if v is not None]
+        + [v for _, v in other_drawn if v is not None]
+        + [v for s, v in validation + other_validation if first <= s <= last]
+    )
     low, high = min(finite), max(finite)
     collapse = collapse_loss if fmt.finite(collapse_loss) else None
     if log_scale and collapse is not None:
@@ -217,9 +244,22 @@ def render_chart(
             plot(x, y)
         previous = (x, y)
 
-    validation_cells = {
-        (y_dot(value) // 4, x_dot(step) // 2) for step, value in validation if first <= step <= last
-    }
+    overlay_cells: set[tuple[int, int]] = set()
+    previous = None
+    for step, value in other_drawn:
+        if value is None:
+            previous = None
+            continue
+        point = (x_dot(step), y_dot(value))
+        for px, py in _line(previous, point) if previous is not None else [point]:
+            overlay_cells.add((py // 4, px // 2))
+        previous = point
+
+    def cells_of(points: list[tuple[int, float]]) -> set[tuple[int, int]]:
+        return {(y_dot(v) // 4, x_dot(s) // 2) for s, v in points if first <= s <= last}
+
+    validation_cells = cells_of(validation)
+    other_validation_cells = cells_of(other_validation)
     collapse_row = y_dot(collapse) // 4 if collapse_drawn and collapse is not None else None
     labels = {0: high, rows - 1: low}
     if rows >= 5:
@@ -238,8 +278,12 @@ def render_chart(
                 line.append("!", styles.nonfinite)
             elif (r, c) in validation_cells:
                 line.append(VALIDATION_GLYPH, styles.validation)
+            elif (r, c) in other_validation_cells:
+                line.append(OVERLAY_VALIDATION_GLYPH, styles.overlay)
             elif bits:
                 line.append(chr(BRAILLE_BASE + bits), styles.line)
+            elif (r, c) in overlay_cells:
+                line.append(OVERLAY_GLYPH, styles.overlay)
             elif r == collapse_row:
                 line.append("╌", styles.collapse)
             else:

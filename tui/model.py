@@ -83,6 +83,10 @@ class RunModel:
     samples: dict[str, Any] | None = None
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
     history: dict[str, Any] | None = None
+    overlay_run: str | None = None
+    """The other run the chart overlays, as asked for (`--compare`, the picker)."""
+    overlay: dict[str, Any] | None = None
+    """Its history (history_of), once the daemon has answered."""
     saving: bool = False
     """A save the operator asked for is waiting for its checkpoint."""
     handles: list[str] | None = None
@@ -211,6 +215,11 @@ class RunModel:
         if isinstance(history, dict):
             self.history = history
             self.touch("chart")
+
+    def set_overlay(self, run: str | None, history: dict[str, Any] | None = None) -> None:
+        self.overlay_run = run
+        self.overlay = history if run is not None and isinstance(history, dict) else None
+        self.touch("chart")
 
     # -------------------------------------------------------------- derived values
 

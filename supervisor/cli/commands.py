@@ -288,13 +288,19 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.config import CONFIG_NAME, load_config
     from trainwarden.tui.app import main as tui_main
 
+    compare = args.compare
+    if compare is not None and Path(compare).expanduser().exists():
+        # A path on this machine; one that is not is the daemon's to find (over SSH).
+        compare = str(Path(compare).expanduser().resolve())
     if args.socket:
-        return tui_main(_daemon_socket(args), read_only=args.read_only)
+        return tui_main(_daemon_socket(args), read_only=args.read_only, compare=compare)
     run_dir = _run_dir(args)
     if not (run_dir / CONFIG_NAME).exists():
-        return tui_main(_socket_path(run_dir), read_only=args.read_only)
+        return tui_main(_socket_path(run_dir), read_only=args.read_only, compare=compare)
     cfg = load_config(run_dir, check_plugins=False)
-    return tui_main(cfg.socket_path, read_only=args.read_only, log_path=cfg.log_path)
+    return tui_main(
+        cfg.socket_path, read_only=args.read_only, log_path=cfg.log_path, compare=compare
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -164,6 +164,11 @@ def build_parser() -> Parser:
         "tui", cmd_tui, "watch and steer the run in a terminal UI (works over SSH)", socket=True
     )
     p.add_argument("--read-only", action="store_true", help="watch only: acting keys are refused")
+    p.add_argument(
+        "--compare",
+        metavar="OTHER_RUN",
+        help="overlay another run's loss on the chart (a path, or a folder beside the run)",
+    )
     p = add(
         "demo",
         cmd_demo,

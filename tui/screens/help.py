@@ -21,6 +21,7 @@ KEYS = (
     ("m", "samples: every data arm's recent samples in full (the run's audit trail)"),
     ("c", "loss chart range: whole run, last 1k steps, last 10k, last 10 % of the run"),
     ("y", "loss chart scale: linear or log"),
+    ("o", "overlay another run's loss on the chart (its parent, a branch, a path), or none"),
     ("?", "this help"),
 )
 PANELS = (

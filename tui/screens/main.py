@@ -66,6 +66,7 @@ class MainScreen(Screen[None]):
         Binding("m", "app.samples", "samples"),
         Binding("c", "app.chart_range", "chart", show=False),
         Binding("y", "app.chart_scale", "log scale", show=False),
+        Binding("o", "app.overlay", "overlay", show=False),
         Binding("l", "app.log", "log"),
         Binding("question_mark", "app.help", "help", key_display="?"),
         Binding("q", "app.quit", "quit"),

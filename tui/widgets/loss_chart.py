@@ -12,6 +12,8 @@ from textual.events import Click, Resize
 from textual.widget import Widget
 
 from trainwarden.tui.chart import (
+    OVERLAY_GLYPH,
+    OVERLAY_VALIDATION_GLYPH,
     ChartMode,
     ChartStyles,
     dot_columns,
@@ -31,6 +33,7 @@ class LossChart(Widget):
         "loss-chart--axis",
         "loss-chart--nonfinite",
         "loss-chart--validation",
+        "loss-chart--overlay",
         *(f"loss-chart--{kind}" for kind in MARKER_KINDS),
     }
 
@@ -39,6 +42,10 @@ class LossChart(Widget):
         self.history: dict[str, Any] | None = None
         self.collapse_loss: float | None = None
         self.mode = ChartMode()
+        self.overlay: dict[str, Any] | None = None
+        """Another run's history, drawn on the same axes (None: none)."""
+        self.names: tuple[str, str] = ("", "")
+        """This run's name and the overlaid run's, for the legend."""
         self.drawn: list[Text] = []
         """The lines of the newest frame (what the operator sees; tests read it)."""
         self._title()
@@ -69,7 +76,17 @@ class LossChart(Widget):
         legend = LEGEND
         if self.history is not None and validation_points(self.history):
             legend += "  × val"
+        if self.overlay is not None:
+            own, other = self.names
+            val = f" {OVERLAY_VALIDATION_GLYPH} val" if validation_points(self.overlay) else ""
+            legend = f"⠒ {own}  {OVERLAY_GLYPH} {other}{val}  " + legend
         self.border_subtitle = Text(legend)
+
+    def show_overlay(self, overlay: dict[str, Any] | None, names: tuple[str, str]) -> None:
+        self.overlay = overlay if isinstance(overlay, dict) else None
+        self.names = names
+        self._title()
+        self.refresh()
 
     def show(self, history: dict[str, Any] | None, collapse_loss: float | None) -> None:
         self.history = history
@@ -93,6 +110,7 @@ class LossChart(Widget):
             axis=style("axis"),
             nonfinite=style("nonfinite"),
             validation=style("validation"),
+            overlay=style("overlay"),
             markers={kind: style(kind) for kind in MARKER_KINDS},
         )
 
@@ -105,5 +123,6 @@ class LossChart(Widget):
             self.collapse_loss,
             self._styles(),
             log_scale=self.mode.log_scale,
+            overlay=self.overlay,
         )
         return Group(*self.drawn)
