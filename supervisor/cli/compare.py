@@ -17,7 +17,7 @@ import numpy as np
 from trainwarden.supervisor.cli.output import print_json
 from trainwarden.supervisor.config import TelemetryConfig
 from trainwarden.supervisor.errors import TrainwardenError, UsageError
-from trainwarden.supervisor.store.branches import BranchFileInvalid
+from trainwarden.supervisor.store.branches import BranchFileInvalid, read_branch
 from trainwarden.supervisor.store.lossdb import encode_loss
 from trainwarden.supervisor.store.runseries import RunSeries, Series, read_run_series, spans
 
@@ -60,14 +60,29 @@ def common_ancestor(a: RunSeries, b: RunSeries) -> Ancestor | None:
 
 def ema(losses: np.ndarray, beta: float) -> np.ndarray:
     """The bias-corrected moving average the daemon shows, non-finite losses left out of
-    it (nan until the first finite one)."""
-    out = np.empty(len(losses))
-    value = weight = 0.0
-    for i, loss in enumerate(losses.tolist()):
-        if math.isfinite(loss):
-            value = beta * value + (1.0 - beta) * loss
-            weight = beta * weight + (1.0 - beta)
-        out[i] = value / weight if weight else math.nan
+    it (nan until the first finite one).
+
+    Over the finite losses in blocks: within a block the recurrence is a cumulative sum
+    of the losses scaled by beta^-i, short enough that beta^-i stays a modest number; a
+    Python loop per step would take seconds over weeks of steps."""
+    finite = np.isfinite(losses)
+    values = losses[finite]
+    smoothed = np.empty(len(values))
+    block = int(min(max(100 / -math.log10(beta), 1), 256))
+    powers = np.arange(block)
+    up, down, carry = beta**-powers, beta**powers, beta ** (powers + 1)
+    previous = 0.0
+    for j in range(0, len(values), block):
+        chunk = values[j : j + block]
+        n = len(chunk)
+        run = np.cumsum(chunk * up[:n]) * down[:n] * (1.0 - beta) + previous * carry[:n]
+        smoothed[j : j + n] = run
+        previous = float(run[-1])
+    smoothed /= 1.0 - beta ** (np.arange(len(values)) + 1.0)
+    latest = np.cumsum(finite) - 1  # the finite loss at or before each step
+    out = np.full(len(losses), math.nan)
+    seen = latest >= 0
+    out[seen] = smoothed[latest[seen]]
     return out
 
 
@@ -100,6 +115,8 @@ def _lower(a: float | None, b: float | None) -> str | None:
 
 
 def _losses(values: np.ndarray) -> list[float | str]:
+    if np.isfinite(values).all():
+        return values.tolist()  # type: ignore[no-any-return]
     return [encode_loss(v) for v in values.tolist()]
 
 
@@ -108,11 +125,12 @@ def compare(
 ) -> dict[str, Any]:
     """Everything `compare` shows, as JSON-safe values (non-finite losses as lossdb writes them)."""
     ema_a, ema_b = ema(a.train.losses, beta), ema(b.train.losses, beta)
-    steps = np.intersect1d(a.train.steps, b.train.steps)
+    # Each series holds a step once, in order: no need for intersect1d's own unique().
+    steps = np.intersect1d(a.train.steps, b.train.steps, assume_unique=True)
     steps = steps[steps >= ancestor.step]
     loss_a, loss_b = _at(a.train, a.train.losses, steps), _at(b.train, b.train.losses, steps)
     smooth_a, smooth_b = _at(a.train, ema_a, steps), _at(b.train, ema_b, steps)
-    val_steps = np.intersect1d(a.val.steps, b.val.steps)
+    val_steps = np.intersect1d(a.val.steps, b.val.steps, assume_unique=True)
     val_steps = val_steps[val_steps >= ancestor.step]
     val_a, val_b = _at(a.val, a.val.losses, val_steps), _at(b.val, b.val.losses, val_steps)
 
@@ -189,6 +207,15 @@ def _load(path: str) -> RunSeries:
     return series
 
 
+def _lost_parent(run: RunSeries) -> Path | None:
+    """The parent the oldest reachable run of the lineage names but that is gone."""
+    try:
+        info = read_branch(run.lineage[0][0])
+    except BranchFileInvalid:
+        return None
+    return info.parent if info is not None and not info.parent.is_dir() else None
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     window = DEFAULT_WINDOW if args.window is None else args.window
@@ -201,6 +228,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.run_a} and {args.run_b} are the same run: name two runs")
     ancestor = common_ancestor(a, b)
     if ancestor is None:
+        for name, run in ((args.run_a, a), (args.run_b, b)):
+            if (lost := _lost_parent(run)) is not None:
+                raise UsageError(
+                    f"{name} is a branch of {lost}, which is not reachable: put the parent "
+                    "back at that path to compare from the branch point"
+                )
         raise UsageError(
             f"{args.run_a} and {args.run_b} share no ancestor step: compare a run with its "
             "branch or two branches of one run (`trainwarden branch`)"

@@ -9,13 +9,15 @@ import math
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
 from tests.support import PYTHON, running_daemon, scripted_run, wait_for
+from tests.support.histories import make_run
+from trainwarden.supervisor.cli.compare import ema
 from trainwarden.supervisor.errors import CommandRefused
-from trainwarden.supervisor.store.branches import BranchInfo, write_branch
-from trainwarden.supervisor.store.evaldb import EvalWriter
+from trainwarden.supervisor.shell.telemetry import Monitor
 from trainwarden.supervisor.store.lossdb import LossWriter
 from trainwarden.supervisor.store.runseries import read_run_series
 
@@ -27,27 +29,6 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
-
-
-def make_run(
-    path: Path,
-    losses: dict[int, float],
-    *,
-    parent: Path | None = None,
-    step: int = 0,
-    evals: dict[int, float] | None = None,
-    seg: int = 1,
-) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    with LossWriter(path / ".loss.json") as writer:
-        writer.append_many([(s, v, 0.1, 1000.0 + s, seg) for s, v in sorted(losses.items())])
-    if evals:
-        writer_e = EvalWriter(path / ".eval.json")
-        writer_e.append_many([(s, v, 1000.0 + s, seg, {}) for s, v in sorted(evals.items())])
-        writer_e.close()
-    if parent is not None:
-        write_branch(path, BranchInfo(parent, step, f"step_{step:06d}.bin", "xxh3:00", {}))
-    return path
 
 
 def descending(start: float, slope: float, steps: range) -> dict[int, float]:
@@ -159,10 +140,12 @@ def test_refusals_are_one_line(tmp_path: Path):
     stranger = make_run(tmp_path / "stranger", {1: 3.0})
     empty = tmp_path / "empty"
     empty.mkdir()
+    orphan = make_run(tmp_path / "orphan", {101: 3.0}, parent=tmp_path / "moved", step=100)
     cases = [
         ((str(tmp_path / "nope"), str(a)), 2, "no such run directory"),
         ((str(a), str(empty)), 1, "no loss history yet"),
         ((str(a), str(stranger)), 2, "share no ancestor step"),
+        ((str(a), str(orphan)), 2, f"is a branch of {tmp_path / 'moved'}, which is not reachable"),
         ((str(a), str(base), "--window", "0"), 2, "--window 0"),
         ((str(a), str(base), "--tolerance", "-1"), 2, "--tolerance -1"),
     ]
@@ -215,3 +198,17 @@ def test_daemon_answers_history_of_other_runs_read_only(tmp_path: Path):
         paths = {r["path"] for r in related}
         assert str(branch.resolve()) in paths
         assert daemon.status()["state"] == "running"
+
+
+def test_ema_is_the_one_the_daemon_shows():
+    rng = np.random.default_rng(7)
+    losses = rng.normal(3.0, 0.5, 1500)
+    losses[[0, 1, 300, 301, 999]] = math.nan
+    losses[700] = math.inf
+    monitor = Monitor()
+    shown = []
+    for step, loss in enumerate(losses.tolist(), 1):
+        monitor.observe(step, loss, 0.1, float(step))
+        value = monitor.snapshot()["loss_ema"]
+        shown.append(math.nan if value is None else value)
+    assert np.allclose(ema(losses, Monitor().settings.ema_beta), shown, rtol=1e-12, equal_nan=True)

@@ -1,14 +1,19 @@
 """`trainwarden tui RUN --compare OTHER_RUN` and the `o` picker: the other run's loss on
 the same chart, told apart without colour (• cells and a legend with both names), on a
-frozen run whose source answers history_of and related_runs like the daemon."""
+frozen run whose source answers history_of and related_runs like the daemon, and once
+against a real daemon."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList
 
+from tests.support import running_daemon, scripted_run
+from tests.support.histories import make_run
 from tests.tui.fakes import FrozenClock, StaticSource, loss_history
 from tests.tui.live import until
 from tests.tui.screen_text import screen_text
@@ -17,6 +22,7 @@ from trainwarden.supervisor.errors import CommandRefused
 from trainwarden.tui.app import TrainwardenApp
 from trainwarden.tui.chart import OVERLAY_GLYPH, OVERLAY_VALIDATION_GLYPH, render_chart
 from trainwarden.tui.screens.overlay import OverlayScreen
+from trainwarden.tui.source import DaemonSource
 from trainwarden.tui.widgets.loss_chart import LossChart
 
 RELATED = {
@@ -140,3 +146,25 @@ async def test_compare_overlays_the_other_run_and_the_picker_changes_or_clears_i
 
 def test_compare_overlay_snapshot(snap_compare):
     assert snap_compare(app_with("/runs/lr-low"), terminal_size=(120, 40), run_before=overlaid)
+
+
+@pytest.mark.timeout(300)
+async def test_a_real_daemon_serves_the_overlay_of_a_run_beside_it(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000000", "--dt", "0.02")
+    other = make_run(tmp_path / "other", {s: 9.0 - 0.01 * s for s in range(1, 400)})
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("running")
+        app = TrainwardenApp(DaemonSource(daemon.socket), compare="other")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(
+                pilot,
+                lambda: (app.model.overlay or {}).get("count") == 399,
+                60,
+                "the other run's history",
+            )
+            assert app.model.overlay["run"] == str(other.resolve())
+            await until(pilot, lambda: OVERLAY_GLYPH in drawn(app), 30, "the overlay drawn")
+            assert "• other" in str(chart(app).border_subtitle)
+            await pilot.press("o")
+            await until(pilot, lambda: isinstance(app.screen, OverlayScreen), 30, "the picker")
+            assert "other  (sibling)" in screen_text(app)
