@@ -55,6 +55,9 @@ STARTUP_WAIT_S = 1.0
 OUTCOMES_KEPT = 50
 HISTORY_CATCH_UP_S = 1.0
 """At most this often the chart asks for history because the run moved past what it drew."""
+OVERLAY_REFRESH_S = 10.0
+"""At most this often the overlaid run's history is asked for again over the same range
+(the daemon reads it from that run's files each time)."""
 PALETTE = (
     ("Save a checkpoint", "Ask the trainer to save now (s)", "save"),
     ("Stop the trainer", "Save, then stop the trainer; the daemon keeps running (x)", "stop"),
@@ -106,6 +109,8 @@ class TrainwardenApp(App[int]):
         self.rendered_at = 0.0
         self.render_pending: Timer | None = None
         self.history_asked_at = 0.0
+        self.overlay_asked: tuple[Any, float] | None = None
+        """What the overlay was last asked for (run and range) and when."""
 
     def get_default_screen(self) -> Screen[Any]:
         return ReadOnlyMainScreen(read_only=True) if self.read_only else MainScreen()
@@ -165,14 +170,20 @@ class TrainwardenApp(App[int]):
     def on_history_received(self, message: HistoryReceived) -> None:
         self.model.apply_history(message.history)
         self.request_render()
-        if self.model.overlay_run is not None:
-            # The other run's history over the same range, each time this one's comes.
-            self.run_worker(
-                self._fetch_overlay(self.model.overlay_run), group="overlay", exclusive=True
-            )
-
-    async def _fetch_overlay(self, run: str) -> None:
+        run = self.model.overlay_run
+        if run is None:
+            return
+        # The other run over the same range: again when the range or the run changes, or
+        # the last answer has aged.
         args = self.history_args()
+        asked = (run, sorted(args.items()))
+        now = time.monotonic()
+        last = self.overlay_asked
+        if last is None or last[0] != asked or now - last[1] >= OVERLAY_REFRESH_S:
+            self.overlay_asked = (asked, now)
+            self.run_worker(self._fetch_overlay(run, args), group="overlay", exclusive=True)
+
+    async def _fetch_overlay(self, run: str, args: HistoryArgs) -> None:
         try:
             reply = await self.source.request("history_of", run=run, **args)
         except CommandRefused as exc:
@@ -535,6 +546,7 @@ class TrainwardenApp(App[int]):
     def _overlay_chosen(self, run: str | None) -> None:
         if run is None:
             return
+        self.overlay_asked = None  # a run picked again is asked for at once
         if run == NO_OVERLAY:
             self.model.set_overlay(None)
             self.tell("overlay cleared")
