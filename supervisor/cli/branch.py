@@ -47,12 +47,10 @@ from trainwarden.supervisor.store.journal import read_records
 from trainwarden.supervisor.store.rundir import RunFiles, fsync_dir, write_atomic
 from trainwarden.supervisor.store.snapshots import copy_durably
 
-NOT_INHERITED = {
-    "mirror": "path",
-    "metrics": "listen",
-}
+NOT_INHERITED = (("mirror", "path"), ("metrics", "listen"), ("checkpoints", "pinned"))
 """Settings a branch does not take over: the parent's mirror and metrics port are the
-parent's (two runs writing one mirror would overwrite each other's latest.json)."""
+parent's (two runs writing one mirror would overwrite each other's latest.json), and its
+pinned steps would pin the branch's own checkpoints of those steps for ever."""
 FIXED_KEYS = ("checkpoints.format",)
 """Overrides refused: the copied checkpoint is in the parent's format."""
 RENAME_NOREPLACE = 1
@@ -132,6 +130,8 @@ def make_branch(
     """Create the branch run `dest`; (its branch record, "reflink" or "copy", notes)."""
     if not (src / CONFIG_NAME).is_file():
         raise UsageError(f"{src} is not a run: it has no {CONFIG_NAME}; name a run directory")
+    if dest == src or src in dest.parents:
+        raise UsageError(f"{dest} is inside {src}; a branch is a run directory of its own")
     if os.path.lexists(dest):
         raise UsageError(f"{dest} already exists; name a new directory for the branch")
     if not dest.parent.is_dir():
@@ -284,7 +284,7 @@ def _write_config(
     raw = tomllib.loads(cfg.path.read_text(encoding="utf-8"))
     raw = _moved(raw, src, dest)
     notes = []
-    for table, key in NOT_INHERITED.items():
+    for table, key in NOT_INHERITED:
         section = raw.get(table, {})
         if section.pop(key, None) is not None and f"{table}.{key}" not in sets:
             notes.append(

@@ -179,6 +179,22 @@ def test_two_branches_train_on_from_the_same_weights(tmp_path: Path):
     no_leftovers(tmp_path)
 
 
+def test_branch_without_overrides_retraces_its_parent(src: Path, tmp_path: Path):
+    """Same weights, moments, bandit, data position and policy: the branch's steps 11..30
+    are the parent's, loss for loss (any difference a branch shows is its overrides')."""
+    dest = tmp_path / "dest"
+    assert branch(src, dest, "--step", 10).returncode == 0
+    with running_daemon(dest) as daemon:
+        daemon.wait_state("finished", timeout=240)
+        history = daemon.request("history", points=1000)
+        daemon.stop()
+    own, parent = losses(dest), losses(src)
+    assert sorted(own) == list(range(11, 31))
+    assert all(own[s] == parent[s] for s in own)
+    assert history["step"] == list(range(1, 31)) and history["branch_step"] == 10
+    assert history["mean"] == [parent[s] for s in range(1, 31)]
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
@@ -222,7 +238,8 @@ def test_branch_without_a_daemon_takes_the_newest_verified(src: Path, tmp_path: 
 def test_config_paths_into_the_source_point_into_the_branch(src: Path, tmp_path: Path):
     text = (src / "trainwarden.toml").read_text()
     text = text.replace('"--run-dir", "."', f'"--run-dir", "{src}"')
-    text = text.replace("[mirror]", "") + f'\n[mirror]\npath = "{tmp_path / "mirror"}"\n'
+    text = text.replace("keep_last = 10", "keep_last = 10\npinned = [40]")
+    text += f'\n[mirror]\npath = "{tmp_path / "mirror"}"\n'
     (src / "trainwarden.toml").write_text(text.replace("[trainer]", f'[trainer]\ncwd = "{src}"'))
     dest = tmp_path / "dest"
     done = branch(src, dest)
@@ -230,9 +247,9 @@ def test_config_paths_into_the_source_point_into_the_branch(src: Path, tmp_path:
     config = (dest / "trainwarden.toml").read_text()
     assert f'"--run-dir", "{dest}"' in config and f'cwd = "{dest}"' in config
     assert str(src) not in config.split("\n", 1)[1]  # only the header names the parent
-    assert "mirror" not in config.split("\n", 1)[1] and "[mirror] path is not inherited" in (
-        done.stdout
-    )
+    assert "mirror" not in config.split("\n", 1)[1] and "pinned" not in config
+    assert "[mirror] path is not inherited" in done.stdout
+    assert "[checkpoints] pinned is not inherited" in done.stdout
 
 
 def test_unknown_step_is_refused(src: Path, tmp_path: Path):
@@ -248,6 +265,12 @@ def test_existing_destination_is_refused(src: Path, tmp_path: Path):
     dest.mkdir()
     one_line_refusal(branch(src, dest), 2, "already exists")
     assert list(dest.iterdir()) == []
+
+
+def test_destination_inside_the_source_is_refused(src: Path, tmp_path: Path):
+    before = sorted(p.name for p in src.iterdir())
+    one_line_refusal(branch(src, src / "audit"), 2, "is inside")
+    assert sorted(p.name for p in src.iterdir()) == before
 
 
 def test_source_that_is_no_run_is_refused(tmp_path: Path):
