@@ -77,7 +77,7 @@ def cmd_branch(args: argparse.Namespace) -> int:
     floors = _pairs(args.floor, "--floor")
     sets = parse_sets(args.set or [])
     src = Path(args.src_run).expanduser().resolve()
-    dest = Path(args.dest_run).expanduser().absolute()
+    dest = Path(args.dest_run).expanduser().resolve()
     record, how, notes = make_branch(src, dest, args.step, caps, floors, sets)
     if args.json:
         print_json({**record.to_json(), "run": str(dest), "copied_by": how, "notes": notes})
@@ -145,7 +145,10 @@ def make_branch(
     staging = dest.parent / f".{dest.name}.branching"
     if os.path.lexists(staging):
         raise UsageError(f"{staging} is left from an interrupted branch; remove it and try again")
-    staging.mkdir(mode=0o755)
+    try:
+        staging.mkdir(mode=0o755)
+    except OSError as exc:
+        raise TrainwardenError(f"cannot create {staging}: {exc.strerror or exc}") from None
     try:
         notes = _write_config(cfg, src, dest, staging, sets)
         branch_cfg = _validated(staging, dest)
@@ -163,6 +166,12 @@ def make_branch(
         fsync_dir(staging)
         _rename_noreplace(staging, dest)
         fsync_dir(dest.parent)
+    except OSError as exc:  # a full disk, a read-only folder: nothing is left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise TrainwardenError(
+            f"cannot create the branch {dest}: {where}{exc.strerror or exc}"
+        ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -196,7 +205,7 @@ def choose_checkpoint(cfg: Config, store: CheckpointStore, step: int | None) -> 
             if by_step[candidate] in notes:
                 continue
             chosen = _verified(store, candidate, by_step[candidate], journaled)
-            if chosen is not None:
+            if isinstance(chosen, Chosen):
                 return chosen
         raise TrainwardenError(
             f"{cfg.run_dir} has no verified checkpoint to branch from yet; save one first"
@@ -213,22 +222,23 @@ def choose_checkpoint(cfg: Config, store: CheckpointStore, step: int | None) -> 
         known = ", ".join(str(s) for s in sorted(by_step)) or "none"
         raise UsageError(f"{cfg.run_dir} has no checkpoint of step {step}; its steps: {known}")
     chosen = _verified(store, step, name, journaled)
-    if chosen is None:
-        verdict = store.verify(name)
+    if not isinstance(chosen, Chosen):
         raise TrainwardenError(
-            f"the checkpoint of step {step} is not verified ({verdict.reason});"
-            " branch from another step"
+            f"the checkpoint of step {step} is not verified ({chosen}); branch from another step"
         )
     return chosen
 
 
 def _verified(
     store: CheckpointStore, step: int, name: str, journaled: dict[str, str]
-) -> Chosen | None:
-    """The checkpoint, when the daemon journaled it verified or the format verifies it now."""
+) -> Chosen | str:
+    """The checkpoint, when the daemon journaled it verified or the format verifies it now;
+    else why it does not verify."""
     recorded = journaled.get(name)
-    if recorded is None and store.verify(name).outcome != Outcome.VERIFIED:
-        return None
+    if recorded is None:
+        verdict = store.verify(name)
+        if verdict.outcome != Outcome.VERIFIED:
+            return verdict.reason
     files = store.files_of(name)
     try:
         now = digest_checkpoint(files).hex
@@ -415,9 +425,15 @@ def _rename_noreplace(source: Path, target: Path) -> None:
     except (AttributeError, OSError):
         renameat2 = None
     if renameat2 is not None:
-        renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
-        renameat2.argtypes.append(ctypes.c_uint)
-        if renameat2(AT_FDCWD, os.fsencode(source), AT_FDCWD, os.fsencode(target), 1) == 0:
+        renameat2.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint,
+        ]
+        source_b, target_b = os.fsencode(source), os.fsencode(target)
+        if renameat2(AT_FDCWD, source_b, AT_FDCWD, target_b, RENAME_NOREPLACE) == 0:
             return
         code = ctypes.get_errno()
         if code == errno.EEXIST:
