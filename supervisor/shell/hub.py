@@ -36,7 +36,7 @@ from trainwarden.supervisor.shell.telemetry import (
     settings_from_config,
 )
 from trainwarden.supervisor.store.appendfile import no_space
-from trainwarden.supervisor.store.branch_history import Inherited, inherited, lineage_key
+from trainwarden.supervisor.store.branch_history import Inherited, ancestry_key, inherited
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossWriter
 from trainwarden.supervisor.store.losshistory import LossHistory
@@ -168,6 +168,8 @@ class TelemetryHub:
         self.writer = LossWriter(self.files.loss_history)
         self._note_loss_space()
         self._continue_count(seg)
+        # A branch's first history query need not wait for its parent's history to load.
+        self._history_thread.submit(self._ancestry, self.history.first_step)
 
     @property
     def counts_lines(self) -> bool:
@@ -442,10 +444,11 @@ class TelemetryHub:
 
     def _ancestry(self, own_first: int | None) -> Inherited:
         """In the history thread: a branch's inherited steps, read again only when its
-        lineage (a parent now reachable, say) or its own first step changed."""
-        key = (lineage_key(self.cfg.run_dir), own_first)
+        lineage changed (a parent now reachable, say) or its own steps reach below its
+        branch step."""
+        key = ancestry_key(self.cfg.run_dir, own_first)
         if self._inherited is None or self._inherited[0] != key:
-            self._inherited = (key, inherited(self.cfg.run_dir, own_first))
+            self._inherited = (key, inherited(self.cfg.run_dir, key[1]))
         return self._inherited[1]
 
     def _markers(self) -> list[dict[str, Any]]:

@@ -34,9 +34,17 @@ class Inherited:
     not reachable (and every one before it) is missing."""
 
 
-def lineage_key(run_dir: Path) -> tuple[tuple[str, int | None], ...]:
-    """What the inherited history depends on besides the run's own first step."""
-    return tuple((str(path), step) for path, step in lineage(run_dir))
+AncestryKey = tuple[tuple[tuple[str, int | None], ...], int | None]
+
+
+def ancestry_key(run_dir: Path, own_first_step: int | None) -> AncestryKey:
+    """What `inherited` depends on: the lineage, and the run's own first step only where
+    it lies at or below the branch step (above it, it cuts nothing from the parent)."""
+    chain = tuple((str(path), step) for path, step in lineage(run_dir))
+    branch_step = chain[-2][1] if len(chain) > 1 else None
+    if own_first_step is None or branch_step is None or own_first_step > branch_step:
+        return chain, None
+    return chain, own_first_step
 
 
 def inherited(run_dir: Path, own_first_step: int | None) -> Inherited:

@@ -20,7 +20,7 @@ from tests.support import (
     running_daemon,
     wait_for,
 )
-from trainwarden.supervisor.store.branch_history import inherited
+from trainwarden.supervisor.store.branch_history import ancestry_key, inherited
 from trainwarden.supervisor.store.branches import BranchInfo, write_branch
 from trainwarden.supervisor.store.losshistory import LossHistory
 from trainwarden.trainer.bandit import Bandit
@@ -387,6 +387,7 @@ def test_branch_that_replayed_its_branch_step_keeps_its_own(tmp_path: Path):
     write_history(parent, [(s, float(s), 1) for s in range(1, 21)])
     write_history(kid, [(s, -float(s), 1) for s in range(15, 25)])
     write_branch(kid, BranchInfo(parent, 20, "step_000020.bin", "d"))
+    assert ancestry_key(kid, 21) == ancestry_key(kid, None) != ancestry_key(kid, 15)
     got = inherited(kid, 15)  # its trainer started before the branch step
     assert [int(s) for part, _ in got.parts for s in part] == list(range(1, 15))
     assert got.ancestors == [{"run": str(parent), "through_step": 14}]
