@@ -36,7 +36,12 @@ from trainwarden.supervisor.shell.telemetry import (
     settings_from_config,
 )
 from trainwarden.supervisor.store.appendfile import no_space
-from trainwarden.supervisor.store.branch_history import Inherited, ancestry_key, inherited
+from trainwarden.supervisor.store.branch_history import (
+    AncestryKey,
+    Inherited,
+    ancestry_key,
+    inherited,
+)
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossWriter
 from trainwarden.supervisor.store.losshistory import LossHistory
@@ -140,7 +145,7 @@ class TelemetryHub:
             max_workers=1, thread_name_prefix="history"
         )
         """History queries and cache rebuilds, one at a time, off the event loop."""
-        self._inherited: tuple[Any, Inherited] | None = None
+        self._inherited: tuple[AncestryKey, Inherited] | None = None
         """A branch's ancestors' history, by what it was read for (history thread only)."""
         self._rows_since_cache = 0
         self._cache_job: asyncio.Future[LossHistory | None] | None = None
