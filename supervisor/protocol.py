@@ -527,6 +527,13 @@ class SubscribeResult(TypedDict):
     snapshot: Snapshot
 
 
+class BranchAncestor(TypedDict):
+    run: str
+    """The ancestor run's directory."""
+    through_step: int
+    """Its steps up to this one are part of the reply."""
+
+
 class HistoryResult(TypedDict):
     """A step range decimated to buckets of equal width; lists are per bucket."""
 
@@ -543,6 +550,10 @@ class HistoryResult(TypedDict):
     count: int
     markers: list[Marker]
     collapse_loss: float | None
+    branch_step: int | None
+    """For a branch run (`trainwarden branch`), the step it was branched at: steps up to
+    it come from its ancestors' histories (`ancestors`), the later ones are its own."""
+    ancestors: list[BranchAncestor]
 
 
 class ValidationSeries(TypedDict):

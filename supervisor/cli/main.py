@@ -225,6 +225,28 @@ def build_parser() -> Parser:
         help="the newest steps over which the lower run is judged (default 100)",
     )
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser(
+        "branch",
+        help="start a new run from a verified checkpoint of another (an audit branch)",
+        description="create DEST_RUN from SRC_RUN's newest (or --step) verified checkpoint,"
+        " with its config, new caps/floors and overrides; SRC_RUN is only read",
+    )
+    p.add_argument("src_run", metavar="SRC_RUN", help="the run to branch from")
+    p.add_argument("dest_run", metavar="DEST_RUN", help="the new run directory (must not exist)")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest verified)")
+    p.add_argument("--cap", action="append", metavar="ARM=X", help="cap for an arm (repeatable)")
+    p.add_argument(
+        "--floor", action="append", metavar="ARM=X", help="floor for an arm (repeatable)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="change a config key of the branch, e.g. restart.stall_timeout_s=300 (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print the branch record as JSON")
+    p.set_defaults(func=_branch)
     return parser
 
 
@@ -233,6 +255,12 @@ def _compare(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.compare import cmd_compare
 
     return cmd_compare(args)
+
+
+def _branch(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.cli.branch import cmd_branch
+
+    return cmd_branch(args)
 
 
 VALUE_OPTIONS = ("--socket",)

@@ -37,9 +37,16 @@ from trainwarden.supervisor.shell.telemetry import (
 )
 from trainwarden.supervisor.store import runseries
 from trainwarden.supervisor.store.appendfile import no_space
+from trainwarden.supervisor.store.branch_history import (
+    AncestryKey,
+    Inherited,
+    ancestry_key,
+    inherited,
+)
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import LossWriter
 from trainwarden.supervisor.store.losshistory import LossHistory
+from trainwarden.supervisor.store.lossquery import HistoryView
 from trainwarden.supervisor.store.resume_audit import ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -139,6 +146,8 @@ class TelemetryHub:
             max_workers=1, thread_name_prefix="history"
         )
         """History queries and cache rebuilds, one at a time, off the event loop."""
+        self._inherited: tuple[AncestryKey, Inherited] | None = None
+        """A branch's ancestors' history, by what it was read for (history thread only)."""
         self._rows_since_cache = 0
         self._cache_job: asyncio.Future[LossHistory | None] | None = None
         self.cache_refresh_rows = cache_refresh_rows or CACHE_REFRESH_ROWS
@@ -165,6 +174,8 @@ class TelemetryHub:
         self.writer = LossWriter(self.files.loss_history)
         self._note_loss_space()
         self._continue_count(seg)
+        # A branch's first history query need not wait for its parent's history to load.
+        self._history_thread.submit(self._ancestry, self.history.first_step)
 
     @property
     def counts_lines(self) -> bool:
@@ -421,9 +432,17 @@ class TelemetryHub:
         """Decimated in the history thread over a snapshot, so the loop keeps deciding on
         steps however long the run (and however many clients ask)."""
         view = self.history.snapshot()
+        own_first = self.history.first_step
 
         def answer() -> dict[str, Any]:
-            return {**view.query(start, end, points), "markers": self._markers()}
+            ancestry = self._ancestry(own_first)
+            whole = HistoryView([*ancestry.parts, *view.parts]) if ancestry.parts else view
+            return {
+                **whole.query(start, end, points),
+                "markers": self._markers(),
+                "branch_step": ancestry.branch_step,
+                "ancestors": ancestry.ancestors,
+            }
 
         result = await self.loop.run_in_executor(self._history_thread, answer)
         result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
@@ -445,6 +464,15 @@ class TelemetryHub:
         return await self.loop.run_in_executor(
             self._history_thread, runseries.related_runs, self.files.run_dir
         )
+
+    def _ancestry(self, own_first: int | None) -> Inherited:
+        """In the history thread: a branch's inherited steps, read again only when its
+        lineage changed (a parent now reachable, say) or its own steps reach below its
+        branch step."""
+        key = ancestry_key(self.cfg.run_dir, own_first)
+        if self._inherited is None or self._inherited[0] != key:
+            self._inherited = (key, inherited(self.cfg.run_dir, key[1]))
+        return self._inherited[1]
 
     def _markers(self) -> list[dict[str, Any]]:
         markers = []

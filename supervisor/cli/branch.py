@@ -1,0 +1,445 @@
+"""`trainwarden branch SRC DEST`: a new run that trains on from one verified checkpoint of SRC.
+
+DEST gets the checkpoint and its companions (reflinked where the file system can, else
+copied; either way the copy's digest must equal the one recorded at the commit), SRC's
+config with the `--set` overrides (validated by the config loader), `policy.json` (the
+policy the checkpoint trained under, with the `--cap`/`--floor` changes, validated as a
+pivot's) and `branch.json` (store.branches). DEST is built in a hidden sibling folder and
+renamed into place last, so a refusal or a crash leaves nothing at DEST. SRC is only read:
+its daemon, if any, goes on training undisturbed.
+
+The branch's trainer resumes from the copied checkpoint (the newest, and only, one in its
+folder) with the bandit it had there: a branch without overrides continues exactly as SRC
+did, so any difference between the two comes from the overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from trainwarden.supervisor.cli.output import print_json
+from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
+from trainwarden.supervisor.contract import POLICY_FILE, normalized_policy, sidecar_path
+from trainwarden.supervisor.core.events import Outcome
+from trainwarden.supervisor.errors import ConfigError, TrainwardenError, UsageError
+from trainwarden.supervisor.shell.pivot_files import new_policy_from
+from trainwarden.supervisor.store import quarantine
+from trainwarden.supervisor.store.branches import BranchInfo, write_branch
+from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.digest import digest_checkpoint
+from trainwarden.supervisor.store.fixed_folder import copy_folder, layout
+from trainwarden.supervisor.store.journal import read_records
+from trainwarden.supervisor.store.rundir import RunFiles, fsync_dir, write_atomic
+from trainwarden.supervisor.store.snapshots import copy_durably
+
+NOT_INHERITED = (("mirror", "path"), ("metrics", "listen"), ("checkpoints", "pinned"))
+"""Settings a branch does not take over: the parent's mirror and metrics port are the
+parent's (two runs writing one mirror would overwrite each other's latest.json), and its
+pinned steps would pin the branch's own checkpoints of those steps for ever."""
+FIXED_KEYS = ("checkpoints.format",)
+"""Overrides refused: the copied checkpoint is in the parent's format."""
+RENAME_NOREPLACE = 1
+"""linux/fs.h: fail with EEXIST rather than replace the target."""
+AT_FDCWD = -100
+BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The checkpoint of SRC a branch starts from."""
+
+    step: int
+    name: str
+    files: list[Path]
+    digest: str
+    """Its digest at its commit (journaled), or taken now when it was verified now."""
+
+
+def cmd_branch(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.cli.commands import _pairs
+
+    caps = _pairs(args.cap, "--cap")
+    floors = _pairs(args.floor, "--floor")
+    sets = parse_sets(args.set or [])
+    src = Path(args.src_run).expanduser().resolve()
+    dest = Path(args.dest_run).expanduser().resolve()
+    record, how, notes = make_branch(src, dest, args.step, caps, floors, sets)
+    if args.json:
+        print_json({**record.to_json(), "run": str(dest), "copied_by": how, "notes": notes})
+        return 0
+    print(
+        f"branched {src} at step {record.step} ({record.checkpoint}, {how}) into {dest}"
+        + (f"; policy.json: {_policy_text(caps, floors)}" if caps or floors else "")
+    )
+    for note in notes:
+        print(f"note: {note}")
+    print(f"start it with: trainwarden daemon --detach {dest}")
+    return 0
+
+
+def _policy_text(caps: dict[str, float], floors: dict[str, float]) -> str:
+    words = [f"cap {arm}={v:g}" for arm, v in caps.items()]
+    words += [f"floor {arm}={v:g}" for arm, v in floors.items()]
+    return ", ".join(words)
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`SECTION.KEY=VALUE` -> {"SECTION.KEY": value}; VALUE is read as a TOML value
+    (`200`, `true`, `["a", "b"]`, `"text"`), and as plain text when it is none."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or not section or not name or "." in name:
+            raise UsageError(
+                f"--set {item!r}: expected SECTION.KEY=VALUE, for example"
+                " --set restart.stall_timeout_s=300"
+            )
+        if key in FIXED_KEYS:
+            raise UsageError(f"--set {key}: a branch keeps its parent's checkpoint format")
+        try:
+            out[key] = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            out[key] = text
+    return out
+
+
+def make_branch(
+    src: Path,
+    dest: Path,
+    step: int | None,
+    caps: dict[str, float],
+    floors: dict[str, float],
+    sets: dict[str, Any],
+) -> tuple[BranchInfo, str, list[str]]:
+    """Create the branch run `dest`; (its branch record, "reflink" or "copy", notes)."""
+    if not (src / CONFIG_NAME).is_file():
+        raise UsageError(f"{src} is not a run: it has no {CONFIG_NAME}; name a run directory")
+    if dest == src or src in dest.parents:
+        raise UsageError(f"{dest} is inside {src}; a branch is a run directory of its own")
+    if os.path.lexists(dest):
+        raise UsageError(f"{dest} already exists; name a new directory for the branch")
+    if not dest.parent.is_dir():
+        raise UsageError(f"{dest.parent} does not exist; create it first")
+    cfg = load_config(src, check_plugins=False)
+    from trainwarden.supervisor import registry
+
+    fmt = registry.checkpoint_format(cfg.checkpoints.format, dict(cfg.checkpoints.options))
+    store = CheckpointStore(cfg.checkpoint_dir, fmt)
+    chosen = choose_checkpoint(cfg, store, step)
+    staging = dest.parent / f".{dest.name}.branching"
+    if os.path.lexists(staging):
+        raise UsageError(f"{staging} is left from an interrupted branch; remove it and try again")
+    try:
+        staging.mkdir(mode=0o755)
+    except OSError as exc:
+        raise TrainwardenError(f"cannot create {staging}: {exc.strerror or exc}") from None
+    try:
+        notes = _write_config(cfg, src, dest, staging, sets)
+        branch_cfg = _validated(staging, dest)
+        how = _copy_checkpoint(store, chosen, branch_cfg.checkpoint_dir)
+        _write_policy(cfg, chosen, staging, caps, floors)
+        info = BranchInfo(
+            parent=src,
+            step=chosen.step,
+            checkpoint=chosen.name,
+            digest=chosen.digest,
+            overrides={"set": sets, "caps": caps, "floors": floors},
+            created=time.time(),
+        )
+        write_branch(staging, info)
+        fsync_dir(staging)
+        _rename_noreplace(staging, dest)
+        fsync_dir(dest.parent)
+    except OSError as exc:  # a full disk, a read-only folder: nothing is left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise TrainwardenError(
+            f"cannot create the branch {dest}: {where}{exc.strerror or exc}"
+        ) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info, how, notes
+
+
+# ----------------------------------------------------------------------------- the checkpoint
+
+
+def choose_checkpoint(cfg: Config, store: CheckpointStore, step: int | None) -> Chosen:
+    """The named step's checkpoint, or the newest verified one; refuses an unknown step,
+    a quarantined checkpoint and one that is not verified (journaled, or verified now)."""
+    journaled: dict[str, str] = {}
+    notes: dict[str, quarantine.Note] = {}
+    for record in read_records(RunFiles(cfg.run_dir).journal):
+        kind, name = record.get("kind"), record.get("name")
+        if not isinstance(name, str):
+            continue
+        if kind == "checkpoint":
+            journaled[name] = str(record.get("digest") or "")
+            notes.pop(name, None)
+        elif kind in ("delete", "quarantine"):
+            journaled.pop(name, None)
+            quarantine.remember(notes, record)
+    committed, _ = store.scan()
+    by_step = {
+        s: name for name in committed if (s := store.fmt.step_of(store.dir / name)) is not None
+    }
+    if step is None:
+        for candidate in sorted(by_step, reverse=True):
+            if by_step[candidate] in notes:
+                continue
+            chosen = _verified(store, candidate, by_step[candidate], journaled)
+            if isinstance(chosen, Chosen):
+                return chosen
+        raise TrainwardenError(
+            f"{cfg.run_dir} has no verified checkpoint to branch from yet; save one first"
+            f" (`trainwarden save --wait {cfg.run_dir}`)"
+        )
+    set_aside = [e for e in quarantine.entries(store.quarantined(), notes) if e["step"] == step]
+    name = by_step.get(step)
+    if name is None or name in notes:
+        if set_aside or name is not None:
+            why = set_aside[0]["why"] if set_aside else quarantine.describe(notes[str(name)])[0]
+            raise TrainwardenError(
+                f"the checkpoint of step {step} is quarantined ({why}); branch from another step"
+            )
+        known = ", ".join(str(s) for s in sorted(by_step)) or "none"
+        raise UsageError(f"{cfg.run_dir} has no checkpoint of step {step}; its steps: {known}")
+    chosen = _verified(store, step, name, journaled)
+    if not isinstance(chosen, Chosen):
+        raise TrainwardenError(
+            f"the checkpoint of step {step} is not verified ({chosen}); branch from another step"
+        )
+    return chosen
+
+
+def _verified(
+    store: CheckpointStore, step: int, name: str, journaled: dict[str, str]
+) -> Chosen | str:
+    """The checkpoint, when the daemon journaled it verified or the format verifies it now;
+    else why it does not verify."""
+    recorded = journaled.get(name)
+    if recorded is None:
+        verdict = store.verify(name)
+        if verdict.outcome != Outcome.VERIFIED:
+            return verdict.reason
+    files = store.files_of(name)
+    try:
+        now = digest_checkpoint(files).hex
+    except OSError as exc:
+        raise TrainwardenError(
+            f"cannot read the checkpoint of step {step}: {exc.strerror or exc}"
+        ) from None
+    if recorded and now != recorded:
+        raise TrainwardenError(
+            f"the checkpoint of step {step} has changed since it was committed (its digest"
+            " differs from the journaled one); branch from another step"
+        )
+    return Chosen(step, name, files, recorded or now)
+
+
+def _copy_checkpoint(store: CheckpointStore, chosen: Chosen, target_dir: Path) -> str:
+    """Copy the checkpoint's files into `target_dir`; "reflink" or "copy". The copy must
+    read as the commit did: a file the parent's retention deleted or that changed while it
+    was copied refuses the branch."""
+    target_dir.mkdir(parents=True, exist_ok=True)
+    hows = set()
+    copied = []
+    try:
+        for source in chosen.files:
+            target = target_dir / source.name
+            if stat.S_ISDIR(os.lstat(source).st_mode):
+                hows.add(copy_folder(source, target, layout(source), ""))
+            else:
+                hows.add(copy_durably(source, target))
+            copied.append(target)
+    except FileNotFoundError:
+        raise TrainwardenError(
+            f"the checkpoint of step {chosen.step} was deleted while it was copied (the"
+            f" parent's retention?); pin it first (`trainwarden pin {chosen.step}`)"
+        ) from None
+    fsync_dir(target_dir)
+    if digest_checkpoint(copied).hex != chosen.digest:
+        raise TrainwardenError(
+            f"the copy of step {chosen.step}'s checkpoint reads differently from its commit;"
+            " nothing was created"
+        )
+    return "copy" if "copy" in hows else "reflink"
+
+
+# ----------------------------------------------------------------------------- config and policy
+
+
+def _write_config(
+    cfg: Config, src: Path, dest: Path, staging: Path, sets: dict[str, Any]
+) -> list[str]:
+    """The branch's trainwarden.toml: SRC's with paths into SRC moved to DEST, its own name,
+    no inherited mirror or metrics port, and the overrides; returns notes for the user."""
+    raw = tomllib.loads(cfg.path.read_text(encoding="utf-8"))
+    raw = _moved(raw, src, dest)
+    notes = []
+    for table, key in NOT_INHERITED:
+        section = raw.get(table, {})
+        if section.pop(key, None) is not None and f"{table}.{key}" not in sets:
+            notes.append(
+                f"[{table}] {key} is not inherited (it is the parent's); set one with"
+                f" --set {table}.{key}=..."
+            )
+        if not section:
+            raw.pop(table, None)
+    raw.setdefault("run", {})["name"] = dest.name
+    for dotted, value in sets.items():
+        table, _, key = dotted.partition(".")
+        section = raw.setdefault(table, {})
+        if not isinstance(section, dict):
+            raise UsageError(f"--set {dotted}: [{table}] is not a table in {cfg.path}")
+        section[key] = value
+    header = f"# branched from {src} by `trainwarden branch`\n\n"
+    write_atomic(staging / CONFIG_NAME, (header + render_toml(raw)).encode(), 0o644)
+    return notes
+
+
+def _validated(staging: Path, dest: Path) -> Config:
+    """The branch's config as the loader reads it, its errors naming DEST (not the staging
+    folder it is checked in)."""
+    try:
+        return load_config(staging)
+    except ConfigError as exc:
+        message = str(exc).replace(
+            str(staging / CONFIG_NAME), f"the branch's {CONFIG_NAME} (the parent's, --set applied)"
+        )
+        raise ConfigError(message.replace(str(staging), str(dest))) from None
+
+
+def _moved(value: Any, src: Path, dest: Path) -> Any:
+    """`value` with every path into SRC (as given or resolved) pointing into DEST instead."""
+    if isinstance(value, dict):
+        return {k: _moved(v, src, dest) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, src, dest) for v in value]
+    if isinstance(value, str):
+        for root in {str(src), os.path.realpath(src)}:
+            value = re.sub(re.escape(root) + r"(?=/|$|[^\w.-])", str(dest), value)
+    return value
+
+
+def _write_policy(
+    cfg: Config, chosen: Chosen, staging: Path, caps: dict[str, float], floors: dict[str, float]
+) -> None:
+    """policy.json: the policy the checkpoint trained under (its sidecar's bandit, else
+    SRC's policy.json) with the new caps and floors, checked as a pivot checks them."""
+    bandit = _sidecar_bandit(chosen)
+    current: Any = bandit.get("policy")
+    if not isinstance(current, dict):
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            current = orjson.loads((cfg.run_dir / POLICY_FILE).read_bytes())
+    arms_table = bandit.get("arms")
+    if not isinstance(arms_table, dict):
+        with contextlib.suppress(OSError, orjson.JSONDecodeError, AttributeError):
+            arms_table = orjson.loads(RunFiles(cfg.run_dir).bandit_state.read_bytes())["arms"]
+    arms = [str(a) for a in arms_table] if isinstance(arms_table, dict) else []
+    if caps or floors:
+        if not arms:
+            raise UsageError(
+                f"{cfg.run_dir} has no data arms to cap (no bandit state in the checkpoint's"
+                " sidecar or .state.json); branch without --cap/--floor"
+            )
+        policy, problems = new_policy_from(
+            current if isinstance(current, dict) else {}, arms, caps, floors
+        )
+        if policy is None:
+            raise UsageError(f"--cap/--floor: {problems[0]}")
+    elif isinstance(current, dict):
+        policy = normalized_policy(current, arms) if arms else current
+    else:
+        return
+    write_atomic(
+        staging / POLICY_FILE, orjson.dumps(policy, option=orjson.OPT_INDENT_2) + b"\n", 0o644
+    )
+
+
+def _sidecar_bandit(chosen: Chosen) -> dict[str, Any]:
+    side = sidecar_path(chosen.files[0])
+    if side not in chosen.files:
+        return {}
+    try:
+        bandit = json.loads(side.read_text(encoding="utf-8")).get("bandit")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return bandit if isinstance(bandit, dict) else {}
+
+
+def render_toml(raw: dict[str, Any]) -> str:
+    """A config's tables as TOML: one [table] each, nested tables inline."""
+    lines = []
+    for table, values in raw.items():
+        lines.append(f"[{_key(table)}]")
+        lines += [f"{_key(k)} = {_toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _key(name: str) -> str:
+    return name if BARE_KEY.match(name) else _toml_string(name)
+
+
+def _toml_string(text: str) -> str:
+    # JSON's escapes are TOML's, except that TOML also wants DEL escaped.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise UsageError(f"cannot write {value!r} into a config; give a number, text, list or table")
+
+
+def _rename_noreplace(source: Path, target: Path) -> None:
+    """Rename `source` to `target` unless `target` exists (a branch made meanwhile)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        renameat2 = None
+    if renameat2 is not None:
+        renameat2.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint,
+        ]
+        source_b, target_b = os.fsencode(source), os.fsencode(target)
+        if renameat2(AT_FDCWD, source_b, AT_FDCWD, target_b, RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code == errno.EEXIST:
+            raise UsageError(f"{target} already exists; name a new directory for the branch")
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+            raise OSError(code, os.strerror(code), str(target))
+    if os.path.lexists(target):
+        raise UsageError(f"{target} already exists; name a new directory for the branch")
+    os.rename(source, target)
