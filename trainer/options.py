@@ -25,3 +25,7 @@ class Options:
     crash_at_step: int | None = None
     nan_at_step: int | None = None
     hang_at_step: int | None = None
+    bad_data_at_step: int | None = None
+    """The first data step whose batch is garbage (keyed on the data step, not the step)."""
+    bad_data_steps: int = 1
+    """How many data steps from bad_data_at_step on are garbage."""
