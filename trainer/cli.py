@@ -33,8 +33,8 @@ EPILOG = f"""\
 environment:
   {ENV_RESUME + "=PATH":<25} resume from this checkpoint (--resume wins)
   {ENV_PIVOT + "=" + PIVOT_ON:<25} like --fresh-bandit
-  {ENV_SKIP_DATA + "=JSON":<25} [[from,to],...]: from step `from` on, train on the data
-  {"":<25} `to - from` steps later (windows skipped after loss spikes)
+  {ENV_SKIP_DATA + "=W":<25} data windows skipped after loss spikes, W = [[from,to],...]:
+  {"":<25} from step `from` on, train on the data `to - from` steps later
   {ENV_LR_SCALE + "=X":<25} multiply the learning rate schedule by X (default 1)
 
 signals:

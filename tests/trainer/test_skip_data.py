@@ -295,3 +295,10 @@ def test_the_daemons_next_window_is_always_accepted(saved, step, length):
     check_windows(point(step, saved), windows)
     # And every later resume from a checkpoint saved under it accepts the same list.
     check_windows(point(step + length, list(windows)), windows)
+
+
+def test_help_documents_skips_scale_and_bad_data(tmp_path):
+    result = run_trainer(tmp_path, "--help")
+    assert result.returncode == 0
+    for needle in ("TRAINWARDEN_SKIP_DATA", "TRAINWARDEN_LR_SCALE", "--bad-data-at-step"):
+        assert needle in result.stdout
