@@ -23,7 +23,7 @@ from trainwarden.supervisor.contract import (
 )
 from trainwarden.trainer.corpus import ARM_NAMES
 from trainwarden.trainer.errors import TrainerError
-from trainwarden.trainer.options import Options
+from trainwarden.trainer.options import DEFAULT_BAD_DATA_STEPS, Options
 from trainwarden.trainer.presets import PRESETS
 
 if TYPE_CHECKING:  # the real import would pull in torch before arguments are checked
@@ -49,9 +49,6 @@ test-only environment (for the trainer's and supervisor's own tests):
   TRAINER_TEST_STEP_SLEEP_S=S   sleep S seconds after every step
   TRAINER_TEST_RESET_DATA=1     on resume, replay the data from step 1 (breaks exactness)
 """
-
-
-DEFAULT_BAD_DATA_STEPS = 50
 
 
 class _Parser(argparse.ArgumentParser):

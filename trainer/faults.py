@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainwarden.trainer.options import DEFAULT_BAD_DATA_STEPS
+
 CRASH_EXIT_STATUS = 3
 
 
@@ -27,7 +29,7 @@ class Faults:
     nan_at_step: int | None = None
     hang_at_step: int | None = None
     bad_data_at_step: int | None = None
-    bad_data_steps: int = 1
+    bad_data_steps: int = DEFAULT_BAD_DATA_STEPS
 
     def _fires(self, kind: str, planned: int | None, step: int) -> bool:
         if planned != step:
