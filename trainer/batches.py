@@ -1,8 +1,11 @@
-"""The batch for a step: a pure function of (seed, step, arm), so resume replays it exactly.
+"""The batch for a step: a pure function of (seed, data step, arm), so resume replays it
+exactly.
 
 Nothing here carries state from one step to the next (no iterator, no shared RNG): the
 offsets come from a generator seeded by a hash of the three, so step 5,001 of a resumed
-run reads the same bytes as step 5,001 of a run that never stopped.
+run reads the same bytes as step 5,001 of a run that never stopped. The data step is the
+step itself unless windows of data were skipped after a loss spike
+(`contract.data_step`): then the skipped windows are part of the key.
 """
 
 from __future__ import annotations
@@ -20,6 +23,18 @@ def batch_seed(seed: int, step: int, arm: str) -> int:
 def as_tokens(data: bytes) -> torch.Tensor:
     # bytearray: torch.frombuffer wants a writable buffer to share without a warning.
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def garbage_targets(seed: int, step: int, arm: str, shape: torch.Size) -> torch.Tensor:
+    """Uniformly random next bytes for a bad-data batch, a pure function like the batch.
+
+    No model can average below ln 256 = 5.55 nats a byte on them, and a trained one starts
+    far above it (it is confident about the real next byte), so the loss stays up for as
+    long as the bad data lasts, whatever the model has learned.
+    """
+    digest = hashlib.blake2b(f"garbage:{seed}:{step}:{arm}".encode(), digest_size=8).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return torch.randint(0, 256, shape, generator=generator)
 
 
 def batch_for(

@@ -13,10 +13,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from trainwarden.supervisor.contract import ENV_PIVOT, ENV_RESUME, PIVOT_ON
+from trainwarden.supervisor.contract import (
+    ENV_LR_SCALE,
+    ENV_PIVOT,
+    ENV_RESUME,
+    ENV_SKIP_DATA,
+    PIVOT_ON,
+    skip_data_text,
+)
 from trainwarden.trainer.corpus import ARM_NAMES
 from trainwarden.trainer.errors import TrainerError
-from trainwarden.trainer.options import Options
+from trainwarden.trainer.options import DEFAULT_BAD_DATA_STEPS, Options
 from trainwarden.trainer.presets import PRESETS
 
 if TYPE_CHECKING:  # the real import would pull in torch before arguments are checked
@@ -26,6 +33,9 @@ EPILOG = f"""\
 environment:
   {ENV_RESUME + "=PATH":<25} resume from this checkpoint (--resume wins)
   {ENV_PIVOT + "=" + PIVOT_ON:<25} like --fresh-bandit
+  {ENV_SKIP_DATA + "=W":<25} data windows skipped after loss spikes, W = [[from,to],...]:
+  {"":<25} from step `from` on, train on the data `to - from` steps later
+  {ENV_LR_SCALE + "=X":<25} multiply the learning rate schedule by X (default 1)
 
 signals:
   SIGTERM, SIGINT           finish the step, save a checkpoint, exit 0
@@ -102,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated data arms (default {','.join(ARM_NAMES)})",
     )
     faults = parser.add_argument_group(
-        "fault injection (for testing a supervisor; each fires once per run directory)"
+        "fault injection (for testing a supervisor; crash, NaN and hang fire once per run"
+        " directory, bad data is bad every time it is trained on)"
     )
     faults.add_argument(
         "--crash-at-step", type=_positive, metavar="N", help="exit 3 right after logging step N"
@@ -116,11 +127,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="stop making progress after step N; only SIGKILL ends it",
     )
+    faults.add_argument(
+        "--bad-data-at-step",
+        type=_positive,
+        metavar="N",
+        help="the data of data steps N.. has random next bytes: the loss spikes until skipped",
+    )
+    faults.add_argument(
+        "--bad-data-steps",
+        type=_positive,
+        metavar="K",
+        help=f"how many data steps are bad (default {DEFAULT_BAD_DATA_STEPS})",
+    )
     return parser
 
 
 def parse_options(argv: Sequence[str] | None = None) -> Options:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.bad_data_steps is not None and args.bad_data_at_step is None:
+        parser.error("--bad-data-steps needs --bad-data-at-step N (where the bad data starts)")
     return Options(
         run_dir=args.run_dir,
         preset=args.preset,
@@ -135,6 +161,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         crash_at_step=args.crash_at_step,
         nan_at_step=args.nan_at_step,
         hang_at_step=args.hang_at_step,
+        bad_data_at_step=args.bad_data_at_step,
+        bad_data_steps=args.bad_data_steps or DEFAULT_BAD_DATA_STEPS,
     )
 
 
@@ -147,10 +175,13 @@ def banner(session: Session) -> str:
     )
     pivot = session.bandit.pivots
     phase = f", bandit phase {pivot}" if pivot else ""
+    plan = session.plan
+    skips = f", data skipped {skip_data_text(plan.skip_windows)}" if plan.skip_windows else ""
+    scale = f", LR x{plan.lr_scale:g}" if plan.lr_scale != 1.0 else ""
     return (
         f"trainer: preset {preset.name}, {session.n_params} params, "
         f"{preset.tokens_per_step} tokens/step, device {session.device_label}, "
-        f"arms {','.join(session.arms)}, {origin}{phase}"
+        f"arms {','.join(session.arms)}, {origin}{phase}{skips}{scale}"
     )
 
 

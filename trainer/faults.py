@@ -1,8 +1,12 @@
-"""Fault injection for testing a supervisor: crash, NaN or hang once at a chosen step.
+"""Fault injection for testing a supervisor: crash, NaN or hang once at a chosen step,
+or a region of bad data.
 
-Each fault fires once per run directory: a marker `RUN/.faults/<kind>-<step>` is made
-before it fires, and a restarted trainer that finds the marker trains on past the step,
-as a flaky machine would after a restart.
+A crash, NaN or hang fires once per run directory: a marker `RUN/.faults/<kind>-<step>`
+is made before it fires, and a restarted trainer that finds the marker trains on past the
+step, as a flaky machine would after a restart. Bad data is no event but a property of
+the data: every start that consumes those data steps gets the garbage again (a plain
+rollback replays the spike), and only skipping them (TRAINWARDEN_SKIP_DATA) cures it, as
+with the loss spikes of large runs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainwarden.trainer.options import DEFAULT_BAD_DATA_STEPS
+
 CRASH_EXIT_STATUS = 3
 
 
@@ -22,6 +28,8 @@ class Faults:
     crash_at_step: int | None = None
     nan_at_step: int | None = None
     hang_at_step: int | None = None
+    bad_data_at_step: int | None = None
+    bad_data_steps: int = DEFAULT_BAD_DATA_STEPS
 
     def _fires(self, kind: str, planned: int | None, step: int) -> bool:
         if planned != step:
@@ -35,6 +43,11 @@ class Faults:
         os.fsync(fd)
         os.close(fd)
         return True
+
+    def bad_data(self, data_step: int) -> bool:
+        """Whether the data of `data_step` (contract.data_step, not the step) is garbage."""
+        first = self.bad_data_at_step
+        return first is not None and first <= data_step < first + self.bad_data_steps
 
     def nan_fires(self, step: int) -> bool:
         return self._fires("nan", self.nan_at_step, step)

@@ -16,14 +16,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainwarden.supervisor.contract import BANDIT_STATE_FILE, checkpoint_name
+from trainwarden.supervisor.contract import BANDIT_STATE_FILE, checkpoint_name, data_step
 from trainwarden.trainer.atomic import write_json_atomically
-from trainwarden.trainer.batches import batch_for
+from trainwarden.trainer.batches import batch_for, garbage_targets
 from trainwarden.trainer.checkpoint import param_step_counts, save_checkpoint
 from trainwarden.trainer.faults import Faults
 from trainwarden.trainer.samples import record_samples
 from trainwarden.trainer.schedule import lr_at, warmup_steps
 from trainwarden.trainer.signals import SignalFlags
+from trainwarden.trainer.skips import SIDECAR_LR_SCALE_KEY, SIDECAR_SKIP_KEY
 from trainwarden.trainer.startup import BETAS, EPS, Session
 
 STATE_FILE = BANDIT_STATE_FILE
@@ -45,7 +46,12 @@ class TrainingLoop:
         self.run_dir = options.run_dir
         self.checkpoint_dir = options.run_dir / "checkpoints"
         self.faults = Faults(
-            options.run_dir, options.crash_at_step, options.nan_at_step, options.hang_at_step
+            options.run_dir,
+            options.crash_at_step,
+            options.nan_at_step,
+            options.hang_at_step,
+            options.bad_data_at_step,
+            options.bad_data_steps,
         )
         self.step = session.start_step
         # A resumed run starts on a committed checkpoint: no need to write it again.
@@ -54,20 +60,30 @@ class TrainingLoop:
 
     # -- one optimisation step ------------------------------------------------------
 
+    def lr(self, step: int) -> float:
+        s = self.session
+        return lr_at(step, s.preset, s.plan.options.steps) * s.plan.lr_scale
+
     def train_step(self, step: int) -> tuple[float, str, float]:
         """Run global step `step`; returns (loss, arm, lr)."""
         s = self.session
         preset = s.preset
-        arm = s.bandit.choose(step)
+        seed = s.plan.options.seed
+        position = data_step(step, s.plan.skip_windows) - s.data_offset
+        # The arm draw is data too: a skipped window skips its draws with its batches,
+        # as skipping batches of a mixing data loader advances its sampler.
+        arm = s.bandit.choose(position)
         inputs, targets = batch_for(
             s.tokens[arm],
-            s.plan.options.seed,
-            step - s.data_offset,
+            seed,
+            position,
             arm,
             preset.batch_size * preset.grad_accum,
             preset.seq_len,
         )
-        lr = lr_at(step, preset, s.plan.options.steps)
+        if self.faults.bad_data(position):
+            targets = garbage_targets(seed, position, arm, targets.shape)
+        lr = self.lr(step)
         for group in s.optimizer.param_groups:
             group["lr"] = lr
         poison = self.faults.nan_fires(step)
@@ -118,6 +134,8 @@ class TrainingLoop:
             "data_fingerprint": s.plan.fingerprint,
             "data_offset": s.data_offset,
             "tokens_seen": s.tokens_seen,
+            SIDECAR_SKIP_KEY: [list(window) for window in s.plan.skip_windows],
+            SIDECAR_LR_SCALE_KEY: s.plan.lr_scale,
             "optimizer": {
                 "name": "AdamW",
                 "betas": list(BETAS),
@@ -128,7 +146,7 @@ class TrainingLoop:
             "schedule": {
                 "kind": "warmup-cosine",
                 "step": self.step,
-                "lr": lr_at(max(self.step, 1), preset, s.plan.options.steps),
+                "lr": self.lr(max(self.step, 1)),
                 "warmup_steps": warmup_steps(preset, s.plan.options.steps),
                 "max_lr": preset.max_lr,
                 "min_lr": preset.min_lr,

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+DEFAULT_BAD_DATA_STEPS = 50
+"""--bad-data-steps unless given: long enough that a spike detector with patience 5 and
+the rollback after it are well inside the region."""
+
 
 @dataclass(frozen=True)
 class Options:
@@ -25,3 +29,7 @@ class Options:
     crash_at_step: int | None = None
     nan_at_step: int | None = None
     hang_at_step: int | None = None
+    bad_data_at_step: int | None = None
+    """The first data step whose batch is garbage (keyed on the data step, not the step)."""
+    bad_data_steps: int = DEFAULT_BAD_DATA_STEPS
+    """How many data steps from bad_data_at_step on are garbage."""

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwarden.supervisor.contract import POLICY_FILE, PolicyError, load_policy, validate_policy
+from trainwarden.supervisor.contract import (
+    POLICY_FILE,
+    PolicyError,
+    SkipWindow,
+    load_policy,
+    validate_policy,
+)
 from trainwarden.trainer.corpus import ARM_NAMES, Arm, build_arms
 from trainwarden.trainer.errors import UsageError
 from trainwarden.trainer.options import Options
@@ -23,6 +29,12 @@ from trainwarden.trainer.resume import (
     open_resume_point,
     pivot_requested,
     resume_path,
+)
+from trainwarden.trainer.skips import (
+    check_windows,
+    lr_scale_from_env,
+    saved_lr_scale,
+    skip_windows_from_env,
 )
 
 
@@ -41,6 +53,10 @@ class Plan:
     resume: ResumePoint | None
     pivot: bool
     """Start the bandit fresh (keeping weights and moments)."""
+    skip_windows: tuple[SkipWindow, ...]
+    """TRAINWARDEN_SKIP_DATA: every data window the run skipped after a loss spike."""
+    lr_scale: float
+    """TRAINWARDEN_LR_SCALE: the factor on the LR schedule from the first step trained."""
 
 
 def _available_arms(options: Options) -> dict[str, Arm]:
@@ -72,8 +88,15 @@ def make_plan(options: Options) -> Plan:
     arms = _available_arms(options)
     policy = _load_policy(options.run_dir / POLICY_FILE, list(arms))
     fingerprint = data_fingerprint(arms, preset, options.seed)
+    windows = skip_windows_from_env()
+    lr_scale = lr_scale_from_env()
     path = resume_path(options.resume)
     point = None if path is None else open_resume_point(path, preset, fingerprint)
+    if point is not None:
+        check_windows(point, windows)
+        saved_scale = saved_lr_scale(point.sidecar)
+        if saved_scale != lr_scale:
+            warn(f"LR scale {saved_scale:g} -> {lr_scale:g} from step {point.step + 1} on")
     pivot = pivot_requested(options.fresh_bandit)
     if pivot and point is None:
         warn("fresh bandit requested on a fresh start: nothing to pivot from")
@@ -81,4 +104,4 @@ def make_plan(options: Options) -> Plan:
         saved_total = point.sidecar.get("total_steps")
         if saved_total is not None and saved_total != options.steps:
             warn(f"--steps {saved_total} -> {options.steps}: the LR schedule changes from here on")
-    return Plan(options, preset, arms, policy, fingerprint, point, pivot)
+    return Plan(options, preset, arms, policy, fingerprint, point, pivot, windows, lr_scale)
