@@ -199,6 +199,40 @@ def build_parser() -> Parser:
     p.add_argument(
         "--floor", action="append", metavar="ARM=X", help="new floor for an arm (repeatable)"
     )
+
+    # inspect and export: read a checkpoint's files; no daemon needed.
+    from trainwarden.supervisor.cli.export import cmd_export
+    from trainwarden.supervisor.cli.inspection import cmd_inspect
+
+    help_text = "what a checkpoint holds: layout, sizes, digest, sidecar, branch (no daemon)"
+    p = sub.add_parser("inspect", help=help_text, description=help_text)
+    p.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="a checkpoint's path, or a run directory"
+    )
+    p.add_argument(
+        "--step", type=int, help="with a run directory: this step's checkpoint (default: newest)"
+    )
+    p.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    p.set_defaults(func=cmd_inspect)
+    help_text = "write a checkpoint's inference weights (no optimizer state) as safetensors"
+    p = sub.add_parser("export", help=help_text, description=help_text)
+    p.add_argument(
+        "source",
+        metavar="RUN|CHECKPOINT",
+        help="a run directory (its newest verified checkpoint) or a checkpoint's path",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="a new or empty folder to write into"
+    )
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16"],
+        help="the exported weights' type (default fp32)",
+    )
+    p.add_argument("--step", type=int, help="with a run directory: this step's checkpoint")
+    p.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    p.set_defaults(func=cmd_export)
     return parser
 
 
