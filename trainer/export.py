@@ -137,6 +137,24 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def cast(tensors: dict[str, torch.Tensor], dtype_name: str) -> dict[str, torch.Tensor]:
+    """Floating tensors in the export dtype (others as they are); refused when a finite
+    value does not fit it (beyond fp16's 65,504), rather than written as inf."""
+    dtype = DTYPES[dtype_name]
+    out = {}
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            out[name] = tensor
+            continue
+        converted = tensor.detach().to(dtype)
+        if not bool(torch.isfinite(converted).all()) and bool(torch.isfinite(tensor).all()):
+            raise ExportRefused(
+                f"{name} holds values beyond the range of {dtype_name}; export as bf16 or fp32"
+            )
+        out[name] = converted
+    return out
+
+
 # ----------------------------------------------------------------------------- the reference model
 
 
@@ -215,9 +233,8 @@ def export_andrea_bin(path: Path, out: Path, dtype_name: str) -> dict[str, Any]:
     preset = preset_of(path, info.n_params)
     reference = GPT(preset)
     load_weights(reference, flat_weights(reference, read_regions(path).weights))
-    dtype = DTYPES[dtype_name]
     # named_parameters gives a tied weight once (lm_head is wte): stored once, as trained.
-    tensors = {name: p.detach().to(dtype) for name, p in reference.named_parameters()}
+    tensors = cast(dict(reference.named_parameters()), dtype_name)
     weights_path = out / WEIGHTS_FILE
     write_safetensors(
         weights_path, tensors, {"format": "pt", "step": str(info.step), "source": path.name}
@@ -267,11 +284,7 @@ def export_hf_trainer(path: Path, out: Path, dtype_name: str) -> dict[str, Any]:
         raise ExportRefused(
             f"{path.name}: no single {WEIGHTS_FILE} (sharded weights are not exported yet)"
         )
-    dtype = DTYPES[dtype_name]
-    tensors = {
-        name: t.to(dtype) if t.is_floating_point() else t
-        for name, t in read_safetensors(source).items()
-    }
+    tensors = cast(read_safetensors(source), dtype_name)
     weights_path = out / WEIGHTS_FILE
     write_safetensors(weights_path, tensors, {"format": "pt", "source": path.name})
     files = [str(weights_path)]
@@ -312,10 +325,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         report = EXPORTERS[args.format](args.checkpoint, args.out, args.dtype)
-    except TrainerError as exc:
-        print(f"trainwarden export: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
+    except (TrainerError, OSError) as exc:
+        # Leave no half export behind: OUT was empty (the command line checked).
+        for name in (WEIGHTS_FILE, CONFIG_FILE):
+            for leftover in (args.out / name, args.out / f"{name}.tmp"):
+                if leftover.is_file():
+                    leftover.unlink()
+        if isinstance(exc, TrainerError):
+            print(f"trainwarden export: {exc}", file=sys.stderr)
+            return exc.exit_code
         print(
             f"trainwarden export: {exc.filename or args.checkpoint}: {exc.strerror}",
             file=sys.stderr,

@@ -52,6 +52,8 @@ class Located:
     format: str
     run_dir: Path | None
     quarantined: bool
+    options: dict[str, Any]
+    """The run's `[checkpoints] options` (the format's own settings), {} without a run."""
 
 
 def run_of(path: Path) -> Path | None:
@@ -80,23 +82,23 @@ def locate(path: Path) -> Located:
     if not os.path.lexists(path):
         raise UsageError(f"{path}: no such file or folder; give a checkpoint's path")
     run_dir = run_of(path)
-    fmt = None
+    fmt, options = None, {}
     if run_dir is not None:
-        fmt = load_config(run_dir, check_plugins=False).checkpoints.format
+        checkpoints = load_config(run_dir, check_plugins=False).checkpoints
+        fmt, options = checkpoints.format, dict(checkpoints.options)
     fmt = fmt or sniff_format(path)
     if fmt is None or (fmt == "andrea-bin" and step_of_name(path.name) is None):
         raise UsageError(
             f"{path}: not a checkpoint (andrea-bin step_NNNNNN.bin, an hf-trainer checkpoint-N/"
             " folder or a torch .pt file)"
         )
-    return Located(path, fmt, run_dir, path.parent.name == QUARANTINE)
+    return Located(path, fmt, run_dir, path.parent.name == QUARANTINE, options)
 
 
 def journaled_digest(run_dir: Path, name: str) -> str | None:
     """The digest the daemon recorded when `name` was last committed, if it did."""
-    cfg = load_config(run_dir, check_plugins=False)
     digest = None
-    for record in read_records(RunFiles(cfg.run_dir).journal):
+    for record in read_records(RunFiles(run_dir).journal):
         if record.get("kind") == "checkpoint" and record.get("name") == name:
             value = record.get("digest")
             digest = value if isinstance(value, str) else None
@@ -128,7 +130,7 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
     if where.format == "andrea-bin":
         report.update(_andrea_bin(path))
     elif where.format == "hf-trainer":
-        report.update(_hf_trainer(path))
+        report.update(_hf_trainer(path, where.options))
     report.update(_digests(where))
     report["branch"] = _branch(where.run_dir)
     report["unknown"] = sorted(
@@ -242,8 +244,8 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _hf_trainer(path: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {"check": _check(HfTrainer(), path)}
+def _hf_trainer(path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"check": _check(HfTrainer(options), path)}
     match = HF_NAME.match(path.name)
     out["step"] = int(match.group(1)) if match else None
     weights = next((path / n for n in SINGLE_WEIGHTS if (path / n).is_file()), None)
@@ -333,11 +335,14 @@ def resolve(target: str, step: int | None, *, verified: bool) -> Path:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")
+    if n < 1024:
+        return f"{n} B"
+    value, unit = n / 1024, "KiB"
+    for larger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.1f} {unit}"
 
 
 def format_inspect(r: dict[str, Any]) -> str:

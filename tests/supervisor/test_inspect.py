@@ -225,3 +225,25 @@ def test_export_without_torch_says_so_in_one_line(supervised: Path, tmp_path: Pa
     # inspect needs no torch at all
     done = cli("inspect", str(supervised), "--json", cwd=tmp_path, prelude=NO_TORCH)
     assert done.returncode == 0 and json.loads(done.stdout)["step"] == 20, done.stderr
+
+
+def test_export_of_a_run_takes_its_newest_verified_checkpoint(supervised: Path, tmp_path: Path):
+    done = cli(
+        "export", str(supervised), "--out", str(tmp_path / "out"), "--dtype", "fp16", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"exported step 20 (andrea-bin, {TINY.n_params:,} parameters) as fp16"
+    )
+    assert "max |logit difference| vs fp32:" in done.stdout
+    done = cli(
+        "export",
+        str(supervised),
+        "--step",
+        "10",
+        "--out",
+        str(tmp_path / "ten"),
+        "--json",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0 and json.loads(done.stdout)["step"] == 10, done.stderr

@@ -162,3 +162,35 @@ def test_an_hf_trainer_checkpoint_is_inspected_and_converted(tmp_path: Path):
     assert result["logit_max_abs_diff"] is None
     assert result["export_bytes"] == (out / "model.safetensors").stat().st_size
     assert result["resume_bytes"] == report["bytes"]
+
+
+def test_a_weight_beyond_fp16_is_refused_and_leaves_out_empty(trained: Path, tmp_path: Path):
+    big = tmp_path / "run" / "checkpoints" / trained.name
+    big.parent.mkdir(parents=True)
+    data = bytearray(trained.read_bytes())
+    data[8:12] = struct.pack("<f", 1e6)  # finite, a valid checkpoint; fp16 stops at 65,504
+    big.write_bytes(bytes(data))
+    big.with_suffix(".json").write_bytes(trained.with_suffix(".json").read_bytes())
+    out = tmp_path / "out"
+    done = cli("export", str(big), "--out", str(out), "--dtype", "fp16", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "trainwarden: wte.weight holds values beyond the range of fp16; export as bf16 or fp32"
+    )
+    assert list(out.iterdir()) == []  # nothing half written; the same --out can be reused
+    report = export(big, out, "bf16")
+    assert load_file(out / "model.safetensors")["wte.weight"].reshape(-1)[0].item() == 999424.0
+    assert report["logit_max_abs_diff"] > 0
+
+
+def test_an_export_that_fails_midway_removes_what_it_wrote(trained: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    (out / "config.json.tmp").mkdir(parents=True)  # the config cannot be written
+    done = subprocess.run(
+        [PYTHON, "-m", "trainwarden.trainer.export", str(trained), "--format", "andrea-bin",
+         "--out", str(out), "--dtype", "fp16"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "config.json.tmp" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json.tmp"]  # the weights are gone
