@@ -57,6 +57,7 @@ SAFETENSORS_DTYPES = {
 }
 TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 PROBE_ROWS = 4
 """Held-out sequences per data arm in the probe batch."""
@@ -278,13 +279,26 @@ def export_andrea_bin(path: Path, out: Path, dtype_name: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- hf-trainer
 
 
-def export_hf_trainer(path: Path, out: Path, dtype_name: str) -> dict[str, Any]:
-    source = path / WEIGHTS_FILE
-    if not source.is_file():
+def hf_weight_files(path: Path) -> list[Path]:
+    """model.safetensors, or every shard model.safetensors.index.json names (exported
+    together as one file)."""
+    if (path / WEIGHTS_FILE).is_file():
+        return [path / WEIGHTS_FILE]
+    try:
+        weight_map = json.loads((path / WEIGHTS_INDEX).read_bytes())["weight_map"]
+        return [path / shard for shard in sorted(set(weight_map.values()))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise ExportRefused(
-            f"{path.name}: no single {WEIGHTS_FILE} (sharded weights are not exported yet)"
-        )
-    tensors = cast(read_safetensors(source), dtype_name)
+            f"{path.name}: neither {WEIGHTS_FILE} nor a readable {WEIGHTS_INDEX}"
+            " (only safetensors weights are exported)"
+        ) from None
+
+
+def export_hf_trainer(path: Path, out: Path, dtype_name: str) -> dict[str, Any]:
+    tensors: dict[str, torch.Tensor] = {}
+    for source in hf_weight_files(path):
+        tensors.update(read_safetensors(source))
+    tensors = cast(tensors, dtype_name)
     weights_path = out / WEIGHTS_FILE
     write_safetensors(weights_path, tensors, {"format": "pt", "source": path.name})
     files = [str(weights_path)]

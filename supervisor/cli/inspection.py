@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,16 @@ from trainwarden.plugins.formats.hf_trainer import (
 from trainwarden.plugins.formats.hf_trainer import (
     SINGLE_WEIGHTS,
     TRAINER_STATE,
+    WEIGHTS_INDEX,
     HfTrainer,
     read_safetensors_header,
 )
+from trainwarden.plugins.formats.torch_pt import DEFAULT_PATTERN as TORCH_PT_PATTERN
 from trainwarden.supervisor.config import CONFIG_NAME, load_config
 from trainwarden.supervisor.contract import (
     ANDREA_BIN_HEADER,
     ANDREA_BIN_REGIONS,
+    LIGHTNING_CHECKPOINT_PATTERN,
     sidecar_path,
     step_of_name,
 )
@@ -131,6 +135,8 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
         report.update(_andrea_bin(path))
     elif where.format == "hf-trainer":
         report.update(_hf_trainer(path, where.options))
+    elif where.format == "torch-pt":
+        report.update(_torch_pt(path, where.options))
     report.update(_digests(where))
     report["branch"] = _branch(where.run_dir)
     report["unknown"] = sorted(
@@ -157,7 +163,7 @@ KNOWABLE = (
 NOT_APPLICABLE = {
     "andrea-bin": ("tensors",),
     "hf-trainer": ("regions", "sidecar"),
-    "torch-pt": ("regions",),
+    "torch-pt": ("regions", "sidecar"),
 }
 """Fields a format has no such thing for (andrea-bin has regions, not named tensors)."""
 
@@ -248,28 +254,54 @@ def _hf_trainer(path: Path, options: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"check": _check(HfTrainer(options), path)}
     match = HF_NAME.match(path.name)
     out["step"] = int(match.group(1)) if match else None
-    weights = next((path / n for n in SINGLE_WEIGHTS if (path / n).is_file()), None)
-    if weights is None:
-        return out
-    try:
-        header, numel = read_safetensors_header(weights)
-    except CheckpointInvalid:
-        return out
+    files = _weight_files(path)
     dtypes: dict[str, int] = {}
-    for name, entry in header.items():
-        if name != "__metadata__":
-            dtypes[entry["dtype"]] = dtypes.get(entry["dtype"], 0) + 1
-    out.update(
-        n_params=numel,
-        weights_numel=numel,
-        tensors={
-            "file": weights.name,
-            "count": sum(dtypes.values()),
-            "numel": numel,
-            "dtypes": dtypes,
-        },
-    )
+    numel = 0
+    try:
+        for weights in files:
+            header, count = read_safetensors_header(weights)
+            numel += count
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    dtypes[entry["dtype"]] = dtypes.get(entry["dtype"], 0) + 1
+    except CheckpointInvalid:
+        return out  # the check says what is wrong with it
+    if files:
+        out.update(
+            n_params=numel,
+            weights_numel=numel,
+            tensors={
+                "files": [f.name for f in files],
+                "count": sum(dtypes.values()),
+                "numel": numel,
+                "dtypes": dtypes,
+            },
+        )
     return out
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The folder's safetensors weights: the one file, or the shards its index names."""
+    single = [path / n for n in SINGLE_WEIGHTS if (path / n).is_file()]
+    if single:
+        return single[:1]
+    try:
+        weight_map = json.loads((path / WEIGHTS_INDEX).read_bytes())["weight_map"]
+        return [path / shard for shard in sorted(set(weight_map.values()))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def _torch_pt(path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Only the step, from the name: the file is a pickle, known only to torch."""
+    pattern = options.get("pattern") or (
+        LIGHTNING_CHECKPOINT_PATTERN if options.get("preset") == "lightning" else TORCH_PT_PATTERN
+    )
+    try:
+        match = re.match(pattern, path.name)
+    except (re.error, TypeError):
+        match = None
+    return {"step": int(match.group(1)) if match else None}
 
 
 def _check(fmt: AndreaBin | HfTrainer, path: Path) -> dict[str, Any]:
@@ -382,7 +414,9 @@ def format_inspect(r: dict[str, Any]) -> str:
     if r["tensors"]:
         t = r["tensors"]
         dtypes = ", ".join(f"{k} x {v}" for k, v in sorted(t["dtypes"].items()))
-        lines.append(f"tensors     {t['count']} in {t['file']}, {t['numel']:,} values ({dtypes})")
+        lines.append(
+            f"tensors     {t['count']} in {', '.join(t['files'])}, {t['numel']:,} values ({dtypes})"
+        )
     lines.append(f"files       {len(r['files'])}, {r['bytes']} bytes ({_size(r['bytes'])})")
     lines += [f"  {f['name']}  {f['bytes']}" for f in r["files"]]
     match = {None: "not recorded", True: "matches the commit", False: "DIFFERS from the commit"}

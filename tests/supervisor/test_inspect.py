@@ -11,7 +11,9 @@ import struct
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from tests.support import PYTHON, journal, reference_run, running_daemon, wait_for
 from trainwarden.supervisor.store.branches import BranchInfo, write_branch
@@ -44,6 +46,14 @@ def one_line_error(done: subprocess.CompletedProcess[str], code: int) -> str:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     return lines[0]
+
+
+def inspected_safetensors(path: Path) -> dict:
+    """A safetensors file's tensor entries, read from its header."""
+    data = path.read_bytes()
+    header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
+    header.pop("__metadata__", None)
+    return header
 
 
 @pytest.fixture(scope="module")
@@ -247,3 +257,47 @@ def test_export_of_a_run_takes_its_newest_verified_checkpoint(supervised: Path, 
         cwd=tmp_path,
     )
     assert done.returncode == 0 and json.loads(done.stdout)["step"] == 10, done.stderr
+
+
+def test_sharded_hf_weights_and_a_torch_pickle_say_what_is_known(tmp_path: Path):
+    folder = tmp_path / "checkpoint-7"
+    folder.mkdir()
+    shards = {"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b"}
+    for shard, name in shards.items():
+        save_file({name: np.zeros((3, 4), dtype=np.float16)}, str(folder / shard))
+    index = {"weight_map": {name: shard for shard, name in shards.items()}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 7}))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (folder / name).write_bytes(b"pickle")
+    report = inspected(folder)
+    assert report["check"]["ok"] is True, report["check"]
+    assert report["tensors"] == {
+        "files": sorted(shards),
+        "count": 2,
+        "numel": 24,
+        "dtypes": {"F16": 2},
+    }
+    assert report["step"] == 7 and report["weights_numel"] == 24
+    out = tmp_path / "out"
+    done = cli("export", str(folder), "--out", str(out), "--dtype", "fp32", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    merged = inspected_safetensors(out / "model.safetensors")
+    assert sorted(merged) == ["a", "b"]  # the shards, as one file
+    assert {entry["dtype"] for entry in merged.values()} == {"F32"}
+
+    pickle = tmp_path / "ckpt_000300.pt"
+    pickle.write_bytes(b"\x80\x04not really")
+    report = inspected(pickle)
+    assert (report["format"], report["step"], report["bytes"]) == ("torch-pt", 300, 12)
+    assert report["unknown"] == [
+        "check",
+        "n_params",
+        "optimizer_numel",
+        "optimizer_ratio",
+        "recorded_digest",
+        "tensors",
+        "weights_numel",
+    ]
+    text = cli("inspect", str(pickle), cwd=tmp_path).stdout
+    assert "check       not run for this format" in text and "parameters  unknown" in text

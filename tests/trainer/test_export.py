@@ -139,7 +139,7 @@ def test_an_hf_trainer_checkpoint_is_inspected_and_converted(tmp_path: Path):
     report = json.loads(done.stdout)
     assert (report["format"], report["step"], report["check"]["ok"]) == ("hf-trainer", 5, True)
     assert report["tensors"] == {
-        "file": "model.safetensors",
+        "files": ["model.safetensors"],
         "count": 4,
         "numel": 32 * 8 + 8 * 24 + 16 + 4,
         "dtypes": {"F32": 2, "BOOL": 1, "I64": 1},
