@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainwarden.supervisor.cli.inspection import inspect_checkpoint, resolve
+from trainwarden.supervisor.cli.inspection import read_report, resolve
 from trainwarden.supervisor.errors import CheckpointInvalid, TrainwardenError, UsageError
 
 EXPORTABLE = ("andrea-bin", "hf-trainer")
@@ -39,7 +39,7 @@ def check_out(out: Path) -> None:
 
 def exportable(path: Path) -> dict[str, Any]:
     """The inspect report of a checkpoint that may be exported; refusals say why."""
-    report = inspect_checkpoint(path)
+    report = read_report(path)
     name = path.name
     if report["format"] not in EXPORTABLE:
         raise UsageError(

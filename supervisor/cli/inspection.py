@@ -16,17 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from trainwarden.plugins.api import CheckpointInvalid
+from trainwarden.plugins.formats import hf_trainer
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
-from trainwarden.plugins.formats.hf_trainer import (
-    NAME as HF_NAME,
-)
-from trainwarden.plugins.formats.hf_trainer import (
-    SINGLE_WEIGHTS,
-    TRAINER_STATE,
-    WEIGHTS_INDEX,
-    HfTrainer,
-    read_safetensors_header,
-)
+from trainwarden.plugins.formats.hf_trainer import HfTrainer, read_safetensors_header
 from trainwarden.plugins.formats.torch_pt import DEFAULT_PATTERN as TORCH_PT_PATTERN
 from trainwarden.supervisor.config import CONFIG_NAME, load_config
 from trainwarden.supervisor.contract import (
@@ -72,7 +64,9 @@ def sniff_format(path: Path) -> str | None:
     """The format a checkpoint's name and shape say, when no run configures one."""
     if path.is_dir():
         return (
-            "hf-trainer" if HF_NAME.match(path.name) and (path / TRAINER_STATE).is_file() else None
+            "hf-trainer"
+            if hf_trainer.NAME.match(path.name) and (path / hf_trainer.TRAINER_STATE).is_file()
+            else None
         )
     if step_of_name(path.name) is not None:
         return "andrea-bin"
@@ -168,12 +162,17 @@ NOT_APPLICABLE = {
 """Fields a format has no such thing for (andrea-bin has regions, not named tensors)."""
 
 
-def _files(where: Located) -> list[tuple[str, int]]:
+def _paths(where: Located) -> list[Path]:
+    """The checkpoint's main path and the companion beside it (andrea-bin's sidecar)."""
     paths = [where.path]
     if where.format == "andrea-bin" and sidecar_path(where.path).exists():
         paths.append(sidecar_path(where.path))
+    return paths
+
+
+def _files(where: Located) -> list[tuple[str, int]]:
     found = []
-    for path in paths:
+    for path in _paths(where):
         if path.is_dir():
             found += [
                 (f"{path.name}/{p.relative_to(path).as_posix()}", p.stat().st_size)
@@ -208,13 +207,15 @@ def _andrea_bin(path: Path) -> dict[str, Any]:
                 "bytes": abs(size - end),
             }
         )
-    optimizer = (len(ANDREA_BIN_REGIONS) - 1) * n_params
+    # Adam m and v: one value per weight each. A header with n_params <= 0 says nothing.
+    weights = n_params if n_params > 0 else None
+    optimizer = (len(ANDREA_BIN_REGIONS) - 1) * n_params if n_params > 0 else None
     out.update(
         step=step,
         n_params=n_params,
-        weights_numel=n_params,
+        weights_numel=weights,
         optimizer_numel=optimizer,
-        optimizer_ratio=optimizer / n_params if n_params > 0 else None,
+        optimizer_ratio=optimizer / n_params if optimizer is not None else None,
         regions=regions,
         sidecar=_sidecar(sidecar_path(path)),
     )
@@ -252,7 +253,7 @@ def _dict(value: Any) -> dict[str, Any]:
 
 def _hf_trainer(path: Path, options: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"check": _check(HfTrainer(options), path)}
-    match = HF_NAME.match(path.name)
+    match = hf_trainer.NAME.match(path.name)
     out["step"] = int(match.group(1)) if match else None
     files = _weight_files(path)
     dtypes: dict[str, int] = {}
@@ -282,11 +283,11 @@ def _hf_trainer(path: Path, options: dict[str, Any]) -> dict[str, Any]:
 
 def _weight_files(path: Path) -> list[Path]:
     """The folder's safetensors weights: the one file, or the shards its index names."""
-    single = [path / n for n in SINGLE_WEIGHTS if (path / n).is_file()]
+    single = [path / n for n in hf_trainer.SINGLE_WEIGHTS if (path / n).is_file()]
     if single:
         return single[:1]
     try:
-        weight_map = json.loads((path / WEIGHTS_INDEX).read_bytes())["weight_map"]
+        weight_map = json.loads((path / hf_trainer.WEIGHTS_INDEX).read_bytes())["weight_map"]
         return [path / shard for shard in sorted(set(weight_map.values()))]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
@@ -314,10 +315,7 @@ def _check(fmt: AndreaBin | HfTrainer, path: Path) -> dict[str, Any]:
 
 
 def _digests(where: Located) -> dict[str, Any]:
-    paths = [where.path]
-    if where.format == "andrea-bin" and sidecar_path(where.path).exists():
-        paths.append(sidecar_path(where.path))
-    digest = digest_checkpoint(paths).hex
+    digest = digest_checkpoint(_paths(where)).hex
     recorded = journaled_digest(where.run_dir, where.path.name) if where.run_dir else None
     return {
         "digest": digest,
@@ -334,6 +332,15 @@ def _branch(run_dir: Path | None) -> dict[str, Any] | None:
     except BranchFileInvalid as exc:
         return {"error": str(exc)}
     return info.to_json() if info is not None else None
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """inspect_checkpoint, a read failing in one line (a folder under a file's name, a file
+    gone while it was read)."""
+    try:
+        return inspect_checkpoint(path)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or path}: cannot read: {exc.strerror or exc}") from None
 
 
 def checkpoint_in_run(run_dir: Path, step: int | None, *, verified: bool) -> Path:
@@ -453,8 +460,7 @@ def format_inspect(r: dict[str, Any]) -> str:
 def cmd_inspect(args: Any) -> int:
     from trainwarden.supervisor.cli.output import print_json
 
-    path = resolve(args.checkpoint, args.step, verified=False)
-    report = inspect_checkpoint(path)
+    report = read_report(resolve(args.checkpoint, args.step, verified=False))
     if args.json:
         print_json(report)
     else:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.support import PYTHON, journal, reference_run, running_daemon, wait_for
+from tests.support import PYTHON, journal, make_run, reference_run, running_daemon, wait_for
 from trainwarden.supervisor.store.branches import BranchInfo, write_branch
 from trainwarden.trainer.presets import PRESETS
 
@@ -301,3 +301,28 @@ def test_sharded_hf_weights_and_a_torch_pickle_say_what_is_known(tmp_path: Path)
     ]
     text = cli("inspect", str(pickle), cwd=tmp_path).stdout
     assert "check       not run for this format" in text and "parameters  unknown" in text
+
+
+def test_unreadable_or_empty_headers_are_reported_not_raised(tmp_path: Path):
+    run_dir = make_run(tmp_path / "run", [PYTHON, "-c", "pass"])  # an andrea-bin run
+    folder = run_dir / "checkpoints" / "step_000040.bin"
+    folder.mkdir(parents=True)  # a folder under a checkpoint's name
+    line = one_line_error(cli("inspect", str(folder), cwd=tmp_path), 2)
+    assert line.endswith("step_000040.bin: cannot read: Is a directory"), line
+    line = one_line_error(cli("inspect", str(tmp_path / "run2"), cwd=tmp_path), 2)
+    assert "no such file or folder" in line
+
+    empty = tmp_path / "step_000005.bin"
+    empty.write_bytes(struct.pack("<ii", 5, 0))
+    report = inspected(empty)
+    assert report["check"] == {
+        "ok": False,
+        "reason": "step_000005.bin: header says n_params = 0, expected > 0",
+    }
+    assert (report["step"], report["n_params"], report["weights_numel"]) == (5, 0, None)
+    assert "optimizer_ratio" in report["unknown"] and report["regions"] == [
+        {"name": "header", "offset": 0, "bytes": 8},
+        {"name": "weights", "offset": 8, "bytes": 0},
+        {"name": "exp_avg", "offset": 8, "bytes": 0},
+        {"name": "exp_avg_sq", "offset": 8, "bytes": 0},
+    ]
