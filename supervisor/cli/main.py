@@ -200,9 +200,17 @@ def build_parser() -> Parser:
         "--floor", action="append", metavar="ARM=X", help="new floor for an arm (repeatable)"
     )
 
-    # inspect and export: read a checkpoint's files; no daemon needed.
-    from trainwarden.supervisor.cli.export import cmd_export
-    from trainwarden.supervisor.cli.inspection import cmd_inspect
+    # inspect and export: read a checkpoint's files; no daemon needed. Their modules are
+    # imported when run: every other command would pay for them at start.
+    def run_inspect(args: argparse.Namespace) -> int:
+        from trainwarden.supervisor.cli.inspection import cmd_inspect
+
+        return cmd_inspect(args)
+
+    def run_export(args: argparse.Namespace) -> int:
+        from trainwarden.supervisor.cli.export import cmd_export
+
+        return cmd_export(args)
 
     help_text = "what a checkpoint holds: layout, sizes, digest, sidecar, branch (no daemon)"
     p = sub.add_parser("inspect", help=help_text, description=help_text)
@@ -213,7 +221,7 @@ def build_parser() -> Parser:
         "--step", type=int, help="with a run directory: this step's checkpoint (default: newest)"
     )
     p.add_argument("--json", action="store_true", help="print the raw result as JSON")
-    p.set_defaults(func=cmd_inspect)
+    p.set_defaults(func=run_inspect)
     help_text = "write a checkpoint's inference weights (no optimizer state) as safetensors"
     p = sub.add_parser("export", help=help_text, description=help_text)
     p.add_argument(
@@ -232,7 +240,7 @@ def build_parser() -> Parser:
     )
     p.add_argument("--step", type=int, help="with a run directory: this step's checkpoint")
     p.add_argument("--json", action="store_true", help="print the raw result as JSON")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=run_export)
     return parser
 
 
