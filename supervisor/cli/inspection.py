@@ -36,6 +36,8 @@ from trainwarden.supervisor.store.journal import read_records
 from trainwarden.supervisor.store.rundir import RunFiles
 
 FLOAT_BYTES = 4
+DIGEST_PREFIX = "xxh3:"
+"""How branch.json may spell a digest (store.branches); the journal's is the bare hex."""
 RUN_DEPTH = 3
 """How many folders above a checkpoint its run directory may be (RUN/checkpoints/quarantine/x)."""
 
@@ -132,7 +134,7 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
     elif where.format == "torch-pt":
         report.update(_torch_pt(path, where.options))
     report.update(_digests(where))
-    report["branch"] = _branch(where.run_dir)
+    report["branch"] = _branch(where.run_dir, path.name, report["digest"])
     report["unknown"] = sorted(
         k
         for k, v in report.items()
@@ -324,14 +326,21 @@ def _digests(where: Located) -> dict[str, Any]:
     }
 
 
-def _branch(run_dir: Path | None) -> dict[str, Any] | None:
+def _branch(run_dir: Path | None, name: str, digest: str) -> dict[str, Any] | None:
+    """The run's branch record; for the checkpoint the branch was made from (its copy in
+    the branch), also whether this file still reads as the parent's did."""
     if run_dir is None:
         return None
     try:
         info = read_branch(run_dir)
     except BranchFileInvalid as exc:
         return {"error": str(exc)}
-    return info.to_json() if info is not None else None
+    if info is None:
+        return None
+    record = info.to_json()
+    if name == info.checkpoint and info.digest is not None:
+        record["matches_parent"] = info.digest.removeprefix(DIGEST_PREFIX) == digest
+    return record
 
 
 def read_report(path: Path) -> dict[str, Any]:
@@ -452,6 +461,9 @@ def format_inspect(r: dict[str, Any]) -> str:
             lines.append(
                 f"branch      of {b['parent']} at step {b['step']} ({b['checkpoint']}, digest {b['digest']})"
             )
+            if "matches_parent" in b:
+                same = "the same" if b["matches_parent"] else "NOT the same"
+                lines.append(f"  this file reads {same} as the parent's checkpoint did")
     if r["unknown"]:
         lines.append(f"unknown     {', '.join(r['unknown'])}")
     return "\n".join(lines)

@@ -194,6 +194,14 @@ def test_a_branch_run_shows_its_record(supervised: Path, tmp_path: Path):
     assert report["branch"] == info.to_json()
     text = cli("inspect", str(run_dir / "checkpoints" / "step_000020.bin"), cwd=run_dir)
     assert f"branch      of {supervised} at step 10 (step_000010.bin, digest abc123)" in text.stdout
+    # The branch's copy of the parent's checkpoint: the same bytes, the same digest.
+    copy = run_dir / "checkpoints" / "step_000010.bin"
+    parent_digest = inspected(supervised / "checkpoints" / "step_000010.bin")["digest"]
+    for digest, same in ((f"xxh3:{parent_digest}", True), (parent_digest, True), ("abc123", False)):
+        write_branch(run_dir, BranchInfo(supervised, 10, "step_000010.bin", digest))
+        assert inspected(copy)["branch"]["matches_parent"] is same
+    text = cli("inspect", str(copy), cwd=run_dir).stdout
+    assert "this file reads NOT the same as the parent's checkpoint did" in text
 
 
 def test_inspect_and_export_refuse_bad_arguments_in_one_line(supervised: Path, tmp_path: Path):
