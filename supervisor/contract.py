@@ -53,6 +53,7 @@ ENV_SEG = "TRAINWARDEN_SEG"
 ENV_RESUME = "TRAINWARDEN_RESUME"
 ENV_PIVOT = "TRAINWARDEN_PIVOT"
 PIVOT_ON = "1"
+"""The value of TRAINWARDEN_PIVOT that asks for a fresh bandit."""
 ENV_SKIP_DATA = "TRAINWARDEN_SKIP_DATA"
 ENV_LR_SCALE = "TRAINWARDEN_LR_SCALE"
 SUPPORTS = ("skip_data", "lr_scale")
@@ -89,6 +90,7 @@ def parse_skip_data(text: str | None) -> list[SkipWindow]:
 
 
 def skip_data_text(windows: Iterable[SkipWindow]) -> str:
+    """The TRAINWARDEN_SKIP_DATA value for these windows (compact JSON)."""
     return json.dumps([[a, b] for a, b in windows], separators=(",", ":"))
 
 
@@ -109,8 +111,6 @@ def parse_lr_scale(text: str | None) -> float:
         raise ValueError(f"{ENV_LR_SCALE} must be a finite number > 0, got {text!r}")
     return scale
 
-
-"""The value of TRAINWARDEN_PIVOT that asks for a fresh bandit."""
 
 # ----------------------------------------------------------------------------- shared files
 

@@ -247,6 +247,36 @@ def build_parser() -> Parser:
     )
     p.add_argument("--json", action="store_true", help="print the branch record as JSON")
     p.set_defaults(func=_branch)
+
+    help_text = "what a checkpoint holds: layout, sizes, digest, sidecar, branch (no daemon)"
+    p = sub.add_parser("inspect", help=help_text, description=help_text)
+    p.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="a checkpoint's path, or a run directory"
+    )
+    p.add_argument(
+        "--step", type=int, help="with a run directory: this step's checkpoint (default: newest)"
+    )
+    p.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    p.set_defaults(func=_inspect)
+    help_text = "write a checkpoint's inference weights (no optimizer state) as safetensors"
+    p = sub.add_parser("export", help=help_text, description=help_text)
+    p.add_argument(
+        "source",
+        metavar="RUN|CHECKPOINT",
+        help="a run directory (its newest verified checkpoint) or a checkpoint's path",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="a new or empty folder to write into"
+    )
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16"],
+        help="the exported weights' type (default fp32)",
+    )
+    p.add_argument("--step", type=int, help="with a run directory: this step's checkpoint")
+    p.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    p.set_defaults(func=_export)
     return parser
 
 
@@ -261,6 +291,20 @@ def _branch(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.branch import cmd_branch
 
     return cmd_branch(args)
+
+
+# inspect and export read a checkpoint's files; their modules are imported when run (every
+# other command would pay for them at start).
+def _inspect(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.cli.inspection import cmd_inspect
+
+    return cmd_inspect(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from trainwarden.supervisor.cli.export import cmd_export
+
+    return cmd_export(args)
 
 
 VALUE_OPTIONS = ("--socket",)

@@ -1,8 +1,10 @@
 """`RUN/branch.json`: what a branch run was made from (`trainwarden branch`).
 
-    {"parent": "/abs/path/of/SRC_RUN", "step": 1200, "checkpoint": "ckpt_000001200.bin",
-     "digest": "xxh3:…", "overrides": {"set": {"trainer.lr": "3e-4"},
+    {"parent": "/abs/path/of/SRC_RUN", "step": 1200, "checkpoint": "step_001200.bin",
+     "digest": "9f2c…", "overrides": {"set": {"trainer.lr": "3e-4"},
      "caps": {"code": 0.2}, "floors": {}}, "created": 1717171717.5}
+
+`digest` is the xxh3-128 hex the journal recorded at the checkpoint's commit.
 
 Written once, atomically, when the branch is made; never changed after. A branch's own
 `.loss.json` starts after `step`; readers that show a branch take the steps up to `step`

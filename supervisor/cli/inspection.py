@@ -1,0 +1,480 @@
+"""`trainwarden inspect`: what one checkpoint holds, read from its files without a daemon.
+
+Nothing here imports torch: andrea-bin's layout is the contract's, a safetensors header
+is 8 bytes of length plus JSON, and everything else (a pickle) is named as unknown. The
+digest is taken again and set against the one the daemon journaled at the commit, so a
+file changed since then reads as such.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainwarden.plugins.api import CheckpointInvalid
+from trainwarden.plugins.formats import hf_trainer
+from trainwarden.plugins.formats.andrea_bin import AndreaBin
+from trainwarden.plugins.formats.hf_trainer import HfTrainer, read_safetensors_header
+from trainwarden.plugins.formats.torch_pt import DEFAULT_PATTERN as TORCH_PT_PATTERN
+from trainwarden.supervisor.config import CONFIG_NAME, load_config
+from trainwarden.supervisor.contract import (
+    ANDREA_BIN_HEADER,
+    ANDREA_BIN_REGIONS,
+    LIGHTNING_CHECKPOINT_PATTERN,
+    sidecar_path,
+    step_of_name,
+)
+from trainwarden.supervisor.errors import UsageError
+from trainwarden.supervisor.store.branches import BranchFileInvalid, read_branch
+from trainwarden.supervisor.store.checkpoints import QUARANTINE
+from trainwarden.supervisor.store.digest import digest_checkpoint
+from trainwarden.supervisor.store.journal import read_records
+from trainwarden.supervisor.store.rundir import RunFiles
+
+FLOAT_BYTES = 4
+DIGEST_PREFIX = "xxh3:"
+"""How branch.json may spell a digest (store.branches); the journal's is the bare hex."""
+RUN_DEPTH = 3
+"""How many folders above a checkpoint its run directory may be (RUN/checkpoints/quarantine/x)."""
+
+
+@dataclass(frozen=True)
+class Located:
+    """A checkpoint path with the run it belongs to, when one is found above it."""
+
+    path: Path
+    format: str
+    run_dir: Path | None
+    quarantined: bool
+    options: dict[str, Any]
+    """The run's `[checkpoints] options` (the format's own settings), {} without a run."""
+
+
+def run_of(path: Path) -> Path | None:
+    """The run directory holding `path` (the nearest folder above with a trainwarden.toml)."""
+    for parent in list(path.parents)[:RUN_DEPTH]:
+        if (parent / CONFIG_NAME).is_file():
+            return parent
+    return None
+
+
+def sniff_format(path: Path) -> str | None:
+    """The format a checkpoint's name and shape say, when no run configures one."""
+    if path.is_dir():
+        return (
+            "hf-trainer"
+            if hf_trainer.NAME.match(path.name) and (path / hf_trainer.TRAINER_STATE).is_file()
+            else None
+        )
+    if step_of_name(path.name) is not None:
+        return "andrea-bin"
+    if path.suffix in (".pt", ".pth", ".ckpt"):
+        return "torch-pt"
+    return None
+
+
+def locate(path: Path) -> Located:
+    """Raises UsageError when `path` is missing or names no checkpoint format."""
+    if not os.path.lexists(path):
+        raise UsageError(f"{path}: no such file or folder; give a checkpoint's path")
+    run_dir = run_of(path)
+    fmt, options = None, {}
+    if run_dir is not None:
+        checkpoints = load_config(run_dir, check_plugins=False).checkpoints
+        fmt, options = checkpoints.format, dict(checkpoints.options)
+    fmt = fmt or sniff_format(path)
+    if fmt is None or (fmt == "andrea-bin" and step_of_name(path.name) is None):
+        raise UsageError(
+            f"{path}: not a checkpoint (andrea-bin step_NNNNNN.bin, an hf-trainer checkpoint-N/"
+            " folder or a torch .pt file)"
+        )
+    return Located(path, fmt, run_dir, path.parent.name == QUARANTINE, options)
+
+
+def journaled_digest(run_dir: Path, name: str) -> str | None:
+    """The digest the daemon recorded when `name` was last committed, if it did."""
+    digest = None
+    for record in read_records(RunFiles(run_dir).journal):
+        if record.get("kind") == "checkpoint" and record.get("name") == name:
+            value = record.get("digest")
+            digest = value if isinstance(value, str) else None
+    return digest
+
+
+def inspect_checkpoint(path: Path) -> dict[str, Any]:
+    """The inspect report of one checkpoint (its JSON shape is the `--json` output)."""
+    where = locate(path)
+    files = _files(where)
+    report: dict[str, Any] = {
+        "path": str(path),
+        "format": where.format,
+        "run_dir": str(where.run_dir) if where.run_dir else None,
+        "quarantined": where.quarantined,
+        "files": [{"name": name, "bytes": size} for name, size in files],
+        "bytes": sum(size for _, size in files),
+        "step": None,
+        "n_params": None,
+        "weights_numel": None,
+        "optimizer_numel": None,
+        "optimizer_ratio": None,
+        "regions": None,
+        "tensors": None,
+        "check": None,
+        "sidecar": None,
+        "branch": None,
+    }
+    if where.format == "andrea-bin":
+        report.update(_andrea_bin(path))
+    elif where.format == "hf-trainer":
+        report.update(_hf_trainer(path, where.options))
+    elif where.format == "torch-pt":
+        report.update(_torch_pt(path, where.options))
+    report.update(_digests(where))
+    report["branch"] = _branch(where.run_dir, path.name, report["digest"])
+    report["unknown"] = sorted(
+        k
+        for k, v in report.items()
+        if v is None and k in KNOWABLE and k not in NOT_APPLICABLE.get(where.format, ())
+    )
+    return report
+
+
+KNOWABLE = (
+    "step",
+    "n_params",
+    "weights_numel",
+    "optimizer_numel",
+    "optimizer_ratio",
+    "regions",
+    "tensors",
+    "check",
+    "sidecar",
+    "recorded_digest",
+)
+"""Fields a format may leave unknown: listed by name in the report's `unknown`."""
+NOT_APPLICABLE = {
+    "andrea-bin": ("tensors",),
+    "hf-trainer": ("regions", "sidecar"),
+    "torch-pt": ("regions", "sidecar"),
+}
+"""Fields a format has no such thing for (andrea-bin has regions, not named tensors)."""
+
+
+def _paths(where: Located) -> list[Path]:
+    """The checkpoint's main path and the companion beside it (andrea-bin's sidecar)."""
+    paths = [where.path]
+    if where.format == "andrea-bin" and sidecar_path(where.path).exists():
+        paths.append(sidecar_path(where.path))
+    return paths
+
+
+def _files(where: Located) -> list[tuple[str, int]]:
+    found = []
+    for path in _paths(where):
+        if path.is_dir():
+            found += [
+                (f"{path.name}/{p.relative_to(path).as_posix()}", p.stat().st_size)
+                for p in sorted(path.rglob("*"))
+                if p.is_file() and not p.is_symlink()
+            ]
+        else:
+            found.append((path.name, path.stat().st_size))
+    return found
+
+
+def _andrea_bin(path: Path) -> dict[str, Any]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(ANDREA_BIN_HEADER.size)
+    out: dict[str, Any] = {"check": _check(AndreaBin(), path)}
+    if len(head) < ANDREA_BIN_HEADER.size:
+        return out
+    step, n_params = ANDREA_BIN_HEADER.unpack(head)
+    regions: list[dict[str, Any]] = [
+        {"name": "header", "offset": 0, "bytes": ANDREA_BIN_HEADER.size}
+    ]
+    end = ANDREA_BIN_HEADER.size
+    for region in ANDREA_BIN_REGIONS:
+        regions.append({"name": region, "offset": end, "bytes": FLOAT_BYTES * max(n_params, 0)})
+        end += FLOAT_BYTES * max(n_params, 0)
+    if end != size:  # what the header promises against what is there
+        regions.append(
+            {
+                "name": "beyond the regions" if size > end else "missing",
+                "offset": min(size, end),
+                "bytes": abs(size - end),
+            }
+        )
+    # Adam m and v: one value per weight each. A header with n_params <= 0 says nothing.
+    weights = n_params if n_params > 0 else None
+    optimizer = (len(ANDREA_BIN_REGIONS) - 1) * n_params if n_params > 0 else None
+    out.update(
+        step=step,
+        n_params=n_params,
+        weights_numel=weights,
+        optimizer_numel=optimizer,
+        optimizer_ratio=optimizer / n_params if optimizer is not None else None,
+        regions=regions,
+        sidecar=_sidecar(sidecar_path(path)),
+    )
+    return out
+
+
+def _sidecar(path: Path) -> dict[str, Any] | None:
+    try:
+        sidecar = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(sidecar, dict):
+        return None
+    bandit = _dict(sidecar.get("bandit"))
+    arms = {name: _dict(arm) for name, arm in _dict(bandit.get("arms")).items()}
+    return {
+        "preset": sidecar.get("preset"),
+        "data_fingerprint": sidecar.get("data_fingerprint"),
+        "bandit": {
+            "algorithm": bandit.get("algorithm"),
+            "pulls": {name: arm.get("pulls") for name, arm in arms.items()},
+            "ema_reward": {name: arm.get("ema_reward") for name, arm in arms.items()},
+            "pivots": _dict(bandit.get("phase")).get("pivots"),
+            "policy": bandit.get("policy"),
+            "zombies": bandit.get("zombies") or [],
+        }
+        if bandit
+        else None,
+    }
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _hf_trainer(path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"check": _check(HfTrainer(options), path)}
+    match = hf_trainer.NAME.match(path.name)
+    out["step"] = int(match.group(1)) if match else None
+    files = _weight_files(path)
+    dtypes: dict[str, int] = {}
+    numel = 0
+    try:
+        for weights in files:
+            header, count = read_safetensors_header(weights)
+            numel += count
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    dtypes[entry["dtype"]] = dtypes.get(entry["dtype"], 0) + 1
+    except CheckpointInvalid:
+        return out  # the check says what is wrong with it
+    if files:
+        out.update(
+            n_params=numel,
+            weights_numel=numel,
+            tensors={
+                "files": [f.name for f in files],
+                "count": sum(dtypes.values()),
+                "numel": numel,
+                "dtypes": dtypes,
+            },
+        )
+    return out
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The folder's safetensors weights: the one file, or the shards its index names."""
+    single = [path / n for n in hf_trainer.SINGLE_WEIGHTS if (path / n).is_file()]
+    if single:
+        return single[:1]
+    try:
+        weight_map = json.loads((path / hf_trainer.WEIGHTS_INDEX).read_bytes())["weight_map"]
+        return [path / shard for shard in sorted(set(weight_map.values()))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def _torch_pt(path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Only the step, from the name: the file is a pickle, known only to torch."""
+    pattern = options.get("pattern") or (
+        LIGHTNING_CHECKPOINT_PATTERN if options.get("preset") == "lightning" else TORCH_PT_PATTERN
+    )
+    try:
+        match = re.match(pattern, path.name)
+    except (re.error, TypeError):
+        match = None
+    return {"step": int(match.group(1)) if match else None}
+
+
+def _check(fmt: AndreaBin | HfTrainer, path: Path) -> dict[str, Any]:
+    """The format's verification, run again now."""
+    try:
+        fmt.verify(path)
+    except CheckpointInvalid as exc:
+        return {"ok": False, "reason": str(exc)}
+    return {"ok": True, "reason": None}
+
+
+def _digests(where: Located) -> dict[str, Any]:
+    digest = digest_checkpoint(_paths(where)).hex
+    recorded = journaled_digest(where.run_dir, where.path.name) if where.run_dir else None
+    return {
+        "digest": digest,
+        "recorded_digest": recorded,
+        "digest_matches": None if recorded is None else recorded == digest,
+    }
+
+
+def _branch(run_dir: Path | None, name: str, digest: str) -> dict[str, Any] | None:
+    """The run's branch record; for the checkpoint the branch was made from (its copy in
+    the branch), also whether this file still reads as the parent's did."""
+    if run_dir is None:
+        return None
+    try:
+        info = read_branch(run_dir)
+    except BranchFileInvalid as exc:
+        return {"error": str(exc)}
+    if info is None:
+        return None
+    record = info.to_json()
+    if name == info.checkpoint and info.digest is not None:
+        record["matches_parent"] = info.digest.removeprefix(DIGEST_PREFIX) == digest
+    return record
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """inspect_checkpoint, a read failing in one line (a folder under a file's name, a file
+    gone while it was read)."""
+    try:
+        return inspect_checkpoint(path)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename or path}: cannot read: {exc.strerror or exc}") from None
+
+
+def checkpoint_in_run(run_dir: Path, step: int | None, *, verified: bool) -> Path:
+    """The run's checkpoint of `step` (None: its newest), read from the directory and the
+    journal as `trainwarden checkpoints` does offline; UsageError names what there is."""
+    from trainwarden.supervisor.cli.offline import checkpoints_from_directory
+
+    listed = checkpoints_from_directory(run_dir)["checkpoints"]
+    candidates = [c for c in listed if c["verified"] or not verified]
+    kind = "verified checkpoint" if verified else "checkpoint"
+    if step is None:
+        if not candidates:
+            raise UsageError(f"{run_dir}: no {kind} yet (see `trainwarden checkpoints`)")
+        return Path(candidates[-1]["path"])
+    chosen = [c for c in candidates if c["step"] == step]
+    if not chosen:
+        steps = ", ".join(str(c["step"]) for c in candidates) or "none"
+        raise UsageError(f"{run_dir}: no {kind} of step {step} (there: {steps})")
+    return Path(chosen[0]["path"])
+
+
+def resolve(target: str, step: int | None, *, verified: bool) -> Path:
+    """CHECKPOINT as given on the command line: a checkpoint's path, or a run directory
+    (its newest checkpoint, or the one of --step)."""
+    path = Path(target).expanduser().resolve()
+    if path.is_dir() and (path / CONFIG_NAME).is_file():
+        return checkpoint_in_run(path, step, verified=verified)
+    if step is not None:
+        raise UsageError(f"{target}: --step needs a run directory, not a checkpoint")
+    return path
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value, unit = n / 1024, "KiB"
+    for larger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.1f} {unit}"
+
+
+def format_inspect(r: dict[str, Any]) -> str:
+    def known(value: Any, text: str | None = None) -> str:
+        return "unknown" if value is None else (text or str(value))
+
+    def count(value: int | None, unit: str = "") -> str:
+        return "unknown" if value is None else f"{value:,}{unit}"
+
+    lines = [f"checkpoint  {r['path']}"]
+    lines.append(f"format      {r['format']}" + ("  (quarantined)" if r["quarantined"] else ""))
+    lines.append(f"step        {known(r['step'])}")
+    check = r["check"]
+    lines.append(
+        "check       "
+        + (
+            "not run for this format"
+            if check is None
+            else "ok"
+            if check["ok"]
+            else f"FAILED: {check['reason']}"
+        )
+    )
+    lines.append(f"parameters  {count(r['n_params'])}")
+    lines.append(f"weights     {count(r['weights_numel'], ' values')}")
+    ratio = r["optimizer_ratio"]
+    optimizer = (
+        f"{r['optimizer_numel']:,} values ({ratio:g} x the weights)" if ratio is not None else None
+    )
+    lines.append(f"optimizer   {known(r['optimizer_numel'], optimizer)}")
+    if r["regions"]:
+        lines.append("regions     offset       bytes")
+        lines += [
+            f"  {g['name']:<10}{g['offset']:>8}  {g['bytes']:>10}  ({_size(g['bytes'])})"
+            for g in r["regions"]
+        ]
+    if r["tensors"]:
+        t = r["tensors"]
+        dtypes = ", ".join(f"{k} x {v}" for k, v in sorted(t["dtypes"].items()))
+        lines.append(
+            f"tensors     {t['count']} in {', '.join(t['files'])}, {t['numel']:,} values ({dtypes})"
+        )
+    lines.append(f"files       {len(r['files'])}, {r['bytes']} bytes ({_size(r['bytes'])})")
+    lines += [f"  {f['name']}  {f['bytes']}" for f in r["files"]]
+    match = {None: "not recorded", True: "matches the commit", False: "DIFFERS from the commit"}
+    lines.append(f"digest      {r['digest']} ({match[r['digest_matches']]})")
+    if r["digest_matches"] is False:
+        lines.append(f"  recorded  {r['recorded_digest']}")
+    if r["sidecar"]:
+        s = r["sidecar"]
+        fingerprint = s["data_fingerprint"] or {}
+        arms = fingerprint.get("arms") or {}
+        lines.append("data        " + (", ".join(f"{k} {v}" for k, v in arms.items()) or "unknown"))
+        bandit = s["bandit"]
+        if bandit is None:
+            lines.append("bandit      none in the sidecar")
+        else:
+            pulls = ", ".join(f"{k} {v}" for k, v in bandit["pulls"].items())
+            lines.append(
+                f"bandit      {bandit['algorithm']}, pulls: {pulls or 'none'},"
+                f" pivots {bandit['pivots']}"
+            )
+    if r["branch"]:
+        b = r["branch"]
+        if "error" in b:
+            lines.append(f"branch      unreadable: {b['error']}")
+        else:
+            lines.append(
+                f"branch      of {b['parent']} at step {b['step']} ({b['checkpoint']}, digest {b['digest']})"
+            )
+            if "matches_parent" in b:
+                same = "the same" if b["matches_parent"] else "NOT the same"
+                lines.append(f"  this file reads {same} as the parent's checkpoint did")
+    if r["unknown"]:
+        lines.append(f"unknown     {', '.join(r['unknown'])}")
+    return "\n".join(lines)
+
+
+def cmd_inspect(args: Any) -> int:
+    from trainwarden.supervisor.cli.output import print_json
+
+    report = read_report(resolve(args.checkpoint, args.step, verified=False))
+    if args.json:
+        print_json(report)
+    else:
+        print(format_inspect(report))
+    return 0
