@@ -20,7 +20,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.supervisor.test_disk_full import Mounts, daemon_for, fill, small_run, write_fails
 from tests.supervisor.test_disk_full import mounts as mounts  # the fixture, by name
-from tests.support import PYTHON, journal, running_daemon, scripted_run, wait_for
+from tests.support import (
+    PYTHON,
+    journal,
+    journal_kinds,
+    make_run,
+    refused_start,
+    running_daemon,
+    scripted_run,
+    wait_for,
+)
 from trainwarden.supervisor.serve.metrics import start_metrics_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -230,3 +239,36 @@ def test_metrics_carry_the_newest_evaluation_and_leave_it_out_before_one():
     assert nan[("trainwarden_val_step", ())] == 600.0
     arms = {k[1]: v for k, v in nan.items() if k[0] == "trainwarden_val_arm_loss"}
     assert arms == {(("arm", "web"),): 3.5}, "only val_ARM extras are arms"
+
+
+def test_an_evaluation_moves_neither_the_step_count_nor_the_policy(tmp_path: Path):
+    # An evaluation far ahead of the training steps, and a nan one: were either read as a
+    # step, the count would jump (an implausible step) or the run would diverge.
+    lines = [
+        "step: 1, loss: 5.0, dt: 0.01",
+        "eval: step 900000, val_loss 2.0",
+        "step: 2, loss: 4.9, dt: 0.01",
+        "eval: step 2, val_loss nan",
+        "step: 3, loss: 4.8, dt: 0.01",
+    ]
+    script = "import time\nfor line in %r:\n    print(line, flush=True)\n    time.sleep(0.05)\n"
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "-c", script % (lines,)],
+        restart={"backoff_initial_s": 0.0, "max_restarts_without_progress": 1},
+    )
+    with running_daemon(run_dir) as daemon:
+        status = daemon.wait_state("finished", timeout=60)
+    assert status["step"] == 3 and status["loss"] == pytest.approx(4.8)
+    assert (status["val"]["step"], status["val"]["loss"]) == (2, "nan")
+    losses = [orjson.loads(x) for x in (run_dir / ".loss.json").read_bytes().splitlines()]
+    assert [r["step"] for r in losses] == [1, 2, 3]
+    assert [r["step"] for r in eval_lines(run_dir)] == [900000, 2]
+    kinds = journal_kinds(run_dir)
+    assert "divergence" not in kinds and "val_nan" in kinds
+
+
+def test_a_run_log_naming_the_validation_history_is_refused(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "10", run={"log": ".eval.json"})
+    line = refused_start(run_dir)
+    assert "'run.log' = '.eval.json'" in line and "names the validation history" in line
