@@ -1,6 +1,6 @@
 """What the daemon knows about the run besides its state: the followed log, the loss
-history, the monitor's figures, the resume audit, GPU/host samples and the trainer's
-bandit and sample files, and the topics they are published on.
+and validation histories, the monitor's figures, the resume audit, GPU/host samples and
+the trainer's bandit and sample files, and the topics they are published on.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ VAL_POINTS_MAX = 2000
 
 
 class Validation:
+    """What the daemon holds of `.eval.json`, and its writer."""
+
     def __init__(self, files: RunFiles, journal: Journal) -> None:
         self.path = files.eval_history
         self.journal = journal
