@@ -563,6 +563,7 @@ def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
         cfg.path: "the config file",
         files.state_dir: "the daemon's own folder",
         files.loss_history: "the loss history",
+        files.eval_history: "the validation history",
         files.bandit_state: "the trainer's bandit state",
         files.samples: "the trainer's samples",
         files.policy: "the data policy",

@@ -297,6 +297,30 @@ class UnrecognisedCheckpoint(TypedDict):
     """One line for the user: the option that would match it."""
 
 
+class Validation(TypedDict):
+    """The newest held-out evaluation the trainer logged (`.eval.json`): reported, never
+    acted on (a nan here is journaled as `val_nan`, not a divergence)."""
+
+    step: int
+    loss: float | str
+    """Non-finite as "nan", "inf", "-inf"."""
+    extras: dict[str, Any]
+    """The line's other values (per-arm losses `val_ARM`; non-finite numbers as strings)."""
+    seg: int
+    """The trainer start that logged it."""
+    t: float
+    """Wall time the daemon saw the line."""
+    age_s: float | None
+
+
+class ValidationSeries(TypedDict):
+    """A history's evaluations in its step range (at most 2,000, evenly spaced)."""
+
+    step: list[int]
+    loss: list[float | None]
+    """None for a non-finite loss."""
+
+
 class Telemetry(TypedDict):
     """The figures of the newest step: the `telemetry` topic, and part of status."""
 
@@ -328,6 +352,9 @@ class Telemetry(TypedDict):
     """Set while no line of this trainer start has matched the parser (see its type)."""
     checkpoints_unrecognised: list[UnrecognisedCheckpoint]
     """Names in the checkpoint directory the format matches nothing of, newest last."""
+    val_step: int | None
+    val_loss: float | str | None
+    """The newest evaluation's step and loss (non-finite as a string; None before one)."""
 
 
 class GpuSample(TypedDict):
@@ -507,6 +534,8 @@ class StatusResult(StateView, Telemetry, CheckpointsView):
     disk_full_files: list[str]
     """The daemon's files (journal, .loss.json, pid file) waiting for space."""
     log: LogStats | None
+    val: Validation | None
+    """The newest held-out evaluation (None before the first)."""
 
 
 class Snapshot(TypedDict, total=False):
@@ -554,12 +583,7 @@ class HistoryResult(TypedDict):
     """For a branch run (`trainwarden branch`), the step it was branched at: steps up to
     it come from its ancestors' histories (`ancestors`), the later ones are its own."""
     ancestors: list[BranchAncestor]
-
-
-class ValidationSeries(TypedDict):
-    step: list[int]
-    loss: list[float | None]
-    """None: a non-finite validation loss."""
+    val: ValidationSeries
 
 
 class HistoryOfResult(TypedDict):

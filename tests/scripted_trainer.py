@@ -9,6 +9,9 @@ catches it and does nothing; --term ignore catches SIGTERM and keeps training, -
 default installs no handler (SIGTERM kills it).
 Losses are 5 - 0.001 * step (+ X * (seg - 1) with --drift-per-seg, seg from TRAINWARDEN_SEG).
 Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
+--eval-every K prints `eval: step N, val_loss X, val_docs: D, val_code: C` every K steps
+(before that step's checkpoint), X = 5.2 - 0.001 * step, D = X - 0.1, C = X + 0.1;
+--val-nan-at S makes the evaluation at step S nan (training losses stay finite).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def main() -> int:
     parser.add_argument("--format", default="step-line")
     parser.add_argument("--nan-at", type=int, default=None)
     parser.add_argument("--drift-per-seg", type=float, default=0.0)
+    parser.add_argument("--eval-every", type=int, default=0)
+    parser.add_argument("--val-nan-at", type=int, default=None)
     parser.add_argument("--dt", type=float, default=0.01)
     parser.add_argument("--n-params", type=int, default=1000)
     parser.add_argument("--usr1", choices=["none", "save", "ignore"], default="none")
@@ -85,6 +90,16 @@ def main() -> int:
             )
         else:
             print(f"step: {step}, loss: {text}, dt: {args.dt}, tokens: 512", flush=True)
+        if args.eval_every and step % args.eval_every == 0:
+            val = 5.2 - 0.001 * step
+            values = [f"{v:.6f}" for v in (val, val - 0.1, val + 0.1)]
+            if args.val_nan_at == step:
+                values = ["nan"] * 3
+            print(
+                f"eval: step {step}, val_loss {values[0]}, val_docs: {values[1]}, "
+                f"val_code: {values[2]}",
+                flush=True,
+            )
         if step % args.save_every == 0 or step == args.steps or save_asked:
             save_asked = False
             save(run_dir, step, args.n_params)

@@ -4,6 +4,9 @@ The line must start with `step:` (leading whitespace and a progress bar ended by
 are tolerated); a prefix such as `eval step:` is deliberately not a training step.
 Values after loss are `key: value` pairs; `dt` (seconds) among them becomes the record's
 dt, the rest become extras, converted to int or float where they parse as numbers.
+
+`eval: step 600, val_loss 3.12[, val_docs: 3.0 ...]` (colons after `step` and
+`val_loss` optional) is a held-out evaluation: an EvalRecord, its pairs the extras.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.api import EvalRecord, StepRecord
 from trainwarden.plugins.parsers._common import EMPTY_EXTRAS, SLOT_SETTERS, fast_record, to_value
 
 # The exact shape trainers print on every step: one anchored regex, no extras to split.
@@ -25,6 +28,10 @@ if SLOT_SETTERS is not None:
 
 _GENERAL = re.compile(
     r"\s*step:\s*([0-9]{1,18})\s*,\s*loss:\s*([^,\s]+)\s*(.*)", re.ASCII | re.DOTALL
+).match
+_EVAL = re.compile(
+    r"\s*eval:\s*step:?\s*([0-9]{1,18})\s*,\s*val_loss:?\s*([^,\s]+)\s*(.*)",
+    re.ASCII | re.DOTALL,
 ).match
 
 
@@ -47,7 +54,7 @@ class StepLineParser:
         if SLOT_SETTERS is None:
             self.parse = self._parse_with_constructor  # type: ignore[method-assign]
 
-    def parse(self, line: str) -> StepRecord | None:
+    def parse(self, line: str) -> StepRecord | EvalRecord | None:
         # The hot path is written out in full: at half a microsecond a step, one more
         # function call per line is a measurable share of it.
         try:
@@ -69,7 +76,7 @@ class StepLineParser:
         except Exception:
             return None
 
-    def _parse_with_constructor(self, line: str) -> StepRecord | None:
+    def _parse_with_constructor(self, line: str) -> StepRecord | EvalRecord | None:
         try:
             match = _COMMON(line)
             if match is not None:
@@ -83,12 +90,13 @@ class StepLineParser:
             return None
 
     @staticmethod
-    def _parse_general(line: str) -> StepRecord | None:
+    def _parse_general(line: str) -> StepRecord | EvalRecord | None:
         if "\r" in line:
             line = line.rstrip("\r\n").rpartition("\r")[2]
         match = _GENERAL(line)
         if match is None:
-            return None
+            # Past every step line's path: an evaluation costs nothing per training step.
+            return _parse_eval(line) if "eval:" in line else None
         step_text, loss_text, rest = match.groups()
         try:
             loss = float(loss_text)
@@ -98,3 +106,16 @@ class StepLineParser:
         dt_value = extras.pop("dt", None)
         dt = float(dt_value) if isinstance(dt_value, int | float) else None
         return StepRecord(int(step_text), loss, dt, extras or EMPTY_EXTRAS)
+
+
+def _parse_eval(line: str) -> EvalRecord | None:
+    match = _EVAL(line)
+    if match is None:
+        return None
+    step_text, loss_text, rest = match.groups()
+    try:
+        loss = float(loss_text)
+    except ValueError:
+        return None
+    extras = _pairs(rest) if rest.startswith(",") else {}
+    return EvalRecord(int(step_text), loss, extras or EMPTY_EXTRAS)

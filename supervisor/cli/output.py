@@ -11,7 +11,7 @@ import orjson
 from trainwarden.supervisor.protocol import size_text as size_text
 
 if TYPE_CHECKING:
-    from trainwarden.supervisor.protocol import JournalRecord, StatusResult
+    from trainwarden.supervisor.protocol import JournalRecord, StatusResult, Validation
 
 
 # CSI and OSC sequences whole first, so "\x1b[31m" vanishes rather than leaving "[31m"; then
@@ -69,6 +69,9 @@ def format_status(s: StatusResult) -> str:
         f"eta {_fmt(s.get('eta_s'), '.0f', ' s')}",
         f"mfu       {mfu_text}",
     ]
+    val = s.get("val")
+    if val:
+        lines.append(f"val       {validation_text(val)}")
     gpu = s.get("gpu")
     lines.append(f"gpu       {clean(gpu.get('name')) if gpu else 'no NVIDIA GPU'}")
     ckpts = s.get("checkpoints") or []
@@ -94,6 +97,25 @@ def format_status(s: StatusResult) -> str:
         waiting = ", ".join(s.get("disk_full_files") or []) or "?"
         lines.append(f"disk      full: held in memory until space returns: {waiting}")
     return "\n".join(lines)
+
+
+def validation_text(val: Validation) -> str:
+    """The newest evaluation: its loss, step, age and per-arm losses; a nan says that it
+    is reported only."""
+    loss = val["loss"]
+    age = val.get("age_s")
+    text = f"{clean(loss) if isinstance(loss, str) else f'{loss:.4f}'} at step {val['step']}"
+    text += f" ({age_text(age)} ago)" if age is not None else ""
+    arms = [
+        f"{clean(key[4:], 40)} {clean(value, 40) if isinstance(value, str) else f'{value:.4f}'}"
+        for key, value in val.get("extras", {}).items()
+        if key.startswith("val_") and isinstance(value, int | float | str)
+    ]
+    if arms:
+        text += "   " + "  ".join(arms)
+    if loss == "nan":
+        text += "   (reported only: not a training divergence)"
+    return text
 
 
 def status_hints(s: StatusResult) -> list[str]:

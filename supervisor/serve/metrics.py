@@ -12,7 +12,8 @@ which is nobody else's business by default.
 Snapshot keys read (any may be missing or None; a None figure is simply not exported):
 run, state, step, loss, loss_ema, tokens_per_s, mfu, restarts, last_checkpoint_step,
 last_checkpoint_age_s, gpu {index, name, util_percent, mem_used_bytes, mem_total_bytes,
-temperature_c, power_w}. These are the names of the daemon's status view.
+temperature_c, power_w}, val {step, loss, extras} (the newest held-out evaluation; a
+non-finite loss as "nan"/"inf"/"-inf"). These are the names of the daemon's status view.
 """
 
 from __future__ import annotations
@@ -68,6 +69,48 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _loss(value: Any) -> float | None:
+    """A loss as the status view sends it: a number, or "nan" / "inf" / "-inf"."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return _number(value)
+
+
+def _val_families(val: Any) -> Iterator[Any]:
+    """The newest evaluation: its loss, step and each arm's loss (`val_ARM` extras)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    if not isinstance(val, Mapping):
+        return
+    loss, step = _loss(val.get("loss")), _number(val.get("step"))
+    if loss is not None:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_val_loss",
+            "Held-out validation loss of the newest evaluation (NaN is reported, not acted on).",
+            value=loss,
+        )
+    if step is not None:
+        yield GaugeMetricFamily(
+            f"{PREFIX}_val_step", "Training step of the newest evaluation.", value=step
+        )
+    extras = val.get("extras")
+    arms = {
+        key[4:]: number
+        for key, value in (extras.items() if isinstance(extras, Mapping) else ())
+        if isinstance(key, str) and key.startswith("val_") and key != "val_loss"
+        and (number := _loss(value)) is not None
+    }  # fmt: skip
+    if arms:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_val_arm_loss",
+            "Held-out validation loss of each data arm at the newest evaluation.",
+            labels=["arm"],
+        )
+        for arm, number in sorted(arms.items()):
+            family.add_metric([arm], number)
+        yield family
+
+
 class RunCollector:
     """A prometheus_client collector over the daemon's snapshot callable."""
 
@@ -117,6 +160,7 @@ class RunCollector:
             "Step of the newest verified checkpoint.",
             snap.get("last_checkpoint_step"),
         )
+        yield from _val_families(snap.get("val"))
         restarts = _number(snap.get("restarts"))
         if restarts is not None:
             yield CounterMetricFamily(

@@ -578,6 +578,7 @@ class Daemon:
             **self.state_view(),
             **self.hub.telemetry(),
             "gpu": self.hub.latest.get("gpu"),
+            "val": self.hub.validation.status(time.time()),
         }
 
     # ------------------------------------------------------------------ views, systemd

@@ -1,6 +1,6 @@
 """What the daemon knows about the run besides its state: the followed log, the loss
-history, the monitor's figures, the resume audit, GPU/host samples and the trainer's
-bandit and sample files, and the topics they are published on.
+and validation histories, the monitor's figures, the resume audit, GPU/host samples and
+the trainer's bandit and sample files, and the topics they are published on.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from trainwarden.plugins.api import CheckpointInfo, EvalRecord
+from trainwarden.plugins.api import CheckpointInfo, EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
@@ -35,6 +35,7 @@ from trainwarden.supervisor.shell.telemetry import (
     no_gpu_reason,
     settings_from_config,
 )
+from trainwarden.supervisor.shell.validation import Validation
 from trainwarden.supervisor.store import runseries
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.branch_history import (
@@ -109,6 +110,7 @@ class TelemetryHub:
         )
         self.history = LossHistory()
         self.writer: LossWriter | None = None
+        self.validation = Validation(files, journal)
         self.follower: LogFollower | None = None
         self.audit: ResumeAudit | None = None
         self.audit_result: dict[str, Any] | None = None
@@ -173,6 +175,7 @@ class TelemetryHub:
         self.last_step = self.history.last_step
         self.writer = LossWriter(self.files.loss_history)
         self._note_loss_space()
+        self.validation.load()
         self._continue_count(seg)
         # A branch's first history query need not wait for its parent's history to load.
         self._history_thread.submit(self._ancestry, self.history.first_step)
@@ -280,6 +283,7 @@ class TelemetryHub:
             return
         parse = self.parser.parse
         rows = []
+        evals: list[EvalRecord] = []
         for line in reversed(lines):
             if line.strip():
                 self.last_line = line.rstrip()[:LAST_LINE_CHARS]
@@ -287,7 +291,10 @@ class TelemetryHub:
                 break
         for line in lines:
             record = parse(line)
-            if record is None or isinstance(record, EvalRecord):
+            if record is None:
+                continue
+            if isinstance(record, EvalRecord):
+                evals.append(record)  # reported only: never a step, never decided on
                 continue
             # The policy first: a divergence is acted on before any bookkeeping.
             self.on_step(record.step, record.loss)
@@ -303,7 +310,7 @@ class TelemetryHub:
                     self._finish_audit(result)
         if self.parser_watch.open:
             # Per batch, and only until the start's first match.
-            if rows:
+            if rows or evals:
                 self.parser_watch.matched()
             else:
                 self.parser_watch.unmatched(lines)
@@ -316,6 +323,8 @@ class TelemetryHub:
                 # (and count again) lines whose steps .loss.json already holds.
                 self._offset_saved_t = time.monotonic()
                 self._write_offset()
+        if evals:
+            self.validation.observe(evals, self.seg, time.time())
         self._save_offset()
         self._schedule_publish()
 
@@ -330,7 +339,7 @@ class TelemetryHub:
 
     def _write_offset(self) -> None:
         assert self.follower is not None and self._offset_fd is not None
-        if self.writer is not None and self.writer.full:
+        if (self.writer is not None and self.writer.full) or self.validation.full:
             # Lines past the saved offset are in memory only: a daemon killed now reads
             # them again from the log rather than lose them.
             return
@@ -346,6 +355,7 @@ class TelemetryHub:
         if self.writer is not None and self.writer.full:
             self.writer.retry()
             self._note_loss_space()
+        self.validation.retry()
 
     def _note_loss_space(self) -> None:
         """Journal (and log) .loss.json's change between full and written again."""
@@ -380,7 +390,9 @@ class TelemetryHub:
             self._stray = {"seg": self.seg, "lines": 0, "step_lines": 0, "first": lines[0][:500]}
             self._stray_handle = self.loop.call_later(STRAY_INTERVAL_S, self.flush_stray)
         self._stray["lines"] += len(lines)
-        self._stray["step_lines"] += sum(self.parser.parse(line) is not None for line in lines)
+        self._stray["step_lines"] += sum(
+            isinstance(self.parser.parse(line), StepRecord) for line in lines
+        )
 
     def flush_stray(self) -> None:
         """Journal the stray lines counted so far (one record for many lines)."""
@@ -433,6 +445,7 @@ class TelemetryHub:
         steps however long the run (and however many clients ask)."""
         view = self.history.snapshot()
         own_first = self.history.first_step
+        val = self.validation.series(start, end, points)
 
         def answer() -> dict[str, Any]:
             ancestry = self._ancestry(own_first)
@@ -442,6 +455,7 @@ class TelemetryHub:
                 "markers": self._markers(),
                 "branch_step": ancestry.branch_step,
                 "ancestors": ancestry.ancestors,
+                "val": val,
             }
 
         result = await self.loop.run_in_executor(self._history_thread, answer)
@@ -577,6 +591,7 @@ class TelemetryHub:
         data["resume_audit"] = self.audit_result
         data["parser_no_match"] = self.parser_watch.notice
         data["checkpoints_unrecognised"] = list(self.unrecognised.values())
+        data.update(self.validation.telemetry())
         return data
 
     def snapshot(self, topic: str) -> Any:
@@ -595,6 +610,7 @@ class TelemetryHub:
         fields["disk_full"] = self.journal.space.full
         fields["disk_full_files"] = sorted(self.journal.space.full_files)
         fields["log"] = self.follower.stats_dict() if self.follower else None
+        fields["val"] = self.validation.status(time.time())
         return fields
 
     def gpu_status(self) -> str:
@@ -696,3 +712,4 @@ class TelemetryHub:
             self._offset_fd = None
         if self.writer is not None:
             self.writer.close()
+        self.validation.close()

@@ -33,7 +33,7 @@ class EvalPoint(NamedTuple):
     extras: dict[str, Any]
 
 
-def _number_extras(extras: Any) -> dict[str, Any]:
+def number_extras(extras: Any) -> dict[str, Any]:
     """The extras worth keeping: JSON-safe scalars under short keys (untrusted input)."""
     kept: dict[str, Any] = {}
     if not isinstance(extras, dict):
@@ -70,7 +70,7 @@ class EvalWriter:
                     "loss": encode_loss(loss),
                     "t": t,
                     "seg": seg,
-                    "extras": _number_extras(extras),
+                    "extras": number_extras(extras),
                 }
             )
             for step, loss, t, seg, extras in rows
@@ -102,7 +102,7 @@ def _point(raw: bytes) -> EvalPoint | None:
         return None
     if not isinstance(seg, int) or isinstance(seg, bool):
         return None
-    return EvalPoint(step, loss, t if math.isfinite(t) else 0.0, seg, _number_extras(extras))
+    return EvalPoint(step, loss, t if math.isfinite(t) else 0.0, seg, number_extras(extras))
 
 
 def read_evals(path: Path | str, upto: int | None = None) -> list[EvalPoint]:

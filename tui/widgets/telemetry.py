@@ -1,4 +1,5 @@
-"""Step, loss, throughput, MFU, ETA and checkpoint cadence, as label/value lines."""
+"""Step, loss, validation loss, throughput, MFU, ETA and checkpoint cadence, as
+label/value lines."""
 
 from __future__ import annotations
 
@@ -162,6 +163,17 @@ class TelemetryPanel(Static):
         elif next_step is not None and model.phase != Phase.FINISHED:
             parts += [("  next ", muted), (fmt.integer(next_step), value)]
         row("ckpt", *parts)
+        # Under the checkpoint row: at 80x24 the six rows above are what fits.
+        val_step, val_loss = t.get("val_step"), t.get("val_loss")
+        if fmt.finite(val_step):  # no row before the run's first evaluation
+            val_parts: list[tuple[str, object]] = [
+                (fmt.loss(val_loss), value),
+                (f" at {fmt.integer(val_step)}", muted),
+            ]
+            if not fmt.finite(val_loss):
+                # Not a divergence: the trainer goes on; say so where the value is.
+                val_parts.append(("  not acted on", busy))
+            row("val", *val_parts)
         # Below the fold at 80x24; shown when the terminal is taller.
         row(
             "dt",
