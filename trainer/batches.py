@@ -2,7 +2,8 @@
 
 Nothing here carries state from one step to the next (no iterator, no shared RNG): the
 offsets come from a generator seeded by a hash of the three, so step 5,001 of a resumed
-run reads the same bytes as step 5,001 of a run that never stopped.
+run reads the same bytes as step 5,001 of a run that never stopped. Validation batches
+are drawn the same way under their own hash, from the held-out bytes.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import hashlib
 import torch
 
 
-def batch_seed(seed: int, step: int, arm: str) -> int:
-    digest = hashlib.blake2b(f"batch:{seed}:{step}:{arm}".encode(), digest_size=8).digest()
+def batch_seed(seed: int, step: int, arm: str, purpose: str = "batch") -> int:
+    digest = hashlib.blake2b(f"{purpose}:{seed}:{step}:{arm}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
@@ -26,7 +27,20 @@ def batch_for(
     tokens: torch.Tensor, seed: int, step: int, arm: str, rows: int, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, targets), each `rows` x `seq_len` int64, targets shifted by one byte."""
-    generator = torch.Generator().manual_seed(batch_seed(seed, step, arm))
+    return _windows(tokens, batch_seed(seed, step, arm), rows, seq_len)
+
+
+def validation_batch(
+    held_out: torch.Tensor, seed: int, index: int, arm: str, rows: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation batch `index` of an arm, like batch_for but never a training batch's seed."""
+    return _windows(held_out, batch_seed(seed, index, arm, "validation"), rows, seq_len)
+
+
+def _windows(
+    tokens: torch.Tensor, generator_seed: int, rows: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(generator_seed)
     starts = torch.randint(0, tokens.numel() - seq_len - 1, (rows, 1), generator=generator)
     window = tokens[starts + torch.arange(seq_len + 1)].long()
     return window[:, :-1], window[:, 1:]
