@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sample-every", type=_non_negative, metavar="K", help="default: --save-every; 0: never"
     )
+    parser.add_argument(
+        "--eval-every",
+        type=_non_negative,
+        metavar="K",
+        help="validation loss on the held-out split every K steps and at the last"
+        " (default: --save-every; 0: never)",
+    )
     parser.add_argument("--seed", type=_non_negative, default=1337)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--resume", metavar="PATH", help="checkpoint .bin to resume from")
@@ -153,6 +160,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         steps=args.steps,
         save_every=args.save_every,
         sample_every=args.save_every if args.sample_every is None else args.sample_every,
+        eval_every=args.save_every if args.eval_every is None else args.eval_every,
         seed=args.seed,
         device=args.device,
         resume=args.resume,

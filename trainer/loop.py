@@ -20,6 +20,7 @@ from trainwarden.supervisor.contract import BANDIT_STATE_FILE, checkpoint_name, 
 from trainwarden.trainer.atomic import write_json_atomically
 from trainwarden.trainer.batches import batch_for, garbage_targets
 from trainwarden.trainer.checkpoint import param_step_counts, save_checkpoint
+from trainwarden.trainer.evaluate import Evaluator
 from trainwarden.trainer.faults import Faults
 from trainwarden.trainer.samples import record_samples
 from trainwarden.trainer.schedule import lr_at, warmup_steps
@@ -57,6 +58,11 @@ class TrainingLoop:
         # A resumed run starts on a committed checkpoint: no need to write it again.
         self.saved_step: int | None = session.start_step if session.resumed_from else None
         self.step_sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
+        self.evaluator = (
+            Evaluator(session.arms, options.seed, session.preset, session.device, session.autocast)
+            if options.eval_every
+            else None
+        )
 
     # -- one optimisation step ------------------------------------------------------
 
@@ -216,6 +222,12 @@ class TrainingLoop:
                 f"tokens: {s.preset.tokens_per_step}"
             )
             self.faults.after_step_logged(step)
+            # Before the step's checkpoint, like its step line. A resumed run starts after
+            # its checkpoint, whose evaluation the log already holds: none is repeated.
+            if self.evaluator is not None and (
+                step % options.eval_every == 0 or step == total_steps
+            ):
+                say(self.evaluator.evaluate(s.model, step).line())
             if step % options.save_every == 0 or step == total_steps:
                 self.save("scheduled" if step < total_steps else "final")
             elif step % STATE_EVERY == 0:

@@ -19,6 +19,8 @@ class Options:
     save_every: int
     sample_every: int
     """Steps between samples; 0 means never."""
+    eval_every: int
+    """Steps between validation losses on the held-out split; 0 means never."""
     seed: int
     device: str
     """auto, cpu or cuda."""

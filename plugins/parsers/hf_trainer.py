@@ -8,8 +8,12 @@ times `[telemetry] logging_steps`; a `'step'` key wins when present (trainwarden
 callback, `trainwarden.integrations.hf`, adds the Trainer's global_step). The count starts
 at zero with each parser instance; `resume_at(step)` continues it from a step: the
 checkpoint a new trainer start resumed from, or, after a daemon restart, the last step
-the current start recorded. Evaluation dicts (`{'eval_loss': ...}`) and the final
-`{'train_runtime': ...}` summary carry no `'loss'` and are not steps.
+the current start recorded. The final `{'train_runtime': ...}` summary is not a step.
+
+An evaluation dict (`{'eval_loss': 2.9, 'eval_runtime': 0.5, ..., 'epoch': 1.0}`, what
+Trainer.evaluate logs) is an EvalRecord at its `'step'` if it has one, else at the last
+step this parser gave (the Trainer logs an evaluation after the training log of the same
+step); it counts no step. Its other keys are extras, eval_runtime and the like.
 
 Lines are Python literals, read with a restricted walker over `ast` (what
 ast.literal_eval accepts, plus the bare words `nan` and `inf` that Python's repr prints
@@ -23,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.api import EvalRecord, StepRecord
 from trainwarden.plugins.parsers._common import options_int, to_float
 
 # Real Trainer dicts are a few hundred characters; parsing a huge line with ast is slow.
@@ -83,16 +87,23 @@ class HfTrainerParser:
         self.logging_steps = options_int(self.options, "logging_steps", 1)
         self._loss_lines = 0
         self._step_offset = 0
+        self._last_step = 0
 
     def resume_at(self, step: int) -> None:
         """Count the following loss lines from `step` (the checkpoint a trainer resumed)."""
         self._step_offset = step
         self._loss_lines = 0
+        self._last_step = step
 
-    def parse(self, line: str) -> StepRecord | None:
-        # Cheap test first: most lines of a Trainer log are progress bars and warnings.
-        if "'loss'" not in line and '"loss"' not in line:
-            return None
+    def parse(self, line: str) -> StepRecord | EvalRecord | None:
+        # Cheap tests first: most lines of a Trainer log are progress bars and warnings.
+        if "'loss'" in line or '"loss"' in line:
+            return self._step(line)
+        if "eval_loss" in line:
+            return self._evaluation(line)
+        return None
+
+    def _step(self, line: str) -> StepRecord | None:
         try:
             logged = parse_dict_line(line)
             if logged is None or "loss" not in logged:
@@ -101,12 +112,35 @@ class HfTrainerParser:
             if loss is None:
                 return None
             self._loss_lines += 1
-            step = logged.pop("step", None)
-            if isinstance(step, float) and step.is_integer():
-                step = int(step)
-            if not isinstance(step, int) or isinstance(step, bool):
+            step = _logged_step(logged)
+            if step is None:
                 step = self._step_offset + self._loss_lines * self.logging_steps
+            self._last_step = step
             extras = {str(key): value for key, value in logged.items()}
             return StepRecord(step, loss, None, extras)
         except Exception:
             return None
+
+    def _evaluation(self, line: str) -> EvalRecord | None:
+        try:
+            logged = parse_dict_line(line)
+            if logged is None or "eval_loss" not in logged:
+                return None
+            loss = to_float(logged.pop("eval_loss"))
+            if loss is None:
+                return None
+            step = _logged_step(logged)
+            extras = {str(key): value for key, value in logged.items()}
+            return EvalRecord(self._last_step if step is None else step, loss, extras)
+        except Exception:
+            return None
+
+
+def _logged_step(logged: dict[str, Any]) -> int | None:
+    """The dict's own `'step'` (removed from it), when it holds a whole number."""
+    step = logged.pop("step", None)
+    if isinstance(step, float) and step.is_integer():
+        return int(step)
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    return None

@@ -5,11 +5,15 @@
     step    1/74 | loss 11.010923 (+nanz)| norm 15.3295 (+nanz)| lr 8.57e-06
         | 3521.37 ms | -100.0% bf16 MFU | 148895 tok/s          (newer llm.c, with z-scores)
     step 0: train loss 5.356189 (took 1452.121000 ms)          (the CPU reference, train_gpt2.c)
+    val loss 3.452301                                          (both)
 
 dt comes from the milliseconds field. Extras: total (planned steps), norm, lr, mfu as a
 fraction (0.312; left out when llm.c prints a negative MFU, its "unknown GPU" marker) and
 tok_s. C's printf writes a diverged loss as `nan`, `-nan` or `inf`, which float() accepts.
-`val loss` lines are not steps.
+
+A `val loss X` line is an EvalRecord at the last step this parser saw (0 before any):
+llm.c evaluates at the top of its loop, after the update whose line it printed last, and
+before the first update of a run.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.api import EvalRecord, StepRecord
+from trainwarden.plugins.parsers._common import EMPTY_EXTRAS
 
 _HEAD = re.compile(
     r"\s*step\s+([0-9]{1,18})\s*(?:/\s*([0-9]{1,18}))?\s*[:|]\s*(?:train\s+)?loss\s+([^\s|(,]+)",
@@ -29,6 +34,7 @@ _NORM = re.compile(r"\bnorm\s+([^\s|(,]+)", re.ASCII)
 _LR = re.compile(r"\blr\s+([^\s|(,]+)", re.ASCII)
 _MFU = re.compile(r"(-?[0-9][0-9.]*)\s*%\s*(?:\w+\s+)?MFU", re.ASCII)
 _TOK_S = re.compile(r"([0-9][0-9.]*)\s*tok/s", re.ASCII)
+_VAL = re.compile(r"\s*val\s+loss\s+(\S+)\s*$", re.ASCII).match
 
 
 def _float(pattern: re.Pattern[str], text: str) -> float | None:
@@ -42,14 +48,23 @@ def _float(pattern: re.Pattern[str], text: str) -> float | None:
 
 
 class LlmcParser:
-    """Parses llm.c `step N/T | train loss X | ... | D ms | ...` lines."""
+    """Parses llm.c `step N/T | train loss X | ... | D ms | ...` and `val loss X` lines."""
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})
+        self.last_step = 0
 
-    def parse(self, line: str) -> StepRecord | None:
+    def parse(self, line: str) -> StepRecord | EvalRecord | None:
         try:
-            return self._parse(line)
+            record = self._parse(line)
+            if record is not None:
+                self.last_step = record.step
+                return record
+            # Most lines are neither: a substring test turns them away cheaper than a regex.
+            validation = _VAL(line) if "val loss" in line else None
+            if validation is None:
+                return None
+            return EvalRecord(self.last_step, float(validation.group(1)), EMPTY_EXTRAS)
         except Exception:
             return None
 

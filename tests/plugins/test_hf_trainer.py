@@ -2,6 +2,7 @@ import math
 
 import pytest
 
+from trainwarden.plugins.api import StepRecord
 from trainwarden.plugins.parsers.hf_trainer import HfTrainerParser
 
 LOSS_LINE = "{'loss': 3.41, 'grad_norm': 1.2, 'learning_rate': 0.0006, 'epoch': 0.12}"
@@ -22,7 +23,8 @@ def test_default_logging_steps_is_one():
 
 def test_eval_and_summary_lines_do_not_count():
     parser = HfTrainerParser({"logging_steps": 5})
-    assert parser.parse("{'eval_loss': 3.2, 'eval_runtime': 1.5, 'epoch': 1.0}") is None
+    evaluation = parser.parse("{'eval_loss': 3.2, 'eval_runtime': 1.5, 'epoch': 1.0}")
+    assert not isinstance(evaluation, StepRecord)
     assert parser.parse("{'train_runtime': 120.5, 'train_loss': 3.3, 'epoch': 1.0}") is None
     assert parser.parse(LOSS_LINE).step == 5
 

@@ -53,7 +53,6 @@ def test_printf_non_finite(parser, word):
         "",
         "+-----------------------+----------------------------------------------------+",
         "| Parameter             | Value                                              |",
-        "val loss 3.284716",
         "generating:",
         "allocated 474 MiB for model parameters",
         "num_parameters: 124475904 => bytes: 248951808",

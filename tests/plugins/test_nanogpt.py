@@ -29,7 +29,6 @@ def test_diverged_iteration(parser):
 @pytest.mark.parametrize(
     "line",
     [
-        "step 250: train loss 3.4100, val loss 3.4500",  # evaluation
         "saving checkpoint to out",
         "tokens per iteration will be: 491,520",
         "number of parameters: 123.59M",

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainwarden.plugins.api import StepRecord
+from trainwarden.plugins.api import EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugins
 
 NAMES = ["step-line", "llmc", "nanogpt", "hf-trainer", "jsonl"]
@@ -30,6 +30,9 @@ FRAGMENTS = st.sampled_from(
         "iter",
         " | ",
         "train loss",
+        "val loss",
+        "eval_loss",
+        "'eval_loss'",
         "ms",
         "%",
         "MFU",
@@ -75,7 +78,9 @@ def test_entry_point_loads_and_parses(name):
 @given(line=LINES)
 def test_parse_never_raises(name, line):
     record = plugins.log_parser(name, {}).parse(line)
-    assert record is None or (isinstance(record, StepRecord) and isinstance(record.step, int))
+    assert record is None or (
+        isinstance(record, StepRecord | EvalRecord) and isinstance(record.step, int)
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
