@@ -35,7 +35,7 @@ from trainwarden.plugins.api import CheckpointInvalid
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
 from trainwarden.supervisor.contract import sidecar_path
 from trainwarden.trainer.atomic import fsync_dir, write_json_atomically
-from trainwarden.trainer.batches import as_tokens, batch_for
+from trainwarden.trainer.batches import as_tokens, validation_batch
 from trainwarden.trainer.checkpoint import read_regions
 from trainwarden.trainer.corpus import ARM_NAMES, build_arms
 from trainwarden.trainer.errors import TrainerError
@@ -205,11 +205,14 @@ def flat_weights(model: GPT, flat: torch.Tensor) -> Iterator[tuple[str, torch.Te
 
 
 def probe_batch(preset: Preset, arms: Sequence[str]) -> tuple[torch.Tensor, list[str]]:
-    """PROBE_ROWS held-out sequences of each arm (never trained on): fixed for a given
-    stdlib, so two exports of one checkpoint are measured on the same tokens."""
+    """PROBE_ROWS held-out sequences of each arm (never trained on; drawn as the trainer's
+    validation batch 0 is): fixed for a given stdlib, so two exports of one checkpoint are
+    measured on the same tokens."""
     available = build_arms(arms)
     rows = [
-        batch_for(as_tokens(arm.held_out), PROBE_SEED, 0, name, PROBE_ROWS, preset.seq_len)[0]
+        validation_batch(as_tokens(arm.held_out), PROBE_SEED, 0, name, PROBE_ROWS, preset.seq_len)[
+            0
+        ]
         for name, arm in available.items()
     ]
     if not rows:
