@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from trainwarden.supervisor.config import CONFIG_NAME
+from trainwarden.supervisor.store.branch_history import inherited
 from trainwarden.supervisor.store.branches import BranchFileInvalid, lineage, read_branch
 from trainwarden.supervisor.store.evaldb import read_evals
 from trainwarden.supervisor.store.losshistory import LossHistory
@@ -67,19 +68,6 @@ def _stitch(pieces: list[tuple[np.ndarray, np.ndarray]]) -> Series:
     )
 
 
-def _train_of(
-    run_dir: Path, after: int | None, through: int | None
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    files = RunFiles(run_dir)
-    history = LossHistory.load(files.loss_history, files.state_dir / "loss-cache")
-    pieces = []
-    for steps, losses in history.snapshot().parts:
-        part = _window(np.asarray(steps), after, through)
-        if part.stop > part.start:
-            pieces.append((np.asarray(steps)[part], np.asarray(losses)[part]))
-    return pieces
-
-
 def spans(chain: list[tuple[Path, int | None]]) -> list[tuple[Path, int | None, int | None]]:
     """(run, after, through) for each run of a lineage that supplies steps: its steps
     after < step <= through (None: unbounded). A branch made at a step its parent took
@@ -102,10 +90,12 @@ def spans(chain: list[tuple[Path, int | None]]) -> list[tuple[Path, int | None, 
 def read_run_series(run_dir: Path | str) -> RunSeries:
     """The run's train and validation series over its lineage (see the module)."""
     chain = lineage(run_dir)
-    train: list[tuple[np.ndarray, np.ndarray]] = []
+    files = RunFiles(chain[-1][0])
+    own = LossHistory.load(files.loss_history, files.state_dir / "loss-cache")
+    # The ancestors' steps as the daemon's `history` stitches them (store.branch_history).
+    train = [*inherited(chain[-1][0], own.first_step).parts, *own.snapshot().parts]
     val: list[tuple[np.ndarray, np.ndarray]] = []
     for path, after, through in spans(chain):
-        train += _train_of(path, after, through)
         points = [
             p
             for p in read_evals(RunFiles(path).eval_history, through)

@@ -41,6 +41,15 @@ def branch(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProce
     )
 
 
+def cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def one_line_refusal(done: subprocess.CompletedProcess[str], code: int, words: str) -> str:
     assert done.returncode == code, f"exit {done.returncode}: {done.stdout}{done.stderr}"
     lines = done.stderr.strip().splitlines()
@@ -169,6 +178,21 @@ def test_two_branches_train_on_from_the_same_weights(tmp_path: Path):
         by_step = dict(zip(history["step"], history["mean"], strict=True))
         assert all(by_step[s] == ls[s] for s in range(n - 4, n + 1))
         assert all(by_step[s] == la[s] for s in range(n + 1, n + 4))
+
+        # compare names the branch point and has both curves from it on; inspect on each
+        # branch's first checkpoint shows the one parent digest of their branch.json.
+        compared = cli("compare", a, b, "--json")
+        assert compared.returncode == 0, compared.stderr
+        table = orjson.loads(compared.stdout)
+        assert table["branch"] == {"run": str(src), "step": n}
+        assert table["steps"][0] == n and table["steps"][-1] >= n + ahead
+        assert table["a_loss"][1] == table["b_loss"][1] == ls[n + 1]
+        assert n + 2 <= table["first_difference"]["step"] <= n + ahead
+        assert f"step {n}" in cli("compare", a, b).stdout
+        for run in (a, b):
+            shown = cli("inspect", run / "checkpoints" / ckpt.name, "--json")
+            assert shown.returncode == 0, shown.stderr
+            assert orjson.loads(shown.stdout)["branch"]["digest"] == journaled_digest(src, n)
 
         # The source trained on, undisturbed, its files as they were.
         after = source.status()
