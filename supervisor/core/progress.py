@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import barrier, pivot, suspects
+from trainwarden.supervisor.core import barrier, pivot, rollback, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     MirrorCopy,
@@ -59,15 +59,25 @@ def on_committed(
         actions.append(Quarantine(ev.step, ev.name, reason, retract_mirror=False))
         return state
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
-        actions.append(
-            Quarantine(
+        spike = state.spikes.rolling_back
+        if spike is not None:
+            quarantine = Quarantine(
+                ev.step,
+                ev.name,
+                f"written after step {state.poisoned_from - 1}, the rollback before the loss"
+                f" spike at step {spike}",
+                cause="rollback",
+                cause_step=spike,
+            )
+        else:
+            quarantine = Quarantine(
                 ev.step,
                 ev.name,
                 f"written at or after divergence at step {state.poisoned_from}",
                 cause="divergence",
                 cause_step=state.poisoned_from,
             )
-        )
+        actions.append(quarantine)
         return state
     implausible = implausible_step(state, ev.step, rules)
     if implausible is not None:
@@ -96,6 +106,7 @@ def on_committed(
         state = replace(state, phase=Phase.RUNNING)
     state = barrier.offer(state, ckpt)
     state = apply_retention(state, rules, actions)
+    state = rollback.at_commit(state, ckpt.step)
     if rules.mirror and ckpt in state.checkpoints and ckpt not in known_before:
         actions.append(MirrorCopy(ckpt))
     return state
@@ -148,7 +159,7 @@ def _stepped(state: State, step: int, t: float) -> State:
 
 
 def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
-    if not state.trainer_alive or state.stop_reason == "divergence":
+    if not state.trainer_alive or state.stop_reason in ("divergence", "spike"):
         return state
     if is_divergent(ev.loss, rules.max_loss):
         return _diverge(state, ev, rules, actions)
@@ -166,6 +177,8 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
         if was_loading:
             # The checkpoint it resumed from is no longer in use: retention may take it now.
             state = apply_retention(state, rules, actions)
+    if rules.spikes.enabled and state.stop_reason is None:
+        state = rollback.on_step(state, ev, rules, actions)
     return state
 
 

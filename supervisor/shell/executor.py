@@ -212,6 +212,10 @@ class Executor:
         }
         if action.rollback_from is not None:
             intent["rollback_from"] = action.rollback_from
+        if action.skip_data:
+            intent["skip_data"] = [list(w) for w in action.skip_data]
+        if action.lr_scale != 1.0:
+            intent["lr_scale"] = action.lr_scale
         self.journal.append("spawn", intent, sync=True)
         self.hub.begin_segment(
             action.seg, action.resume.step if action.resume else None, pivot=action.pivot

@@ -32,6 +32,7 @@ from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_afte
 from trainwarden.supervisor.shell.telemetry import (
     Monitor,
     SaveCadence,
+    grad_norm_of,
     no_gpu_reason,
     settings_from_config,
 )
@@ -72,7 +73,7 @@ class TelemetryHub:
         files: RunFiles,
         journal: Journal,
         loop: asyncio.AbstractEventLoop,
-        on_step: Callable[[int, float], None],
+        on_step: Callable[[int, float, float | None], None],
         trainer_pid: Callable[[], int | None] = lambda: None,
         cache_refresh_rows: int | None = None,
         on_no_match: Callable[[dict[str, Any]], None] = lambda notice: None,
@@ -278,7 +279,7 @@ class TelemetryHub:
             if record is None or isinstance(record, EvalRecord):
                 continue
             # The policy first: a divergence is acted on before any bookkeeping.
-            self.on_step(record.step, record.loss)
+            self.on_step(record.step, record.loss, grad_norm_of(record.extras))
             now = time.time()
             rows.append((record.step, record.loss, record.dt, now, self.seg))
             self.history.add(record.step, record.loss, record.dt, now, self.seg)
