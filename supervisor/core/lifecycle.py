@@ -105,6 +105,7 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
     if verified:
         known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
         state = replace(state, checkpoints=tuple(known[s] for s in sorted(known)))
+        state = rollback.at_startup(state, actions)
     gaps = [
         g for g in (state.max_commit_gap, largest_gap([c.step for c in state.checkpoints])) if g
     ]

@@ -58,26 +58,20 @@ def on_committed(
         actions.append(Record("stray_checkpoint", {"step": ev.step, "name": ev.name}))
         actions.append(Quarantine(ev.step, ev.name, reason, retract_mirror=False))
         return state
+    set_aside = rollback.set_aside(state, ev.step, ev.name)
+    if set_aside is not None:
+        actions.append(set_aside)
+        return state
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
-        spike = state.spikes.rolling_back
-        if spike is not None:
-            quarantine = Quarantine(
-                ev.step,
-                ev.name,
-                f"written after step {state.poisoned_from - 1}, the rollback before the loss"
-                f" spike at step {spike}",
-                cause="rollback",
-                cause_step=spike,
-            )
-        else:
-            quarantine = Quarantine(
+        actions.append(
+            Quarantine(
                 ev.step,
                 ev.name,
                 f"written at or after divergence at step {state.poisoned_from}",
                 cause="divergence",
                 cause_step=state.poisoned_from,
             )
-        actions.append(quarantine)
+        )
         return state
     implausible = implausible_step(state, ev.step, rules)
     if implausible is not None:

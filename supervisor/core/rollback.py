@@ -111,8 +111,9 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     if len(recent) >= sr.max_rollbacks:
         actions.append(Record("spike", {**fields, "halts": True, "rollbacks": len(recent)}))
         reason = (
-            f"the loss spiked again at step {spike.first} after {len(recent)} rollbacks"
-            f" within {sr.horizon} steps (max_rollbacks = {sr.max_rollbacks})"
+            f"the loss spiked again at step {spike.first} after {len(recent)}"
+            f" rollback{'' if len(recent) == 1 else 's'} within {sr.horizon} steps"
+            f" (max_rollbacks = {sr.max_rollbacks})"
         )
         log = replace(log, watch=None, halting=reason)
         return replace(state, phase=Phase.STOPPING, stop_reason="spike", kill_at=None, spikes=log)
@@ -120,17 +121,11 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     target = rollback_target(state.checkpoints, spike.first, sr)
     resume_step = target.step if target is not None else 0
     abandoned = [c for c in state.checkpoints if c.step > resume_step]
+    rolling = replace(state, spikes=replace(log, rolling_back=(spike.first, resume_step)))
     for c in abandoned:
-        actions.append(
-            Quarantine(
-                c.step,
-                c.name,
-                f"written after step {resume_step}, the rollback before the loss spike"
-                f" at step {spike.first}",
-                cause="rollback",
-                cause_step=spike.first,
-            )
-        )
+        quarantine = set_aside(rolling, c.step, c.name)
+        assert quarantine is not None
+        actions.append(quarantine)
     window = (
         skip_window(log.windows, resume_step, spike.step, sr.skip_extra, MAX_STEP)
         if sr.skip_data
@@ -162,7 +157,7 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
         rollbacks=(*log.rollbacks, spike.first),
         watch=(spike.first, spike.step + sr.window),
         baselines=tuple(b for b in log.baselines if b.step <= resume_step),
-        rolling_back=spike.first,
+        rolling_back=(spike.first, resume_step),
     )
     state = without_checkpoints(state, {c.step for c in abandoned})
     return replace(
@@ -171,7 +166,6 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
         stop_reason="spike",
         kill_at=None,
         spikes=log,
-        poisoned_from=resume_step + 1,
     )
 
 
@@ -203,7 +197,36 @@ def after_kill(state: State, t: float, exit_fields: dict[str, Any], actions: lis
             halt_reason=log.halting,
             spikes=replace(log, halting=None),
         )
-    return spawn(replace(state, rollback_from=log.rolling_back), t, actions)
+    first = log.rolling_back[0] if log.rolling_back else None
+    return spawn(replace(state, rollback_from=first), t, actions)
+
+
+def set_aside(state: State, ev_step: int, name: str) -> Quarantine | None:
+    """The quarantine of a checkpoint committed while a rollback has not restarted the
+    trainer yet, if it lies after the step rolled back to."""
+    rolling = state.spikes.rolling_back
+    if rolling is None or ev_step <= rolling[1]:
+        return None
+    first, resume_step = rolling
+    return Quarantine(
+        ev_step,
+        name,
+        f"written after step {resume_step}, the rollback before the loss spike at step {first}",
+        cause="rollback",
+        cause_step=first,
+    )
+
+
+def at_startup(state: State, actions: list[Action]) -> State:
+    """A daemon that died between a rollback and its restart: what the killed trainer
+    committed after the step rolled back to is set aside now."""
+    late = [(c, set_aside(state, c.step, c.name)) for c in state.checkpoints]
+    found = [(c, q) for c, q in late if q is not None]
+    for _, quarantine in found:
+        actions.append(quarantine)
+    if not found:
+        return state
+    return without_checkpoints(state, {c.step for c, _ in found})
 
 
 def at_commit(state: State, step: int) -> State:

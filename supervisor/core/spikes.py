@@ -5,7 +5,8 @@ One detector per trainer start. It begins from the EMA as of the step the start 
 from (each verified checkpoint keeps the `Baseline` of its step), so steps replayed after a
 rollback or a crash are counted once, in the timeline that survives. Steps above the
 threshold do not feed the EMA: a spike must not raise the bar it is measured against. No
-spike is detected in the first spike_warmup steps of a start; fewer than spike_patience
+spike is detected in the first spike_warmup steps of a start (they feed the EMA only if
+below the threshold, so a fresh start seeds it); fewer than spike_patience
 steps above the threshold are an `Outlier`, noted and not acted on.
 
 The skip windows a rollback adds (`skip_window`) are in the trainer's step numbers, read
@@ -137,7 +138,11 @@ def observe(
         return _remember(seeded, step), None
     threshold = rules.factor * det.ema
     high = loss > threshold or _grad_high(det, grad_norm, rules)
-    if high and seen > rules.warmup:
+    if high and seen <= rules.warmup:
+        # Not counted, and not fed to the EMA either: a restart into bad data must not
+        # raise the bar during its warmup.
+        return replace(det, seen=seen, last_step=step), None
+    if high:
         first = det.first if det.first is not None else step
         ema_at_first = det.ema_at_first if det.first is not None else det.ema
         peak = max(det.peak, loss) if det.first is not None else loss
@@ -208,12 +213,12 @@ class SpikeLog:
     """(first step of the last spike rolled back from, the step by which it is cured if no
     spike came first)."""
     baselines: tuple[Baseline, ...] = ()
-    """The EMAs as of each verified checkpoint's step."""
+    """The EMAs as of each verified checkpoint's step, oldest first."""
     halting: str | None = None
     """Why the run halts in diverged once the trainer killed for a spike has exited."""
-    rolling_back: int | None = None
-    """The first step of the spike whose restart has not started a trainer yet: what the
-    killed trainer still commits belongs to the abandoned timeline."""
+    rolling_back: tuple[int, int] | None = None
+    """(first step of the spike, step rolled back to) until the restart starts a trainer:
+    what is committed after that step meanwhile belongs to the abandoned timeline."""
     detector: Detector = Detector()
 
     def to_json(self) -> dict[str, Any]:
@@ -223,6 +228,7 @@ class SpikeLog:
             "rollbacks": list(self.rollbacks),
             "watch": list(self.watch) if self.watch else None,
             "baselines": [b.to_json() for b in self.baselines],
+            "rolling_back": list(self.rolling_back) if self.rolling_back else None,
         }
 
     @classmethod
@@ -230,16 +236,23 @@ class SpikeLog:
         if not isinstance(data, dict):
             return cls()
         watch = data.get("watch")
+        rolling = data.get("rolling_back")
         return cls(
             windows=tuple((int(a), int(b)) for a, b in data.get("windows", [])),
             lr_scale=float(data.get("lr_scale", 1.0)),
             rollbacks=tuple(int(s) for s in data.get("rollbacks", [])),
             watch=(int(watch[0]), int(watch[1])) if watch else None,
             baselines=tuple(Baseline.from_json(b) for b in data.get("baselines", [])),
+            rolling_back=(int(rolling[0]), int(rolling[1])) if rolling else None,
         )
 
     def baseline(self, step: int | None) -> Baseline | None:
-        return next((b for b in self.baselines if b.step == step), None)
+        """The EMAs a start resumed from `step` begins with: as of that step, else as of the
+        newest step before it known (its checkpoint was committed while no daemon saw its
+        step line); none before it: afresh, seeded by the start's first step."""
+        if step is None:
+            return None
+        return next((b for b in reversed(self.baselines) if b.step <= step), None)
 
     def recent_rollbacks(self, first: int, rules: SpikeRules) -> list[int]:
         """Rollbacks within the horizon before a spike whose first step is `first`."""

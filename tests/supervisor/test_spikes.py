@@ -327,3 +327,45 @@ def test_windows_skip_every_spike_and_any_checkpoint_resumes_to_the_same_data(
     assert all(a < b for a, b in zip(data, data[1:], strict=False))
     assert not [d for d in data for lo, hi in bad if lo <= d <= hi]
     assert all(a < b for a, b in windows)
+
+
+def test_a_daemon_that_died_before_the_rollback_restarted_sets_aside_late_commits():
+    """The killed trainer committed step 64 while no daemon watched: the next daemon finds
+    it, and sets it aside instead of resuming the abandoned timeline from it."""
+    state, _ = healthy_run()
+    state, _ = run(steps(61, 63, loss=5.0), state)
+    saved = p.persisted(state)
+    scanned = (*_scanned(state), p.Scanned("step_000064.bin", 64, p.Outcome.VERIFIED, bytes=1))
+    fresh, actions = run([p.Restored(0.0, saved), p.Startup(0.0, scanned=scanned)])
+    (late,) = kinds(actions, p.Quarantine)
+    assert (late.step, late.cause, late.cause_step) == (64, "rollback", 61)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 40
+    assert spawn.skip_data == ((41, 79),)
+
+
+def test_steps_above_the_threshold_in_the_warmup_do_not_raise_the_ema():
+    """A restart straight into bad data: its warmup must not teach the EMA the bad loss,
+    or the spike that follows would go unseen."""
+    det = p.Detector.starting_from(p.Baseline(40, 1.0, 40))
+    found = []
+    for step in range(41, 41 + SPIKES.warmup + SPIKES.patience):
+        det, verdict = p.observe(det, step, 5.0, None, SPIKES)
+        found.append(verdict)
+    assert det.ema == 1.0
+    assert isinstance(found[-1], p.Spike) and found[-1].first == 41 + SPIKES.warmup
+
+
+def test_a_checkpoint_no_daemon_saw_the_steps_of_resumes_with_the_newest_earlier_ema():
+    """Committed while the daemon was down (inside bad data, say): the start resumed from it
+    begins from the EMA as of the newest earlier step known, not from its own first loss."""
+    state, _ = healthy_run(last=40)
+    saved = p.persisted(state)
+    scanned = (*_scanned(state), p.Scanned("step_000090.bin", 90, p.Outcome.VERIFIED, bytes=1))
+    fresh, actions = run([p.Restored(0.0, saved), p.Startup(0.0, scanned=scanned)])
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 90
+    assert fresh.spikes.detector.ema == state.spikes.baseline(40).ema
+    events = [p.TrainerSpawned(1.0, 200), *steps(91, 91 + SPIKES.warmup + SPIKES.patience, 5.0)]
+    fresh, actions = run(events, fresh)
+    assert records(actions, "spike")
