@@ -19,6 +19,9 @@ class Spawn:
     """Every data window skipped so far ([from_step, to_step)), for TRAINWARDEN_SKIP_DATA."""
     lr_scale: float = 1.0
     """For TRAINWARDEN_LR_SCALE (1.0: not set)."""
+    data_changed_from: int | None = None
+    """From this step on, the steps this start replays consume other data than the ones
+    they supersede (a skip window new to it): the resume audit compares only those before."""
 
 
 @dataclass(frozen=True)

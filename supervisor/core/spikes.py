@@ -216,6 +216,8 @@ class SpikeLog:
     """The EMAs as of each verified checkpoint's step, oldest first."""
     halting: str | None = None
     """Why the run halts in diverged once the trainer killed for a spike has exited."""
+    passed: int = 0
+    """How many of the windows the last trainer start was given (the rest are new)."""
     rolling_back: tuple[int, int] | None = None
     """(first step of the spike, step rolled back to) until the restart starts a trainer:
     what is committed after that step meanwhile belongs to the abandoned timeline."""
@@ -228,6 +230,7 @@ class SpikeLog:
             "rollbacks": list(self.rollbacks),
             "watch": list(self.watch) if self.watch else None,
             "baselines": [b.to_json() for b in self.baselines],
+            "passed": self.passed,
             "rolling_back": list(self.rolling_back) if self.rolling_back else None,
         }
 
@@ -243,6 +246,7 @@ class SpikeLog:
             rollbacks=tuple(int(s) for s in data.get("rollbacks", [])),
             watch=(int(watch[0]), int(watch[1])) if watch else None,
             baselines=tuple(Baseline.from_json(b) for b in data.get("baselines", [])),
+            passed=int(data.get("passed", 0)),
             rolling_back=(int(rolling[0]), int(rolling[1])) if rolling else None,
         )
 

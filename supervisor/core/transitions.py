@@ -52,6 +52,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         and resume.step <= state.last_pivot_step
     )
     spikes = state.spikes
+    new_windows = spikes.windows[spikes.passed :]
     actions.append(
         Spawn(
             seg=seg,
@@ -60,13 +61,14 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
             rollback_from=state.rollback_from,
             skip_data=spikes.windows,
             lr_scale=spikes.lr_scale,
+            data_changed_from=min((a for a, _ in new_windows), default=None),
         )
     )
     # The new start's spike detector begins from the EMAs as of the step it resumes from.
     detector = Detector.starting_from(spikes.baseline(resume.step if resume else None))
     return replace(
         state,
-        spikes=replace(spikes, detector=detector, rolling_back=None),
+        spikes=replace(spikes, detector=detector, rolling_back=None, passed=len(spikes.windows)),
         phase=Phase.STARTING,
         seg=seg,
         resume_step=resume.step if resume else None,

@@ -218,7 +218,10 @@ class Executor:
             intent["lr_scale"] = action.lr_scale
         self.journal.append("spawn", intent, sync=True)
         self.hub.begin_segment(
-            action.seg, action.resume.step if action.resume else None, pivot=action.pivot
+            action.seg,
+            action.resume.step if action.resume else None,
+            pivot=action.pivot,
+            data_changed_from=action.data_changed_from,
         )
         # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
         # and reach the policy after the spawn they belong to, in their order.

@@ -381,11 +381,18 @@ class TelemetryHub:
             self.journal.append("stray_output", stray)
             log.warning("%d stray log lines after seg %s ended", stray["lines"], stray["seg"])
 
-    def begin_segment(self, seg: int, resume_step: int | None, pivot: bool = False) -> None:
+    def begin_segment(
+        self,
+        seg: int,
+        resume_step: int | None,
+        pivot: bool = False,
+        data_changed_from: int | None = None,
+    ) -> None:
         """A trainer starts: its lines belong to `seg`; audit the steps it replays.
 
         After a pivot the bandit starts fresh, so replayed steps see other data by design:
-        there is nothing to audit.
+        there is nothing to audit. Steps from `data_changed_from` on (a spike's skip window
+        new to this start) consume other data by design too: only those before are compared.
         """
         self.flush_stray()
         self.accepting = True
@@ -401,6 +408,8 @@ class TelemetryHub:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
             self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]
         last = self.history.last_step
+        if last is not None and data_changed_from is not None:
+            last = min(last, data_changed_from - 1)
         if not pivot and resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
                 self.history, resume_step, last, self.cfg.telemetry.resume_tolerance

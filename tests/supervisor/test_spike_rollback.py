@@ -5,11 +5,21 @@ rollbacks, an outlier left alone, a trainer without skip_data, a daemon SIGKILLe
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
-from tests.support import DaemonProcess, journal, running_daemon, scripted_run, wait_for
+from tests.support import (
+    DaemonProcess,
+    belongs_to_run,
+    journal,
+    running_daemon,
+    scripted_run,
+    trainer_pid,
+    wait_for,
+)
 
 PATIENCE = 3
 SPIKE_TABLE = {
@@ -31,11 +41,12 @@ def spiky_run(
     bad_steps: int,
     supports: list[str] | None = None,
     steps: int = 200,
+    extra: tuple[str, ...] = (),
     **divergence: Any,
 ) -> Path:
     return scripted_run(
         run_dir,
-        *("--steps", str(steps), "--save-every", "10", "--dt", "0.005"),
+        *("--steps", str(steps), "--save-every", "10", "--dt", "0.005", *extra),
         *("--bad-data-at", str(BAD_AT), "--bad-data-steps", str(bad_steps)),
         trainer={
             "stop_timeout_s": 10.0,
@@ -85,6 +96,25 @@ def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
     (outcome,) = of_kind(run_dir, "spike_outcome")
     assert outcome["outcome"] == "cured" and outcome["first_step"] == BAD_AT
     assert status["spikes"]["rollbacks"] == 1 and status["skips"] == [window]
+    # The steps replayed after the rollback saw other data by design: no resume_drift.
+    assert not of_kind(run_dir, "resume_drift")
+
+
+def test_the_resume_audit_still_flags_a_difference_outside_the_skipped_steps(tmp_path: Path):
+    """After the rollback, a crash restart replays steps logged with the same windows:
+    those are compared, and the trainer's drift (--drift-per-seg) is flagged."""
+    run_dir = spiky_run(
+        tmp_path / "run", bad_steps=5, steps=100_000, extra=("--drift-per-seg", "0.001")
+    )
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: of_kind(run_dir, "spike_outcome"), timeout=60, what="the outcome")
+        wait_for(lambda: (daemon.status()["step"] or 0) > 300, timeout=60, what="step 300")
+        pid = trainer_pid(run_dir)
+        assert pid is not None and belongs_to_run(pid, run_dir)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: of_kind(run_dir, "resume_drift"), timeout=60, what="resume_drift")
+    (drift,) = of_kind(run_dir, "resume_drift")
+    assert drift["checkpoint_step"] > 200
 
 
 def test_a_spike_that_recurs_after_each_rollback_halts_in_diverged(tmp_path: Path):
