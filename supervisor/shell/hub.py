@@ -63,7 +63,14 @@ LAST_LINE_CHARS = 300
 LIVE_FIGURES = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
 """The figures of the trainer's pace now, withheld while it is not stepping (the run
 averages, mfu_avg and loss_avg, stay: they say what the run did)."""
-MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
+MARKER_KINDS = {
+    "spawn": "restart",
+    "divergence": "divergence",
+    "pivot": "pivot",
+    "crash": "crash",
+    "spike": "spike",
+    "rollback": "skip",
+}
 
 
 class TelemetryHub:
@@ -452,6 +459,12 @@ class TelemetryHub:
                 step = resume.get("step", 0)
             elif kind == "crash":
                 step = record.get("last_step")
+            elif kind == "spike":
+                step = record.get("first_step")
+            elif kind == "skip":
+                # Where the data jumps: the first step of the window (none: a plain rollback).
+                window = record.get("window")
+                step = window[0] if isinstance(window, list) and window else None
             if isinstance(step, int):
                 markers.append({"step": step, "kind": kind})
         return markers

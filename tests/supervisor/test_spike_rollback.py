@@ -72,6 +72,10 @@ def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("finished", timeout=120)
         status = daemon.status()
+        markers = daemon.request("history", points=100)["markers"]
+    # The chart's markers: the spike at its first step, the skip where its window starts.
+    assert {"kind": "spike", "step": BAD_AT} in markers
+    assert {"kind": "skip", "step": 81} in markers
     (spike,) = of_kind(run_dir, "spike")
     # Detected at the patience-th step above the threshold, not before, not later.
     assert (spike["first_step"], spike["step"]) == (BAD_AT, BAD_AT + PATIENCE - 1)

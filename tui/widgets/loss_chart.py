@@ -12,15 +12,17 @@ from textual.events import Click, Resize
 from textual.widget import Widget
 
 from trainwarden.tui.chart import (
+    SPIKE_LEGEND,
     ChartMode,
     ChartStyles,
     dot_columns,
+    has_spike_markers,
     newest_step,
     render_chart,
     validation_points,
 )
 
-MARKER_KINDS = ("restart", "divergence", "pivot", "crash")
+MARKER_KINDS = ("restart", "divergence", "pivot", "crash", "spike", "skip")
 LEGEND = "R restart  C crash  D divergence  P pivot"
 
 
@@ -67,6 +69,8 @@ class LossChart(Widget):
     def _title(self) -> None:
         self.border_title = Text(f"loss · {self.mode.title}")
         legend = LEGEND
+        if has_spike_markers(self.history):
+            legend += SPIKE_LEGEND
         if self.history is not None and validation_points(self.history):
             legend += "  × val"
         self.border_subtitle = Text(legend)
