@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from tests.support import (
+    PYTHON,
     DaemonProcess,
     belongs_to_run,
     journal,
@@ -57,6 +59,17 @@ def spiky_run(
     )
 
 
+def cli(command: str, run_dir: Path, *args: str) -> str:
+    done = subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", command, str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def of_kind(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [r for r in journal(run_dir) if r["kind"] == kind]
 
@@ -73,6 +86,12 @@ def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
         daemon.wait_state("finished", timeout=120)
         status = daemon.status()
         markers = daemon.request("history", points=100)["markers"]
+        shown = cli("status", run_dir)
+        listed = cli("events", run_dir, "-n", "200")
+    assert "spikes    1 rolled back (at steps 100), 1 data window(s) skipped, lr x0.5" in shown
+    assert "set aside by a spike rollback" in shown
+    assert re.search(r"  spike +first_step=100 step=102 peak=15\.0", listed)
+    assert re.search(r"  rollback +spike_step=100 checkpoint=\"step_000080.bin\" step=80", listed)
     # The chart's markers: the spike at its first step, the skip where its window starts.
     assert {"kind": "spike", "step": BAD_AT} in markers
     assert {"kind": "skip", "step": 81} in markers
