@@ -30,6 +30,7 @@ from trainwarden.supervisor.core.spikes import (
     SpikeRules,
     observe,
     skip_window,
+    with_detector,
 )
 from trainwarden.supervisor.core.state import Ckpt, Rules, State, without_checkpoints
 from trainwarden.supervisor.core.transitions import fail_waiters, spawn
@@ -51,7 +52,7 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
     """One step line of a trainer not being stopped: detect, and act on a spike."""
     log = state.spikes
     detector, verdict = observe(log.detector, ev.step, ev.loss, ev.grad_norm, rules.spikes)
-    log = replace(log, detector=detector)
+    log = with_detector(log, detector)
     if log.watch is not None and ev.step >= log.watch[1] and not _is_spike(verdict):
         first, _ = log.watch
         actions.append(
