@@ -125,8 +125,9 @@ def unknown_gpu_reason(gpu_name: str) -> str:
 
 
 def grad_norm_of(extras: Mapping[str, Any]) -> float | None:
-    """The step line's `grad_norm` extra as a finite number (spike detection), else None."""
-    value = extras.get("grad_norm")
+    """The step line's `grad_norm` extra (llm.c's `norm`) as a finite number, for spike
+    detection; None when it has none."""
+    value = extras.get("grad_norm", extras.get("norm"))
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None

@@ -17,6 +17,7 @@ from tests.support import (
     DaemonProcess,
     belongs_to_run,
     journal,
+    make_run,
     running_daemon,
     scripted_run,
     trainer_pid,
@@ -201,3 +202,28 @@ def test_the_spike_log_survives_a_daemon_sigkill(tmp_path: Path):
     assert "after 1 rollback within" in status["detail"]["reason"]
     window = rollback["window"]
     assert all(f"skip_data [{window}]" in said for said in starts_said(run_dir)[1:])
+
+
+GRAD_TRAINER = """
+import time
+for step in range(1, 100_000):
+    norm = 40.0 if step > 60 else 1.0
+    print(f"step: {step}, loss: 3.0, dt: 0.005, grad_norm: {norm}", flush=True)
+    time.sleep(0.005)
+"""
+
+
+def test_a_grad_norm_spike_is_acted_on_when_grad_norm_factor_is_set(tmp_path: Path):
+    """The loss stays flat; the step lines' grad_norm extra jumps 40-fold at step 61."""
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "-c", GRAD_TRAINER],
+        trainer={"stop_timeout_s": 10.0},
+        restart={"backoff_initial_s": 0.0},
+        divergence={**SPIKE_TABLE, "grad_norm_factor": 3.0, "max_rollbacks": 0},
+    )
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("diverged", timeout=60)
+    (spike,) = of_kind(run_dir, "spike")
+    assert (spike["first_step"], spike["step"]) == (61, 61 + PATIENCE - 1)
+    assert spike["peak"] == 3.0  # the loss did not move: the grad norm did

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from trainwarden.supervisor.contract import MAX_STEP, data_step
 from trainwarden.supervisor.core import policy as p
+from trainwarden.supervisor.shell.telemetry import grad_norm_of
 
 SPIKES = p.SpikeRules(
     factor=2.0,
@@ -106,6 +107,12 @@ def test_a_grad_norm_spike_counts_only_when_grad_norm_factor_is_set():
             det, verdict = p.observe(det, i, 1.0, 10.0 if i > 20 else 1.0, with_factor)
             found += verdict is not None and not isinstance(verdict, p.Outlier)
         assert found == expected
+
+
+def test_the_grad_norm_comes_from_the_step_line_extras():
+    assert grad_norm_of({"grad_norm": 2.5}) == 2.5 and grad_norm_of({"norm": 1}) == 1.0
+    assert grad_norm_of({"grad_norm": float("nan")}) is None and grad_norm_of({}) is None
+    assert grad_norm_of({"grad_norm": True}) is None
 
 
 @settings(max_examples=200, deadline=None)
