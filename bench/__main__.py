@@ -31,6 +31,7 @@ from bench import (
     parse_suite,
     report,
     restart,
+    spikes,
     torch_verify,
 )
 from bench.common import Context, Section, Workspace, machine
@@ -48,6 +49,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "torch-verify": (torch_verify.TITLE, torch_verify.run),
     "long-runs": (long_runs.TITLE, long_runs.run),
     "control-load": (control_load.TITLE, control_load.run),
+    "spikes": (spikes.TITLE, spikes.run),
 }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainwarden.supervisor.contract import SUPPORTS
 from trainwarden.supervisor.errors import ConfigError
 from trainwarden.supervisor.registry import check_installed
 
@@ -58,6 +59,8 @@ class TrainerConfig:
     """Planned number of steps (ETA and progress); optional."""
     signal_target: Literal["group", "main", "children"] = "group"
     """Who gets SIGUSR1/SIGTERM: the whole process group, the main process, or its children."""
+    supports: list[str] = field(default_factory=list)
+    """Optional contract items the trainer honours: "skip_data", "lr_scale" (spike rollbacks)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,34 @@ class RestartConfig:
     """Steps after resuming from a checkpoint within which a divergence makes it suspect."""
     max_fallbacks: int = 3
     """Suspect checkpoints abandoned in a row for older ones before halting in diverged."""
+
+
+@dataclass(frozen=True)
+class DivergenceConfig:
+    spikes: bool = True
+    """Handle loss spikes: roll back before one, skip its data, at most max_rollbacks times."""
+    spike_factor: float = 2.0
+    """A loss above this many times the loss EMA is above the spike threshold (> 1)."""
+    spike_window: int = 200
+    """Steps the loss EMA spans; also the steps a rollback's loss must stay below the
+    threshold, past the spike, to count as cured."""
+    spike_patience: int = 5
+    """Consecutive steps above the threshold that make a spike; fewer are an outlier, noted."""
+    spike_warmup: int = 50
+    """Steps at the start of each trainer start in which no spike is detected."""
+    grad_norm_factor: float | None = None
+    """A `grad_norm` extra above this many times its EMA is above the threshold too (unset: off)."""
+    rollback_steps: int = 100
+    """A rollback resumes from the newest verified checkpoint at least this many steps
+    before the spike's first step."""
+    skip_extra: int = 200
+    """Steps of data skipped beyond the spike's last step (trainers that support skip_data)."""
+    lr_scale: float = 1.0
+    """Factor on the learning rate at each rollback (trainers that support lr_scale)."""
+    max_rollbacks: int = 3
+    """Rollbacks allowed within rollback_horizon steps; one more spike halts in diverged."""
+    rollback_horizon: int = 5000
+    """Steps over which rollbacks are counted against max_rollbacks."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +204,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
@@ -201,6 +233,7 @@ TABLES: dict[str, type] = {
     "trainer": TrainerConfig,
     "checkpoints": CheckpointsConfig,
     "restart": RestartConfig,
+    "divergence": DivergenceConfig,
     "telemetry": TelemetryConfig,
     "control": ControlConfig,
     "mirror": MirrorConfig,
@@ -446,6 +479,40 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     _check_counts(path, cfg)
     _check_paths(path, cfg)
     _check_finite(path, cfg)
+    _check_divergence(path, cfg)
+
+
+def _check_divergence(path: Path, cfg: Config) -> None:
+    """[divergence]'s spike settings, and the contract items [trainer] supports names."""
+    unknown = [item for item in cfg.trainer.supports if item not in SUPPORTS]
+    if unknown:
+        raise _bad(
+            path,
+            "trainer.supports",
+            cfg.trainer.supports,
+            f"a list of {', '.join(repr(s) for s in SUPPORTS)}; {unknown[0]!r} is none of them",
+        )
+    div = cfg.divergence
+    if not div.spike_factor > 1:
+        raise _bad(path, "divergence.spike_factor", div.spike_factor, "a number > 1, like 2.0")
+    if div.grad_norm_factor is not None and not div.grad_norm_factor > 1:
+        raise _bad(
+            path, "divergence.grad_norm_factor", div.grad_norm_factor, "a number > 1, or unset"
+        )
+    if not 0 < div.lr_scale <= 1:
+        raise _bad(path, "divergence.lr_scale", div.lr_scale, "a number in (0, 1], like 0.9")
+    at_least = {
+        "spike_window": (div.spike_window, 1),
+        "spike_patience": (div.spike_patience, 1),
+        "spike_warmup": (div.spike_warmup, 0),
+        "rollback_steps": (div.rollback_steps, 1),
+        "skip_extra": (div.skip_extra, 0),
+        "max_rollbacks": (div.max_rollbacks, 0),
+        "rollback_horizon": (div.rollback_horizon, 1),
+    }
+    for key, (value, low) in at_least.items():
+        if value < low:
+            raise _bad(path, f"divergence.{key}", value, f"an integer >= {low}")
 
 
 def _check_finite(path: Path, cfg: Config) -> None:

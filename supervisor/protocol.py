@@ -243,9 +243,23 @@ class StateDetail(TypedDict, total=False):
     reason: str
     """Halted phases: why the run halted."""
     stop_reason: str
-    """Why the trainer is being stopped (operator, shutdown, stall, divergence, pivot)."""
+    """Why the trainer is being stopped (operator, shutdown, stall, divergence, spike,
+    pivot)."""
     pivot_stage: str
     pivot_step: int | None
+
+
+class Spikes(TypedDict):
+    """What loss spikes have done to the run so far (see the journal for each one)."""
+
+    rollbacks: int
+    """Rollbacks made for a spike since the run began."""
+    spike_steps: list[int]
+    """The first step of each spike rolled back from, oldest first."""
+    lr_scale: float
+    """The factor on the learning rate the trainer now gets (1.0: none)."""
+    watching: int | None
+    """The first step of the last spike, while it is not yet known cured or recurred."""
 
 
 class StateView(TypedDict):
@@ -259,6 +273,9 @@ class StateView(TypedDict):
     restarts_without_progress: int
     seg: int
     """Trainer starts so far (the `seg` of .loss.json)."""
+    spikes: Spikes
+    skips: list[list[int]]
+    """Every data window skipped so far, [from_step, to_step), as TRAINWARDEN_SKIP_DATA."""
 
 
 class AuditResult(TypedDict):

@@ -2,12 +2,17 @@
 
 Usage: python tests/scripted_trainer.py --steps N [--save-every K] [--format step-line|llmc]
   [--nan-at S] [--drift-per-seg X] [--dt SECONDS] [--n-params P]
-  [--usr1 save|ignore] [--term save|ignore|default]
+  [--usr1 save|ignore] [--term save|ignore|default] [--bad-data-at N --bad-data-steps K]
 Signals: by default SIGTERM saves and exits and SIGUSR1 is not handled (its default action
 kills the trainer). --usr1 save checkpoints at the next step on SIGUSR1, --usr1 ignore
 catches it and does nothing; --term ignore catches SIGTERM and keeps training, --term
 default installs no handler (SIGTERM kills it).
 Losses are 5 - 0.001 * step (+ X * (seg - 1) with --drift-per-seg, seg from TRAINWARDEN_SEG).
+With --bad-data-at N, the steps that consume the data of steps [N, N + K) log --bad-loss
+instead (a loss spike caused by data): TRAINWARDEN_SKIP_DATA is honoured through
+contract.data_step, so skipping the window cures it. TRAINWARDEN_LR_SCALE is read and shown.
+The first line says what the start got: `scripted trainer: seg S, from step N, skip_data
+[...], lr_scale X`.
 Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
 --eval-every K prints `eval: step N, val_loss X, val_docs: D, val_code: C` every K steps
 (before that step's checkpoint), X = 5.2 - 0.001 * step, D = X - 0.1, C = X + 0.1;
@@ -23,6 +28,14 @@ import struct
 import sys
 import time
 from pathlib import Path
+
+from trainwarden.supervisor.contract import (
+    ENV_LR_SCALE,
+    ENV_SKIP_DATA,
+    data_step,
+    parse_lr_scale,
+    parse_skip_data,
+)
 
 
 def save(run_dir: Path, step: int, n_params: int) -> None:
@@ -50,6 +63,9 @@ def main() -> int:
     parser.add_argument("--n-params", type=int, default=1000)
     parser.add_argument("--usr1", choices=["none", "save", "ignore"], default="none")
     parser.add_argument("--term", choices=["save", "ignore", "default"], default="save")
+    parser.add_argument("--bad-data-at", type=int, default=None)
+    parser.add_argument("--bad-data-steps", type=int, default=1)
+    parser.add_argument("--bad-loss", type=float, default=15.0)
     args = parser.parse_args()
     run_dir = Path.cwd()
     seg = int(os.environ.get("TRAINWARDEN_SEG", "1"))
@@ -75,12 +91,21 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: None)
     if args.usr1 != "none":
         signal.signal(signal.SIGUSR1, on_usr1)
-    print(f"scripted trainer: seg {seg}, from step {start}", flush=True)
+    windows = parse_skip_data(os.environ.get(ENV_SKIP_DATA))
+    lr_scale = parse_lr_scale(os.environ.get(ENV_LR_SCALE))
+    print(
+        f"scripted trainer: seg {seg}, from step {start}, "
+        f"skip_data {[list(w) for w in windows]}, lr_scale {lr_scale}",
+        flush=True,
+    )
+    bad = args.bad_data_at
     step = start
     while step < args.steps and not stop:
         step += 1
         time.sleep(args.dt)
         loss = 5.0 - 0.001 * step + args.drift_per_seg * (seg - 1)
+        if bad is not None and bad <= data_step(step, windows) < bad + args.bad_data_steps:
+            loss = args.bad_loss
         text = "nan" if args.nan_at == step else f"{loss:.6f}"
         if args.format == "llmc":
             print(

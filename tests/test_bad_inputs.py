@@ -193,6 +193,43 @@ CATALOGUE: list[Bad] = [
     ),
     Bad(
         "config",
+        "spike_factor 1",
+        TRAINER_OK + "[divergence]\nspike_factor = 1.0\n",
+        "'divergence.spike_factor' = 1.0 is invalid: expected a number > 1",
+    ),
+    Bad(
+        "config",
+        "spike_patience 0",
+        TRAINER_OK + "[divergence]\nspike_patience = 0\n",
+        "'divergence.spike_patience' = 0 is invalid: expected an integer >= 1",
+    ),
+    Bad(
+        "config",
+        "lr_scale above 1",
+        TRAINER_OK + "[divergence]\nlr_scale = 1.5\n",
+        "'divergence.lr_scale' = 1.5 is invalid: expected a number in (0, 1]",
+    ),
+    Bad(
+        "config",
+        "grad_norm_factor 0",
+        TRAINER_OK + "[divergence]\ngrad_norm_factor = 0.5\n",
+        "'divergence.grad_norm_factor' = 0.5",
+    ),
+    Bad(
+        "config",
+        "unknown supports item",
+        '[trainer]\ncommand = ["python", "train.py"]\nsupports = ["skip_data", "lr"]\n',
+        "'trainer.supports' = ['skip_data', 'lr'] is invalid: expected a list of 'skip_data',"
+        " 'lr_scale'; 'lr' is none of them",
+    ),
+    Bad(
+        "config",
+        "divergence typo",
+        TRAINER_OK + "[divergence]\nspike_factr = 2.0\n",
+        "did you mean 'spike_factor'?",
+    ),
+    Bad(
+        "config",
         "attention missing keys",
         TRAINER_OK + "[telemetry]\nattention = { n_layer = 12 }\n",
         "'telemetry.attention'",

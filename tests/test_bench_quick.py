@@ -30,6 +30,7 @@ HEADINGS = [
     "## 9. Checkpoint verification (torch-pt), per checkpoint",
     "## 10. Long runs",
     "## 11. Control-plane load: NaN -> kill and status under 200 misbehaving clients",
+    "## 12. Loss spike -> trainer killed",
 ]
 
 pytestmark = pytest.mark.skipif(

@@ -3,8 +3,9 @@
 A terminal cell holds a 2x4 grid of braille dots, so a W x H panel draws W*2 x H*4
 points: the daemon decimates the whole run to one bucket per dot column, and the curve
 is the bucket means joined column to column. The collapse reference ln(V) (the loss of a
-model that predicts uniformly) is a dashed line; restarts, divergences, pivots and
-crashes are letters on a row under the curve. A ChartMode picks the step range (the
+model that predicts uniformly) is a dashed line; restarts, divergences, pivots,
+crashes, loss spikes (S, at the spike's first step) and skipped data (», where a
+rollback's skip window starts) are glyphs on a row under the curve. A ChartMode picks the step range (the
 whole run or its newest part) and the scale (linear or log); a validation series, when
 the history carries one, is drawn as `×` marks over the curve. Another run's history
 (`trainwarden tui --compare`) is overlaid on the same axes as a line of `•` cells, its
@@ -25,8 +26,17 @@ from trainwarden.tui import fmt
 BRAILLE_BASE = 0x2800
 # Dot bit for (column 0..1, row 0..3) inside one cell.
 DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
-MARKER_GLYPHS = {"restart": "R", "divergence": "D", "pivot": "P", "crash": "C"}
-MARKER_PRIORITY = ("divergence", "crash", "pivot", "restart")
+MARKER_GLYPHS = {
+    "restart": "R",
+    "divergence": "D",
+    "pivot": "P",
+    "crash": "C",
+    "spike": "S",
+    "skip": "»",
+}
+MARKER_PRIORITY = ("divergence", "spike", "crash", "pivot", "skip", "restart")
+SPIKE_LEGEND = "  S spike  » skip"
+"""Added to the chart's legend when the history has a spike or skip marker."""
 Y_LABEL_WIDTH = 7
 VALIDATION_GLYPH = "×"
 OVERLAY_GLYPH = "•"
@@ -85,7 +95,15 @@ class ChartStyles:
     def marker(self, kind: str) -> Style:
         if self.markers and kind in self.markers:
             return self.markers[kind]
-        return Style(color="red" if kind in ("divergence", "crash") else "yellow", bold=True)
+        alarm = kind in ("divergence", "crash", "spike")
+        return Style(color="red" if alarm else "yellow", bold=True)
+
+
+def has_spike_markers(history: dict[str, Any] | None) -> bool:
+    markers = history.get("markers") if isinstance(history, dict) else None
+    return isinstance(markers, list) and any(
+        isinstance(m, dict) and m.get("kind") in ("spike", "skip") for m in markers
+    )
 
 
 def dot_columns(cells: int) -> int:

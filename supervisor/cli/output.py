@@ -82,14 +82,24 @@ def format_status(s: StatusResult) -> str:
     )
     quarantined = s.get("quarantined") or []
     if quarantined:
-        calm = sum(1 for q in quarantined if q.get("alarming", True) is False)
+        calm = [q.get("cause") for q in quarantined if q.get("alarming", True) is False]
+        pivot, rollback = calm.count("pivot"), calm.count("rollback")
         told = [
-            f"{len(quarantined) - calm} quarantined" if len(quarantined) > calm else "",
-            f"{calm} set aside by a pivot" if calm else "",
+            f"{len(quarantined) - len(calm)} quarantined" if len(quarantined) > len(calm) else "",
+            f"{pivot} set aside by a pivot" if pivot else "",
+            f"{rollback} set aside by a spike rollback" if rollback else "",
         ]
         lines.append(
             f"quarant.  {', '.join(t for t in told if t)} file(s) in quarantine/"
             " (`trainwarden checkpoints` says why)"
+        )
+    spikes = s.get("spikes") or {}
+    if spikes.get("rollbacks"):
+        skips = s.get("skips") or []
+        at = ", ".join(str(step) for step in spikes.get("spike_steps") or [])
+        lines.append(
+            f"spikes    {spikes['rollbacks']} rolled back (at steps {at}),"
+            f" {len(skips)} data window(s) skipped, lr x{spikes.get('lr_scale', 1.0):g}"
         )
     for hint in status_hints(s):
         lines.append(f"hint      {clean(hint)}")

@@ -14,7 +14,14 @@ class Spawn:
     resume: Ckpt | None
     pivot: bool = False
     rollback_from: int | None = None
-    """The step of the divergence this start rolls back from, if it is that start."""
+    """The step of the divergence (or spike) this start rolls back from, if it is that start."""
+    skip_data: tuple[tuple[int, int], ...] = ()
+    """Every data window skipped so far ([from_step, to_step)), for TRAINWARDEN_SKIP_DATA."""
+    lr_scale: float = 1.0
+    """For TRAINWARDEN_LR_SCALE (1.0: not set)."""
+    data_changed_from: int | None = None
+    """From this step on, the steps this start replays consume other data than the ones
+    they supersede (a skip window new to it): the resume audit compares only those before."""
 
 
 @dataclass(frozen=True)
@@ -39,8 +46,8 @@ class Quarantine:
     """Also drop the mirror's copy of this step (it must never offer poisoned weights)."""
     cause: str = "failed"
     """What kind of reason, for the reader: "pivot" (set aside, written under the old
-    policy), "divergence" (rolled back past), "verification" (failed it), "failed" (any
-    other fault)."""
+    policy), "divergence" (rolled back past), "rollback" (the timeline a loss spike's
+    rollback abandoned), "verification" (failed it), "failed" (any other fault)."""
     cause_step: int | None = None
     """The pivot's or the divergence's step."""
 

@@ -135,6 +135,8 @@ class StepLogged:
     t: float
     step: int
     loss: float
+    grad_norm: float | None = None
+    """The step line's `grad_norm` extra, when it has one."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import barrier, pivot, suspects
+from trainwarden.supervisor.core import barrier, pivot, rollback, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     Exit,
@@ -105,6 +105,7 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
     if verified:
         known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
         state = replace(state, checkpoints=tuple(known[s] for s in sorted(known)))
+        state = rollback.at_startup(state, actions)
     gaps = [
         g for g in (state.max_commit_gap, largest_gap([c.step for c in state.checkpoints])) if g
     ]
@@ -209,6 +210,8 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
             # Its last checkpoint may be among them: the replies name it once verified.
             return replace(state, stop_due=True)
         return finish_stop(state, actions, {})
+    if reason == "spike":
+        return rollback.after_kill(state, ev.t, exit_fields, actions)
     if reason == "divergence":
         actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
         if not halts_on_divergence(state, rules):
@@ -411,7 +414,7 @@ def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list
     if state.trainer_alive:
         if state.stop_reason in ("operator", "shutdown", "pivot"):
             return state
-        if state.stop_reason in ("divergence", "stall"):
+        if state.stop_reason in ("divergence", "spike", "stall"):
             # Already on its way down; exit once it is gone rather than restarting it.
             return replace(state, stop_reason="shutdown")
         return stop_trainer(state, ev.t, rules, "shutdown", actions)

@@ -9,6 +9,8 @@
     backoff --stop--> stopped
     running --non-finite or too-high loss--> stopping --exit--> starting (rollback)
                                                             \\-> diverged (same divergence again)
+    running --loss spike--> stopping --exit--> starting (rollback, data skipped)
+                                           \\-> diverged (max_rollbacks within the horizon)
     running --pivot--> pivoting --checkpoint, stop, archive, policy--> starting
     pivoting --archive or policy write failed--> stopped (start completes the pivot)
     stopped | finished | crash_loop | diverged --start--> starting

@@ -70,6 +70,17 @@ from trainwarden.supervisor.core.retention import (
     next_to_delete,
     retention_deletions,
 )
+from trainwarden.supervisor.core.rollback import rollback_target
+from trainwarden.supervisor.core.spikes import (
+    Baseline,
+    Detector,
+    Outlier,
+    Spike,
+    SpikeLog,
+    SpikeRules,
+    observe,
+    skip_window,
+)
 from trainwarden.supervisor.core.state import (
     Ckpt,
     Pending,
@@ -88,6 +99,15 @@ from trainwarden.supervisor.core.transitions import describe_exit
 
 __all__ = [
     "ACTING",
+    "Baseline",
+    "Detector",
+    "Outlier",
+    "Spike",
+    "SpikeLog",
+    "SpikeRules",
+    "observe",
+    "rollback_target",
+    "skip_window",
     "HALTED",
     "TRAINER_UP",
     "Action",

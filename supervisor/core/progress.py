@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import barrier, pivot, suspects
+from trainwarden.supervisor.core import barrier, pivot, rollback, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     MirrorCopy,
@@ -58,6 +58,10 @@ def on_committed(
         actions.append(Record("stray_checkpoint", {"step": ev.step, "name": ev.name}))
         actions.append(Quarantine(ev.step, ev.name, reason, retract_mirror=False))
         return state
+    set_aside = rollback.set_aside(state, ev.step, ev.name)
+    if set_aside is not None:
+        actions.append(set_aside)
+        return state
     if state.poisoned_from is not None and ev.step >= state.poisoned_from:
         actions.append(
             Quarantine(
@@ -96,6 +100,7 @@ def on_committed(
         state = replace(state, phase=Phase.RUNNING)
     state = barrier.offer(state, ckpt)
     state = apply_retention(state, rules, actions)
+    state = rollback.at_commit(state, ckpt.step)
     if rules.mirror and ckpt in state.checkpoints and ckpt not in known_before:
         actions.append(MirrorCopy(ckpt))
     return state
@@ -148,7 +153,7 @@ def _stepped(state: State, step: int, t: float) -> State:
 
 
 def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
-    if not state.trainer_alive or state.stop_reason == "divergence":
+    if not state.trainer_alive or state.stop_reason in ("divergence", "spike"):
         return state
     if is_divergent(ev.loss, rules.max_loss):
         return _diverge(state, ev, rules, actions)
@@ -166,6 +171,8 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
         if was_loading:
             # The checkpoint it resumed from is no longer in use: retention may take it now.
             state = apply_retention(state, rules, actions)
+    if rules.spikes.enabled and state.stop_reason is None:
+        state = rollback.on_step(state, ev, rules, actions)
     return state
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from trainwarden.supervisor.core.phases import HALTED, Phase
+from trainwarden.supervisor.core.spikes import SpikeLog, SpikeRules
 
-StopReason = Literal["operator", "shutdown", "stall", "divergence", "pivot"]
+StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot"]
 PivotStage = Literal["saving", "stopping", "archiving", "writing_policy"]
 
 
@@ -39,6 +40,8 @@ class Rules:
     """Suspect checkpoints abandoned in a row before the run halts in diverged."""
     verify_timeout_s: float = 180.0
     """How long a decision that names a checkpoint waits for a verification in flight."""
+    spikes: SpikeRules = SpikeRules()
+    """Loss spike detection and rollback ([divergence], see core.spikes and core.rollback)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,8 @@ class State:
     """The pivot in progress, if any (see core.pivot)."""
     last_pivot_step: int | None = None
     """Checkpoints at or before this step carry a bandit from before the last pivot."""
+    spikes: SpikeLog = SpikeLog()
+    """Loss spikes: this start's detector, the run's skip windows and rollbacks."""
 
     @property
     def trainer_alive(self) -> bool:
@@ -267,6 +272,7 @@ def persisted(state: State) -> dict[str, Any]:
     data["pinned"] = sorted(state.pinned)
     data["digests"] = {c.name: c.digest for c in state.checkpoints if c.digest}
     data["pivot"] = state.pivot.to_json() if state.pivot else None
+    data["spikes"] = state.spikes.to_json()
     return data
 
 
@@ -291,6 +297,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         digests=_digests(data.get("digests")),
         last_pivot_step=data.get("last_pivot_step"),
         pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
+        spikes=SpikeLog.from_json(data.get("spikes")),
     )
 
 

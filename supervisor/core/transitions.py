@@ -15,6 +15,7 @@ from trainwarden.supervisor.core.actions import (
     Spawn,
 )
 from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.spikes import Detector
 from trainwarden.supervisor.core.state import Rules, State, StopReason, ckpt_json
 
 
@@ -50,9 +51,24 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         and state.last_pivot_step is not None
         and resume.step <= state.last_pivot_step
     )
-    actions.append(Spawn(seg=seg, resume=resume, pivot=pivot, rollback_from=state.rollback_from))
+    spikes = state.spikes
+    new_windows = spikes.windows[spikes.passed :]
+    actions.append(
+        Spawn(
+            seg=seg,
+            resume=resume,
+            pivot=pivot,
+            rollback_from=state.rollback_from,
+            skip_data=spikes.windows,
+            lr_scale=spikes.lr_scale,
+            data_changed_from=min((a for a, _ in new_windows), default=None),
+        )
+    )
+    # The new start's spike detector begins from the EMAs as of the step it resumes from.
+    detector = Detector.starting_from(spikes.baseline(resume.step if resume else None))
     return replace(
         state,
+        spikes=replace(spikes, detector=detector, rolling_back=None, passed=len(spikes.windows)),
         phase=Phase.STARTING,
         seg=seg,
         resume_step=resume.step if resume else None,

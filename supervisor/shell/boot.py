@@ -58,6 +58,26 @@ def rules_from(cfg: Config) -> core.Rules:
         total_steps=cfg.trainer.total_steps,
         mirror=cfg.mirror.path is not None,
         mirror_keep_last=cfg.mirror.keep_last,
+        spikes=spike_rules(cfg),
+    )
+
+
+def spike_rules(cfg: Config) -> core.SpikeRules:
+    div = cfg.divergence
+    return core.SpikeRules(
+        enabled=div.spikes,
+        factor=div.spike_factor,
+        window=div.spike_window,
+        patience=div.spike_patience,
+        warmup=div.spike_warmup,
+        grad_norm_factor=div.grad_norm_factor,
+        rollback_steps=div.rollback_steps,
+        skip_extra=div.skip_extra,
+        lr_scale=div.lr_scale,
+        max_rollbacks=div.max_rollbacks,
+        horizon=div.rollback_horizon,
+        skip_data="skip_data" in cfg.trainer.supports,
+        scales_lr="lr_scale" in cfg.trainer.supports,
     )
 
 

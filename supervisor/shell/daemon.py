@@ -454,8 +454,8 @@ class Daemon:
     def _on_signal(self, sig: int) -> None:
         self.queue.put_nowait(core.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))
 
-    def _on_step(self, step: int, loss: float) -> None:
-        event = core.StepLogged(time.monotonic(), step, loss)
+    def _on_step(self, step: int, loss: float, grad_norm: float | None = None) -> None:
+        event = core.StepLogged(time.monotonic(), step, loss, grad_norm)
         held = self.executor.steps_held if self.executor is not None else None
         if held is not None:
             held.append(event)

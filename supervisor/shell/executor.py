@@ -212,9 +212,16 @@ class Executor:
         }
         if action.rollback_from is not None:
             intent["rollback_from"] = action.rollback_from
+        if action.skip_data:
+            intent["skip_data"] = [list(w) for w in action.skip_data]
+        if action.lr_scale != 1.0:
+            intent["lr_scale"] = action.lr_scale
         self.journal.append("spawn", intent, sync=True)
         self.hub.begin_segment(
-            action.seg, action.resume.step if action.resume else None, pivot=action.pivot
+            action.seg,
+            action.resume.step if action.resume else None,
+            pivot=action.pivot,
+            data_changed_from=action.data_changed_from,
         )
         # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
         # and reach the policy after the spawn they belong to, in their order.

@@ -32,6 +32,7 @@ from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_afte
 from trainwarden.supervisor.shell.telemetry import (
     Monitor,
     SaveCadence,
+    grad_norm_of,
     no_gpu_reason,
     settings_from_config,
 )
@@ -71,7 +72,14 @@ LAST_LINE_CHARS = 300
 LIVE_FIGURES = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
 """The figures of the trainer's pace now, withheld while it is not stepping (the run
 averages, mfu_avg and loss_avg, stay: they say what the run did)."""
-MARKER_KINDS = {"spawn": "restart", "divergence": "divergence", "pivot": "pivot", "crash": "crash"}
+MARKER_KINDS = {
+    "spawn": "restart",
+    "divergence": "divergence",
+    "pivot": "pivot",
+    "crash": "crash",
+    "spike": "spike",
+    "rollback": "skip",
+}
 
 
 class TelemetryHub:
@@ -81,7 +89,7 @@ class TelemetryHub:
         files: RunFiles,
         journal: Journal,
         loop: asyncio.AbstractEventLoop,
-        on_step: Callable[[int, float], None],
+        on_step: Callable[[int, float, float | None], None],
         trainer_pid: Callable[[], int | None] = lambda: None,
         cache_refresh_rows: int | None = None,
         on_no_match: Callable[[dict[str, Any]], None] = lambda notice: None,
@@ -297,7 +305,7 @@ class TelemetryHub:
                 evals.append(record)  # reported only: never a step, never decided on
                 continue
             # The policy first: a divergence is acted on before any bookkeeping.
-            self.on_step(record.step, record.loss)
+            self.on_step(record.step, record.loss, grad_norm_of(record.extras))
             now = time.time()
             rows.append((record.step, record.loss, record.dt, now, self.seg))
             self.history.add(record.step, record.loss, record.dt, now, self.seg)
@@ -404,11 +412,18 @@ class TelemetryHub:
             self.journal.append("stray_output", stray)
             log.warning("%d stray log lines after seg %s ended", stray["lines"], stray["seg"])
 
-    def begin_segment(self, seg: int, resume_step: int | None, pivot: bool = False) -> None:
+    def begin_segment(
+        self,
+        seg: int,
+        resume_step: int | None,
+        pivot: bool = False,
+        data_changed_from: int | None = None,
+    ) -> None:
         """A trainer starts: its lines belong to `seg`; audit the steps it replays.
 
         After a pivot the bandit starts fresh, so replayed steps see other data by design:
-        there is nothing to audit.
+        there is nothing to audit. Steps from `data_changed_from` on (a spike's skip window
+        new to this start) consume other data by design too: only those before are compared.
         """
         self.flush_stray()
         self.accepting = True
@@ -424,6 +439,8 @@ class TelemetryHub:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
             self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]
         last = self.history.last_step
+        if last is not None and data_changed_from is not None:
+            last = min(last, data_changed_from - 1)
         if not pivot and resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
                 self.history, resume_step, last, self.cfg.telemetry.resume_tolerance
@@ -502,6 +519,12 @@ class TelemetryHub:
                 step = resume.get("step", 0)
             elif kind == "crash":
                 step = record.get("last_step")
+            elif kind == "spike":
+                step = record.get("first_step")
+            elif kind == "skip":
+                # Where the data jumps: the first step of the window (none: a plain rollback).
+                window = record.get("window")
+                step = window[0] if isinstance(window, list) and window else None
             if isinstance(step, int):
                 markers.append({"step": step, "kind": kind})
         return markers

@@ -6,7 +6,15 @@ import os
 from pathlib import Path
 
 from trainwarden.supervisor.config import Config
-from trainwarden.supervisor.contract import ENV_PIVOT, ENV_RESUME, ENV_RUN_DIR, ENV_SEG
+from trainwarden.supervisor.contract import (
+    ENV_LR_SCALE,
+    ENV_PIVOT,
+    ENV_RESUME,
+    ENV_RUN_DIR,
+    ENV_SEG,
+    ENV_SKIP_DATA,
+    skip_data_text,
+)
 from trainwarden.supervisor.core.policy import Spawn
 from trainwarden.supervisor.inputs.proctree import START_ENV
 from trainwarden.supervisor.serve.notify import NOTIFY_ENV_KEYS
@@ -43,8 +51,8 @@ def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn, marker: str) -
     # Python block-buffers a piped stdout: without this, step lines would reach the log a
     # few KiB at a time and a healthy trainer would look hung. [trainer] env may override it.
     env = {**os.environ, UNBUFFERED_ENV: "1", **cfg.trainer.env}
-    env.pop(ENV_RESUME, None)
-    env.pop(ENV_PIVOT, None)
+    for key in (ENV_RESUME, ENV_PIVOT, ENV_SKIP_DATA, ENV_LR_SCALE):
+        env.pop(key, None)
     for key in NOTIFY_ENV_KEYS:
         # The trainer must not talk to systemd as if it were the daemon.
         env.pop(key, None)
@@ -56,4 +64,9 @@ def trainer_env(cfg: Config, checkpoint_dir: Path, action: Spawn, marker: str) -
         env[ENV_RESUME] = str(path)
     if action.pivot:
         env[ENV_PIVOT] = "1"
+    # Only ever set for a trainer that declared them (the policy adds none otherwise).
+    if action.skip_data:
+        env[ENV_SKIP_DATA] = skip_data_text(action.skip_data)
+    if action.lr_scale != 1.0:
+        env[ENV_LR_SCALE] = repr(action.lr_scale)
     return env

@@ -124,6 +124,15 @@ def unknown_gpu_reason(gpu_name: str) -> str:
     return f"unknown GPU '{gpu_name}': set [telemetry] peak_tflops"
 
 
+def grad_norm_of(extras: Mapping[str, Any]) -> float | None:
+    """The step line's `grad_norm` extra (llm.c's `norm`) as a finite number, for spike
+    detection; None when it has none."""
+    value = extras.get("grad_norm", extras.get("norm"))
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def tokens_from_extras(extras: Mapping[str, Any]) -> int | None:
     """The step's token count when the trainer printed one (`tokens: 32768`)."""
     tokens = extras.get("tokens")

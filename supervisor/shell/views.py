@@ -36,6 +36,13 @@ def state_view(s: State, now: float) -> dict[str, Any]:
         "restarts": s.restarts,
         "restarts_without_progress": s.restarts_without_progress,
         "seg": s.seg,
+        "spikes": {
+            "rollbacks": len(s.spikes.rollbacks),
+            "spike_steps": list(s.spikes.rollbacks),
+            "lr_scale": s.spikes.lr_scale,
+            "watching": s.spikes.watch[0] if s.spikes.watch else None,
+        },
+        "skips": [list(w) for w in s.spikes.windows],
     }
 
 

@@ -80,6 +80,9 @@ def describe(note: Note | None) -> tuple[str, bool]:
         return f"set aside by the pivot{where}", False
     if cause == "divergence":
         return f"rolled back: written at or after the divergence{where}", True
+    if cause == "rollback":
+        # Sound when written, but after the rollback's checkpoint: never resumed again.
+        return f"set aside by the rollback before the loss spike{where}", False
     if cause == "verification":
         return f"failed verification: {reason}", True
     return reason or "quarantined", True

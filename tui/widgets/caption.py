@@ -18,9 +18,9 @@ from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
 
-LEADS = frozenset({"crash", "stall", "divergence", "halt", "trainer_finished"})
+LEADS = frozenset({"crash", "stall", "divergence", "spike", "halt", "trainer_finished"})
 """Records that open an incident; the records after them say what the daemon did."""
-FOLLOWS = frozenset({"signal", "trainer_killed", "restart_scheduled", "spawn", "halt"})
+FOLLOWS = frozenset({"signal", "trainer_killed", "restart_scheduled", "spawn", "halt", "rollback"})
 CAUSE_CHARS = 20
 """A crash's cause is cut here: the events panel and `trainwarden events` hold all of it."""
 CAPTION_CHARS = 160
@@ -91,6 +91,11 @@ def what_happened(incident: Incident) -> str:
         return f"trainer hung at step {_step(lead.get('last_step'))}"
     if kind == "divergence":
         return f"loss {fmt.loss(lead.get('loss'))} at step {_step(lead.get('step'))}"
+    if kind == "spike":
+        return (
+            f"loss spike to {fmt.loss(lead.get('peak'))} at step {_step(lead.get('first_step'))}"
+            f" ({lead.get('factor', '?')}x its average)"
+        )
     if kind == "trainer_finished":
         return f"trainer finished at step {_step(lead.get('last_step'))}"
     return f"run halted ({lead.get('state') or 'halt'})"
@@ -104,7 +109,9 @@ def what_the_daemon_did(incident: Incident) -> str:
     if lead == "trainer_finished":
         return "the run is done"
     spawn = incident.last("spawn")
-    killed = "killed it, " if lead in ("stall", "divergence") else ""
+    killed = "killed it, " if lead in ("stall", "divergence", "spike") else ""
+    if lead == "spike":
+        return _rolled_back(incident)
     if spawn is not None:
         resume = spawn.get("resume")
         step = resume.get("step") if isinstance(resume, dict) else None
@@ -120,6 +127,21 @@ def what_the_daemon_did(incident: Incident) -> str:
     if lead == "crash":
         return "daemon is deciding"
     return "daemon is stopping the trainer"
+
+
+def _rolled_back(incident: Incident) -> str:
+    """What the daemon did about a spike: the rollback, the data it skips, the restart."""
+    rollback = incident.last("rollback")
+    if rollback is None:
+        return "daemon is stopping the trainer"
+    window = rollback.get("window")
+    skip = (
+        f", skipping the data of steps {_step(window[0])}-{_step(window[1] - 1)}"
+        if isinstance(window, list) and len(window) == 2 and fmt.finite(window[1])
+        else ", no data skipped"
+    )
+    started = " and restarted it" if incident.last("spawn") is not None else ""
+    return f"daemon killed the trainer, rolled back to step {_step(rollback.get('step'))}{skip}{started}"
 
 
 def caption_text(records: Iterable[dict[str, Any]]) -> tuple[str, str] | None:

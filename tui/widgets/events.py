@@ -27,6 +27,7 @@ DETAIL_MIN = 8
 ALARMING = {
     "crash",
     "divergence",
+    "spike",
     "quarantine",
     "stall",
     "crash_loop",
@@ -58,6 +59,9 @@ NOTABLE = {
     "stray_output",
     "stray_checkpoint",
     "fallback",
+    "rollback",
+    "spike_outlier",
+    "spike_outcome",
     "stop_outcome",
     "awaiting_verification",
 }
@@ -99,6 +103,15 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
             head += f": {state['halt_reason']}"
     elif kind == "restart_scheduled" and "backoff_s" in record:
         head = f"in {record['backoff_s']} s"
+    elif kind == "spike":
+        head = (
+            f"loss {fmt.loss(record.get('peak'))} from step {record.get('first_step')}"
+            f" to {record.get('step')}, above {fmt.loss(record.get('threshold'))}"
+        )
+    elif kind == "rollback":
+        window = record.get("window")
+        skip = f", skip {window[0]}..{window[1]}" if isinstance(window, list) else ", no skip"
+        head = f"to step {record.get('step')}{skip}, lr x{record.get('lr_scale')}"
     else:
         head = ""
     rest = [

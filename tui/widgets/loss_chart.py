@@ -14,15 +14,17 @@ from textual.widget import Widget
 from trainwarden.tui.chart import (
     OVERLAY_GLYPH,
     OVERLAY_VALIDATION_GLYPH,
+    SPIKE_LEGEND,
     ChartMode,
     ChartStyles,
     dot_columns,
+    has_spike_markers,
     newest_step,
     render_chart,
     validation_points,
 )
 
-MARKER_KINDS = ("restart", "divergence", "pivot", "crash")
+MARKER_KINDS = ("restart", "divergence", "pivot", "crash", "spike", "skip")
 LEGEND = "R restart  C crash  D divergence  P pivot"
 
 
@@ -74,6 +76,8 @@ class LossChart(Widget):
     def _title(self) -> None:
         self.border_title = Text(f"loss · {self.mode.title}")
         legend = LEGEND
+        if has_spike_markers(self.history):
+            legend += SPIKE_LEGEND
         if self.history is not None and validation_points(self.history):
             legend += "  × val"
         if self.overlay is not None:

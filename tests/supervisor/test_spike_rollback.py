@@ -1,0 +1,229 @@
+"""Loss spikes handled by a real daemon supervising tests/scripted_trainer.py, whose data of
+some steps is bad (a loss of 15 where the trend is about 5): detection, the rollback, the
+environment the restarted trainer gets, the abandoned checkpoints set aside, the bound on
+rollbacks, an outlier left alone, a trainer without skip_data, a daemon SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.support import (
+    PYTHON,
+    DaemonProcess,
+    belongs_to_run,
+    journal,
+    make_run,
+    running_daemon,
+    scripted_run,
+    trainer_pid,
+    wait_for,
+)
+
+PATIENCE = 3
+SPIKE_TABLE = {
+    "spike_factor": 2.0,
+    "spike_window": 20,
+    "spike_patience": PATIENCE,
+    "spike_warmup": 5,
+    "rollback_steps": 20,
+    "skip_extra": 10,
+    "lr_scale": 0.5,
+    "max_rollbacks": 2,
+    "rollback_horizon": 10_000,
+}
+BAD_AT = 100
+
+
+def spiky_run(
+    run_dir: Path,
+    bad_steps: int,
+    supports: list[str] | None = None,
+    steps: int = 200,
+    extra: tuple[str, ...] = (),
+    **divergence: Any,
+) -> Path:
+    return scripted_run(
+        run_dir,
+        *("--steps", str(steps), "--save-every", "10", "--dt", "0.005", *extra),
+        *("--bad-data-at", str(BAD_AT), "--bad-data-steps", str(bad_steps)),
+        trainer={
+            "stop_timeout_s": 10.0,
+            "supports": ["skip_data", "lr_scale"] if supports is None else supports,
+        },
+        checkpoints={"keep_last": 3},
+        divergence={**SPIKE_TABLE, **divergence},
+    )
+
+
+def cli(command: str, run_dir: Path, *args: str) -> str:
+    done = subprocess.run(
+        [PYTHON, "-m", "trainwarden.supervisor", command, str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def of_kind(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in journal(run_dir) if r["kind"] == kind]
+
+
+def starts_said(run_dir: Path) -> list[str]:
+    """What each start of the scripted trainer said it got (its first line)."""
+    text = (run_dir / "training.log").read_text()
+    return re.findall(r"scripted trainer: (seg \d+, from step \d+, .*)", text)
+
+
+def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
+    run_dir = spiky_run(tmp_path / "run", bad_steps=5)
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("finished", timeout=120)
+        status = daemon.status()
+        markers = daemon.request("history", points=100)["markers"]
+        shown = cli("status", run_dir)
+        listed = cli("events", run_dir, "-n", "200")
+    assert "spikes    1 rolled back (at steps 100), 1 data window(s) skipped, lr x0.5" in shown
+    assert "set aside by a spike rollback" in shown
+    assert re.search(r"  spike +first_step=100 step=102 peak=15\.0", listed)
+    assert re.search(r"  rollback +spike_step=100 checkpoint=\"step_000080.bin\" step=80", listed)
+    # The chart's markers: the spike at its first step, the skip where its window starts.
+    assert {"kind": "spike", "step": BAD_AT} in markers
+    assert {"kind": "skip", "step": 81} in markers
+    (spike,) = of_kind(run_dir, "spike")
+    # Detected at the patience-th step above the threshold, not before, not later.
+    assert (spike["first_step"], spike["step"]) == (BAD_AT, BAD_AT + PATIENCE - 1)
+    assert spike["detected_after"] == PATIENCE and spike["peak"] == 15.0
+    (rollback,) = of_kind(run_dir, "rollback")
+    assert rollback["step"] == 80 and rollback["checkpoint"] == "step_000080.bin"
+    window = [81, BAD_AT + PATIENCE - 1 + 1 + 10]
+    assert rollback["window"] == window and rollback["lr_scale"] == 0.5
+    assert rollback["supported"] == {"skip_data": True, "lr_scale": True}
+    # Checkpoints after 80 were the abandoned timeline: set aside, never resumed.
+    set_aside = [q for q in of_kind(run_dir, "quarantine") if q["cause"] == "rollback"]
+    assert {q["step"] for q in set_aside} >= {90, 100}
+    assert all(q["cause_step"] == BAD_AT for q in set_aside)
+    quarantined = {p.name for p in (run_dir / "checkpoints" / "quarantine").iterdir()}
+    assert {"step_000090.bin", "step_000100.bin"} <= quarantined
+    kill = next(r for r in of_kind(run_dir, "signal") if "loss spike" in r["reason"])
+    assert kill["signal"] == "SIGKILL"
+    spawns = of_kind(run_dir, "spawn")
+    assert spawns[1]["resume"]["step"] == 80 and spawns[1]["rollback_from"] == BAD_AT
+    said = starts_said(run_dir)
+    assert said[1] == f"seg 2, from step 80, skip_data [{window}], lr_scale 0.5"
+    (outcome,) = of_kind(run_dir, "spike_outcome")
+    assert outcome["outcome"] == "cured" and outcome["first_step"] == BAD_AT
+    assert status["spikes"]["rollbacks"] == 1 and status["skips"] == [window]
+    # The steps replayed after the rollback saw other data by design: no resume_drift.
+    assert not of_kind(run_dir, "resume_drift")
+
+
+def test_the_resume_audit_still_flags_a_difference_outside_the_skipped_steps(tmp_path: Path):
+    """After the rollback, a crash restart replays steps logged with the same windows:
+    those are compared, and the trainer's drift (--drift-per-seg) is flagged."""
+    run_dir = spiky_run(
+        tmp_path / "run", bad_steps=5, steps=100_000, extra=("--drift-per-seg", "0.001")
+    )
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: of_kind(run_dir, "spike_outcome"), timeout=60, what="the outcome")
+        wait_for(lambda: (daemon.status()["step"] or 0) > 300, timeout=60, what="step 300")
+        pid = trainer_pid(run_dir)
+        assert pid is not None and belongs_to_run(pid, run_dir)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: of_kind(run_dir, "resume_drift"), timeout=60, what="resume_drift")
+    (drift,) = of_kind(run_dir, "resume_drift")
+    assert drift["checkpoint_step"] > 200
+
+
+def test_a_spike_that_recurs_after_each_rollback_halts_in_diverged(tmp_path: Path):
+    run_dir = spiky_run(tmp_path / "run", bad_steps=100_000, steps=100_000)
+    with running_daemon(run_dir) as daemon:
+        status = daemon.wait_state("diverged", timeout=120)
+    rollbacks = of_kind(run_dir, "rollback")
+    assert len(rollbacks) == SPIKE_TABLE["max_rollbacks"]
+    assert [r["rollbacks"] for r in rollbacks] == [1, 2]
+    spikes = of_kind(run_dir, "spike")
+    assert len(spikes) == 3 and spikes[-1]["halts"] is True
+    assert [o["outcome"] for o in of_kind(run_dir, "spike_outcome")] == ["recurred"] * 2
+    (halt,) = of_kind(run_dir, "halt")
+    assert halt["state"] == "diverged" and halt["cause"] == "spike"
+    assert "after 2 rollbacks" in status["detail"]["reason"]
+    # The windows accumulate: the second restart got both, the LR scaled twice.
+    said = starts_said(run_dir)
+    assert len(said) == 3 and said[2].endswith("lr_scale 0.25")
+    assert said[2].count("], [") == 1  # two windows
+
+
+def test_a_single_outlier_step_is_noted_and_not_acted_on(tmp_path: Path):
+    run_dir = spiky_run(tmp_path / "run", bad_steps=1)
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("finished", timeout=120)
+    (outlier,) = of_kind(run_dir, "spike_outlier")
+    assert outlier["first_step"] == BAD_AT and outlier["steps"] == 1
+    assert not of_kind(run_dir, "spike") and not of_kind(run_dir, "rollback")
+    assert len(of_kind(run_dir, "spawn")) == 1
+
+
+def test_a_trainer_without_skip_data_gets_a_plain_rollback_and_the_journal_says_so(
+    tmp_path: Path,
+):
+    run_dir = spiky_run(tmp_path / "run", bad_steps=5, supports=[], max_rollbacks=1)
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("diverged", timeout=120)
+    first, *_ = of_kind(run_dir, "rollback")
+    assert first["window"] is None and first["skip_data"] == []
+    assert "does not declare skip_data" in first["note"]
+    # The same data again: the spike recurs where it was.
+    spikes = of_kind(run_dir, "spike")
+    assert [s["first_step"] for s in spikes] == [BAD_AT, BAD_AT]
+    assert starts_said(run_dir)[1] == "seg 2, from step 80, skip_data [], lr_scale 1.0"
+
+
+def test_the_spike_log_survives_a_daemon_sigkill(tmp_path: Path):
+    """After a rollback the daemon is SIGKILLed: the next daemon passes the same windows
+    and still counts the rollback, so a recurring spike halts after max_rollbacks = 1."""
+    run_dir = spiky_run(tmp_path / "run", bad_steps=100_000, steps=100_000, max_rollbacks=1)
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        wait_for(lambda: of_kind(run_dir, "rollback"), timeout=60, what="a rollback")
+        daemon.kill()
+        (rollback,) = of_kind(run_dir, "rollback")
+        daemon.start()
+        status = daemon.wait_state("diverged", timeout=120)
+    finally:
+        daemon.cleanup()
+    assert "after 1 rollback within" in status["detail"]["reason"]
+    window = rollback["window"]
+    assert all(f"skip_data [{window}]" in said for said in starts_said(run_dir)[1:])
+
+
+GRAD_TRAINER = """
+import time
+for step in range(1, 100_000):
+    norm = 40.0 if step > 60 else 1.0
+    print(f"step: {step}, loss: 3.0, dt: 0.005, grad_norm: {norm}", flush=True)
+    time.sleep(0.005)
+"""
+
+
+def test_a_grad_norm_spike_is_acted_on_when_grad_norm_factor_is_set(tmp_path: Path):
+    """The loss stays flat; the step lines' grad_norm extra jumps 40-fold at step 61."""
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, "-c", GRAD_TRAINER],
+        trainer={"stop_timeout_s": 10.0},
+        restart={"backoff_initial_s": 0.0},
+        divergence={**SPIKE_TABLE, "grad_norm_factor": 3.0, "max_rollbacks": 0},
+    )
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("diverged", timeout=60)
+    (spike,) = of_kind(run_dir, "spike")
+    assert (spike["first_step"], spike["step"]) == (61, 61 + PATIENCE - 1)
+    assert spike["peak"] == 3.0  # the loss did not move: the grad norm did
