@@ -27,6 +27,8 @@ log = "training.log"
 command = [{python}, "-m", "trainwarden.trainer", "--run-dir", ".", "--preset", "{preset}", "--steps", "{steps}", "--save-every", "{save_every}", "--device", "{device}"{extra_args}]
 stop_timeout_s = {stop_timeout}
 total_steps = {steps}
+# The reference trainer skips data and scales its learning rate on a spike rollback.
+supports = ["skip_data", "lr_scale"]
 
 [checkpoints]
 dir = "checkpoints"
