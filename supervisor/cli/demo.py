@@ -34,9 +34,14 @@ DEMO_PRESET = "tiny"
 DEMO_STEPS = 100_000_000
 """Far more than anyone watches: the demo trains until it is stopped."""
 DEMO_SAVE_EVERY = 100
-DEMO_FAULTS = {"--crash-at-step": 350, "--nan-at-step": 1050, "--hang-at-step": 1750}
+DEMO_FAULTS = {
+    "--crash-at-step": 350,
+    "--nan-at-step": 1050,
+    "--hang-at-step": 1750,
+    "--bad-data-at-step": 2450,
+}
 """One crash, one divergence and one hang, each once per run directory, a few seconds apart
-on a CPU."""
+on a CPU; then 50 steps of garbage data (a loss spike the daemon rolls back and skips)."""
 DEMO_STALL_TIMEOUT_S = 15.0
 """Short, so the hang is detected within the demo's first minute; longer than the
 trainer's start-up (importing torch) on a busy machine."""

@@ -19,9 +19,11 @@ class Spawn:
     """Every data window skipped so far ([from_step, to_step)), for TRAINWARDEN_SKIP_DATA."""
     lr_scale: float = 1.0
     """For TRAINWARDEN_LR_SCALE (1.0: not set)."""
-    data_changed_from: int | None = None
-    """From this step on, the steps this start replays consume other data than the ones
-    they supersede (a skip window new to it): the resume audit compares only those before."""
+    timeline: tuple[int, int] | None = None
+    """(first seg, from_step) of the data timeline this start belongs to: since the newest
+    skip window was added, the starts from `first seg` on consume other data from
+    `from_step` on than every earlier start did. The resume audit compares a replayed step
+    only with a loss of the same timeline (None: no window was ever added)."""
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,9 @@ class SpikeLog:
     rolling_back: tuple[int, int] | None = None
     """(first step of the spike, step rolled back to) until the restart starts a trainer:
     what is committed after that step meanwhile belongs to the abandoned timeline."""
+    timeline: tuple[int, int] | None = None
+    """(the first trainer start given the newest windows, the earliest step they change):
+    losses logged before that start at or past that step belong to an abandoned timeline."""
     detector: Detector = Detector()
 
     def to_json(self) -> dict[str, Any]:
@@ -232,6 +235,7 @@ class SpikeLog:
             "baselines": [b.to_json() for b in self.baselines],
             "passed": self.passed,
             "rolling_back": list(self.rolling_back) if self.rolling_back else None,
+            "timeline": list(self.timeline) if self.timeline else None,
         }
 
     @classmethod
@@ -240,6 +244,7 @@ class SpikeLog:
             return cls()
         watch = data.get("watch")
         rolling = data.get("rolling_back")
+        timeline = data.get("timeline")
         return cls(
             windows=tuple((int(a), int(b)) for a, b in data.get("windows", [])),
             lr_scale=float(data.get("lr_scale", 1.0)),
@@ -248,6 +253,7 @@ class SpikeLog:
             baselines=tuple(Baseline.from_json(b) for b in data.get("baselines", [])),
             passed=int(data.get("passed", 0)),
             rolling_back=(int(rolling[0]), int(rolling[1])) if rolling else None,
+            timeline=(int(timeline[0]), int(timeline[1])) if timeline else None,
         )
 
     def baseline(self, step: int | None) -> Baseline | None:

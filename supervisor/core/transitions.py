@@ -53,6 +53,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
     )
     spikes = state.spikes
     new_windows = spikes.windows[spikes.passed :]
+    timeline = (seg, min(a for a, _ in new_windows)) if new_windows else spikes.timeline
     actions.append(
         Spawn(
             seg=seg,
@@ -61,14 +62,20 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
             rollback_from=state.rollback_from,
             skip_data=spikes.windows,
             lr_scale=spikes.lr_scale,
-            data_changed_from=min((a for a, _ in new_windows), default=None),
+            timeline=timeline,
         )
     )
     # The new start's spike detector begins from the EMAs as of the step it resumes from.
     detector = Detector.starting_from(spikes.baseline(resume.step if resume else None))
     return replace(
         state,
-        spikes=replace(spikes, detector=detector, rolling_back=None, passed=len(spikes.windows)),
+        spikes=replace(
+            spikes,
+            detector=detector,
+            rolling_back=None,
+            passed=len(spikes.windows),
+            timeline=timeline,
+        ),
         phase=Phase.STARTING,
         seg=seg,
         resume_step=resume.step if resume else None,

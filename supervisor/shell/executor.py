@@ -221,7 +221,7 @@ class Executor:
             action.seg,
             action.resume.step if action.resume else None,
             pivot=action.pivot,
-            data_changed_from=action.data_changed_from,
+            timeline=action.timeline,
         )
         # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
         # and reach the policy after the spawn they belong to, in their order.

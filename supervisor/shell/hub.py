@@ -417,14 +417,15 @@ class TelemetryHub:
         seg: int,
         resume_step: int | None,
         pivot: bool = False,
-        data_changed_from: int | None = None,
+        timeline: tuple[int, int] | None = None,
     ) -> None:
         """A trainer starts: its lines belong to `seg`; audit the steps it replays.
 
         After a pivot the bandit starts fresh, so replayed steps see other data by design:
-        there is nothing to audit. Steps from `data_changed_from` on (a spike's skip window
-        new to this start) consume other data by design too: only those before are compared.
-        """
+        there is nothing to audit. After a spike's skip window (`timeline`: the first start
+        given it, the step it changes data from), losses that earlier starts logged from that
+        step on saw other data by design too: only the steps this timeline has logged, and
+        those before the change, are compared."""
         self.flush_stray()
         self.accepting = True
         self.cadence.started()
@@ -439,12 +440,18 @@ class TelemetryHub:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
             self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]
         last = self.history.last_step
-        if last is not None and data_changed_from is not None:
-            last = min(last, data_changed_from - 1)
+        if last is not None and timeline is not None:
+            last = min(last, self._timeline_reach(seg, *timeline))
         if not pivot and resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
                 self.history, resume_step, last, self.cfg.telemetry.resume_tolerance
             )
+
+    def _timeline_reach(self, seg: int, first_seg: int, changed_from: int) -> int:
+        """The newest step whose standing loss was logged in this data timeline (or before
+        its change): past it, the history holds an abandoned timeline's losses."""
+        logged = (self.history.last_step_of(k) for k in range(first_seg, seg))
+        return max((s for s in logged if s is not None), default=changed_from - 1)
 
     def _finish_audit(self, result: Any) -> None:
         self.audit = None

@@ -187,7 +187,7 @@ def test_a_spike_kills_rolls_back_past_rollback_steps_and_skips_its_data():
     assert spawn.skip_data == ((41, 79),) and spawn.lr_scale == 0.5
     assert spawn.rollback_from == 61
     # Its replayed steps see other data from step 41 on: the resume audit leaves them out.
-    assert spawn.data_changed_from == 41
+    assert spawn.timeline == (spawn.seg, 41)
 
 
 def test_every_later_start_passes_the_same_windows_and_scale():
@@ -198,7 +198,8 @@ def test_every_later_start_passes_the_same_windows_and_scale():
     (spawn,) = kinds(actions, p.Spawn)
     assert spawn.resume is not None and spawn.resume.step == 50
     assert spawn.skip_data == ((41, 79),) and spawn.lr_scale == 0.5
-    assert spawn.data_changed_from is None
+    # The same timeline as the rollback's start (the one before this): its losses compare.
+    assert spawn.timeline == (spawn.seg - 1, 41)
 
 
 def test_without_skip_data_support_a_plain_rollback_and_the_record_says_so():

@@ -50,7 +50,10 @@ DEMO = (
     "import sys; from pathlib import Path; from trainwarden.supervisor.cli.demo import run_demo; "
     "sys.exit(run_demo(Path(sys.argv[1])))"
 )
-CRASH, NAN, HANG = (DEMO_FAULTS[f] for f in ("--crash-at-step", "--nan-at-step", "--hang-at-step"))
+CRASH, NAN, HANG, SPIKE = (
+    DEMO_FAULTS[f]
+    for f in ("--crash-at-step", "--nan-at-step", "--hang-at-step", "--bad-data-at-step")
+)
 BEFORE = DEMO_SAVE_EVERY
 """Each fault fires halfway between two checkpoints: the daemon resumes from the one before."""
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -81,13 +84,17 @@ def test_demo_shows_a_crash_a_divergence_and_a_hang_then_quit_stops_its_own_run(
                 f" {NAN - NAN % BEFORE:,}",
                 f"trainer hung at step {HANG:,}; daemon killed it, restarted it from step"
                 f" {HANG - HANG % BEFORE:,}",
+                "loss spike to",
+                f"at step {SPIKE:,} (2.0x its average); daemon killed the trainer, rolled back to"
+                f" step {SPIKE - SPIKE % BEFORE - BEFORE:,}, skipping the data of steps"
+                f" {SPIKE - SPIKE % BEFORE - BEFORE + 1:,}-",
             ],
-            started + 150,
+            started + 210,
         )
         kinds = [r["kind"] for r in journal(demo_dir)]
-        assert {"crash", "divergence", "stall"} <= set(kinds)
-        # Still training after all three: new checkpoints past the hang.
-        wait_for(lambda: max(checkpoints(demo_dir), default=0) > HANG, 60, what="training on")
+        assert {"crash", "divergence", "stall", "spike", "rollback"} <= set(kinds)
+        # Still training after all four: new checkpoints past the spike's window.
+        wait_for(lambda: max(checkpoints(demo_dir), default=0) > SPIKE, 90, what="training on")
         pid = trainer_pid(demo_dir)
         assert pid is not None and pid_alive(pid)
         daemon = int((demo_dir / ".trainwarden" / "daemon.pid").read_text())
