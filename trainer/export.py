@@ -344,6 +344,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"trainwarden export: cannot create --out {args.out}: {exc.strerror or exc};"
+            " choose a folder you can write",
+            file=sys.stderr,
+        )
+        return 2
+    try:
         report = EXPORTERS[args.format](args.checkpoint, args.out, args.dtype)
     except (TrainerError, OSError) as exc:
         # Leave no half export behind: OUT was empty (the command line checked).

@@ -227,6 +227,13 @@ def test_inspect_and_export_refuse_bad_arguments_in_one_line(supervised: Path, t
     )
     assert "invalid choice: 'int8'" in line
 
+    # A folder that cannot be made (a file stands where its parent should be).
+    (tmp_path / "blocker").write_text("")
+    line = one_line_error(
+        cli("export", str(path), "--out", str(tmp_path / "blocker" / "o"), cwd=tmp_path), 2
+    )
+    assert "cannot create --out" in line and "choose a folder you can write" in line
+
 
 NO_TORCH = "import sys; sys.modules['torch'] = None"
 """`import torch` then raises ImportError, as where the trainer extra is not installed."""
