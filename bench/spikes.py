@@ -1,7 +1,7 @@
 """12. Loss spike -> trainer killed: how many steps and milliseconds a spike runs on.
 
-The trainer (bench/programs/spike_trainer.py) logs a step every 0.05 s with a loss near 5;
-told to, it logs 15 on every step from then on, recording time.monotonic() just before
+The trainer (bench/programs/nan_trainer.py --bad-loss 15) logs a step every 0.05 s with a
+loss near 5; told to, it logs 15 on every step from then on, recording time.monotonic() just before
 each such line. The daemon, with the default [divergence] settings (spike_factor 2.0,
 spike_patience 5), acts on the spike_patience-th line above the threshold. One sample:
 the high lines the trainer wrote before it died (steps), and the time from writing the
@@ -29,6 +29,8 @@ from tests.support import poll
 TITLE = "12. Loss spike -> trainer killed"
 STEP_S = 0.05
 ARM_AFTER = 60
+SPIKED_LOSS = 15
+"""Three times the trend: above spike_factor 2.0 x the loss EMA."""
 PATIENCE = 5
 """[divergence] spike_patience's default: the run uses the defaults."""
 WARMUP = 50
@@ -37,7 +39,7 @@ WARMUP = 50
 
 def high_lines(events: Path, pid: int) -> list[float]:
     """When `pid` wrote each line with the spiked loss, oldest first."""
-    return [t for kind, p, t, _ in read_events(events) if kind == "high" and p == pid]
+    return [t for kind, p, t, _ in read_events(events) if kind == "bad" and p == pid]
 
 
 def run(ctx: Context) -> Section:
@@ -46,8 +48,8 @@ def run(ctx: Context) -> Section:
     events, go = run_dir / "events", run_dir / "go"
     trainwarden_config(
         run_dir,
-        program("spike_trainer.py", "--events", events, "--go", go, "--dt", STEP_S,
-                "--arm-after", ARM_AFTER),
+        program("nan_trainer.py", "--events", events, "--go", go, "--dt", STEP_S,
+                "--arm-after", ARM_AFTER, "--bad-loss", SPIKED_LOSS),
         restart={"backoff_initial_s": 0.0},
         # Every sample is a fresh spike: a real run would halt after max_rollbacks.
         divergence={"max_rollbacks": 1_000_000},

@@ -1,12 +1,15 @@
-"""A trainer that logs a NaN loss when told to, then keeps going until it is killed.
+"""A trainer that logs a bad loss (NaN, or a spike) when told to, then keeps going until
+it is killed.
 
-    python -S nan_trainer.py --events EVENTS --go GO [--dt 0.1] [--arm-after 5]
+    python -S nan_trainer.py --events EVENTS --go GO [--dt 0.1] [--arm-after 5] [--bad-loss nan]
 
-One `step: N, loss: X, dt: D` line per --dt seconds on stdout, flushed. Records (with
-time.monotonic()) in EVENTS: `start PID T`, then `armed PID T` once --arm-after steps
-are logged, and `nan PID T STEP` just before the NaN line is written. It writes the NaN
-line at the first step boundary where the file GO holds its own pid; every later step
-logs nan too, as a poisoned model would. Standard library only.
+One `step: N, loss: X, dt: D` line per --dt seconds on stdout, flushed, the loss about 5.
+Records (with time.monotonic()) in EVENTS: `start PID T`, then `armed PID T` once
+--arm-after steps are logged, and `bad PID T STEP` just before each line with the bad loss
+is written (`nan PID T STEP` too, before the first). It turns bad at the first step
+boundary where the file GO holds its own pid and stays bad, as a poisoned model would:
+`--bad-loss nan` (the default) for a divergence, `--bad-loss 15` for a loss spike (three
+times the trend). Standard library only.
 """
 
 import argparse
@@ -21,6 +24,7 @@ def main() -> None:
     parser.add_argument("--dt", type=float, default=0.1)
     parser.add_argument("--arm-after", type=int, default=5)
     parser.add_argument("--lifetime", type=float, default=300.0)
+    parser.add_argument("--bad-loss", default="nan")
     args = parser.parse_args()
     pid = os.getpid()
     events = os.open(args.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -40,13 +44,14 @@ def main() -> None:
             except OSError:
                 pass
             if poisoned:
-                # The time is taken just before the write, not after: the reader woken by
-                # the write can get the CPU (and kill us) before this process runs again.
                 os.write(events, f"nan {pid} {time.monotonic()!r} {step}\n".encode())
-                print(f"step: {step}, loss: nan, dt: {args.dt}", flush=True)
-                continue
-        loss = "nan" if poisoned else f"{5.0 - 0.001 * step:.6f}"
-        print(f"step: {step}, loss: {loss}, dt: {args.dt}", flush=True)
+        if poisoned:
+            # The time is taken just before the write, not after: the reader woken by the
+            # write can get the CPU (and kill us) before this process runs again.
+            os.write(events, f"bad {pid} {time.monotonic()!r} {step}\n".encode())
+            print(f"step: {step}, loss: {args.bad_loss}, dt: {args.dt}", flush=True)
+            continue
+        print(f"step: {step}, loss: {5.0 - 0.001 * step:.6f}, dt: {args.dt}", flush=True)
         if step == args.arm_after:
             os.write(events, f"armed {pid} {time.monotonic()!r}\n".encode())
 
