@@ -580,7 +580,7 @@ class BranchAncestor(TypedDict):
     """Its steps up to this one are part of the reply."""
 
 
-class HistoryResult(TypedDict):
+class HistoryBuckets(TypedDict):
     """A step range decimated to buckets of equal width; lists are per bucket."""
 
     step: list[int]
@@ -594,28 +594,24 @@ class HistoryResult(TypedDict):
     first_step: int | None
     last_step: int | None
     count: int
+    val: ValidationSeries
+
+
+class HistoryResult(HistoryBuckets):
+    """This run's history (`history`)."""
+
     markers: list[Marker]
     collapse_loss: float | None
     branch_step: int | None
     """For a branch run (`trainwarden branch`), the step it was branched at: steps up to
     it come from its ancestors' histories (`ancestors`), the later ones are its own."""
     ancestors: list[BranchAncestor]
-    val: ValidationSeries
 
 
-class HistoryOfResult(TypedDict):
+class HistoryOfResult(HistoryBuckets):
     """Another run's history read from its files, over its lineage (its parent's steps up
     to the branch step, then its own), bucketed as `history` (no markers)."""
 
-    step: list[int]
-    min: list[float | None]
-    mean: list[float | None]
-    max: list[float | None]
-    nonfinite: list[int]
-    first_step: int | None
-    last_step: int | None
-    count: int
-    val: ValidationSeries
     run: str
     """The run's resolved path."""
     lineage: list[list[Any]]
