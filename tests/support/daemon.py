@@ -20,7 +20,7 @@ from typing import Any
 
 from tests.support.procs import belongs_to_run, kill_quietly
 from tests.support.runs import PYTHON, started_trainer_pids, trainer_pid
-from tests.support.wait import WaitTimeout, wait_for
+from tests.support.wait import WaitTimeout, poll, wait_for
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
 from trainwarden.supervisor.inputs.proctree import marked_processes
 from trainwarden.supervisor.protocol import Client
@@ -131,10 +131,26 @@ class DaemonProcess:
             # Only the run's own: a pid may have been reused since it was recorded.
             if belongs_to_run(pid, self.run_dir):
                 kill_quietly(pid)
+        # A fork of the daemon that had not yet exec'd its trainer when the daemon died
+        # still runs the daemon's command line, with no marker yet: wait for its exec.
+        poll(lambda: not self._pre_exec_forks(), 5.0)
         # And whatever carries a start marker of this run: a trainer forked just before the
         # daemon was killed has no record yet, nor has a helper it started.
         for pid in marked_processes(str(self.run_dir.resolve())):
             kill_quietly(pid, group=False)
+
+    def _pre_exec_forks(self) -> list[int]:
+        """Processes still running this daemon's command line after it was killed (the
+        daemon's own, past any wrapper it was started through)."""
+        argv = "\0".join([*DAEMON, str(self.run_dir)]).encode() + b"\0"
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            with contextlib.suppress(OSError), open(f"/proc/{name}/cmdline", "rb") as file:
+                if file.read() == argv:
+                    found.append(int(name))
+        return found
 
     def known_trainer_pids(self) -> set[int]:
         pid = trainer_pid(self.run_dir)
