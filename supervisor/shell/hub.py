@@ -37,7 +37,7 @@ from trainwarden.supervisor.shell.telemetry import (
     settings_from_config,
 )
 from trainwarden.supervisor.shell.validation import Validation
-from trainwarden.supervisor.store import runseries
+from trainwarden.supervisor.store import evaldb, runseries
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.branch_history import (
     AncestryKey,
@@ -469,17 +469,19 @@ class TelemetryHub:
         steps however long the run (and however many clients ask)."""
         view = self.history.snapshot()
         own_first = self.history.first_step
-        val = self.validation.series(start, end, points)
+        val_steps, val_losses = self.validation.snapshot()
 
         def answer() -> dict[str, Any]:
             ancestry = self._ancestry(own_first)
             whole = HistoryView([*ancestry.parts, *view.parts]) if ancestry.parts else view
+            steps = [p.step for p in ancestry.evals] + val_steps
+            losses = [p.loss for p in ancestry.evals] + val_losses
             return {
                 **whole.query(start, end, points),
                 "markers": self._markers(),
                 "branch_step": ancestry.branch_step,
                 "ancestors": ancestry.ancestors,
-                "val": val,
+                "val": evaldb.series(steps, losses, start, end, points),
             }
 
         result = await self.loop.run_in_executor(self._history_thread, answer)

@@ -23,9 +23,6 @@ from trainwarden.supervisor.store.rundir import RunFiles
 
 log = logging.getLogger("trainwarden.telemetry")
 
-VAL_POINTS_MAX = 2000
-"""Evaluations a history reply carries at most (evenly spaced over the range asked)."""
-
 
 class Validation:
     """What the daemon holds of `.eval.json`, and its writer."""
@@ -123,25 +120,9 @@ class Validation:
             "age_s": round(max(now - newest.t, 0.0), 1) if newest.t else None,
         }
 
-    def series(self, start: int | None, end: int | None, points: int) -> dict[str, list[Any]]:
-        """The evaluations of steps start..end (inclusive) for a history reply, at most
-        min(points, VAL_POINTS_MAX) of them, evenly spaced, the newest always among them;
-        a non-finite loss is None (as a bucket's)."""
-        i0 = 0 if start is None else bisect.bisect_left(self.steps, start)
-        i1 = len(self.steps) if end is None else bisect.bisect_right(self.steps, end)
-        count = max(i1 - i0, 0)
-        limit = max(min(points, VAL_POINTS_MAX), 1)
-        if count <= limit:
-            picked = list(range(i0, i1))
-        elif limit == 1:
-            picked = [i1 - 1]
-        else:
-            picked = [i0 + (count - 1) * k // (limit - 1) for k in range(limit)]
-        chosen = [self.points[i] for i in picked]
-        return {
-            "step": [p.step for p in chosen],
-            "loss": [p.loss if math.isfinite(p.loss) else None for p in chosen],
-        }
+    def snapshot(self) -> tuple[list[int], list[float]]:
+        """(steps, losses) as they stand, for a history reply built off the loop."""
+        return list(self.steps), [p.loss for p in self.points]
 
     def close(self) -> None:
         if self.writer is not None:

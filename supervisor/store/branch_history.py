@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from trainwarden.supervisor.store.branches import BranchFileInvalid, lineage, read_branch
+from trainwarden.supervisor.store.evaldb import EvalPoint, read_evals
 from trainwarden.supervisor.store.losshistory import LossHistory
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -32,6 +33,8 @@ class Inherited:
     ancestors: list[dict[str, Any]] = field(default_factory=list)
     """{"run", "through_step"} of each ancestor taken from, oldest first; a parent that is
     not reachable (and every one before it) is missing."""
+    evals: list[EvalPoint] = field(default_factory=list)
+    """The ancestors' held-out evaluations up to the same steps, in step order."""
 
 
 AncestryKey = tuple[tuple[tuple[str, int | None], ...], int | None]
@@ -59,6 +62,7 @@ def inherited(run_dir: Path, own_first_step: int | None) -> Inherited:
         return Inherited(None)
     parts: list[Part] = []
     ancestors: list[dict[str, Any]] = []
+    evals: list[EvalPoint] = []
     limit = None if own_first_step is None else own_first_step - 1
     for parent, through in reversed(lineage(run_dir)[:-1]):
         assert through is not None  # only the run itself has no branch step
@@ -74,7 +78,8 @@ def inherited(run_dir: Path, own_first_step: int | None) -> Inherited:
             if (end := int(np.searchsorted(steps, cut, side="right")))
         ]
         parts = taken + parts
+        evals = read_evals(files.eval_history, cut) + evals
         ancestors.insert(0, {"run": str(parent), "through_step": cut})
         first = history.first_step
         limit = cut if first is None else min(cut, first - 1)
-    return Inherited(info.step, parts, ancestors)
+    return Inherited(info.step, parts, ancestors, evals)

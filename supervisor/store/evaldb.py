@@ -12,7 +12,9 @@ segment's value per step, as for training steps.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,6 +25,8 @@ from trainwarden.supervisor.store.lossdb import decode_loss, encode_loss
 
 READ_LIMIT_BYTES = 64 << 20
 """A reader reads at most this much of the file (about 700,000 evaluations)."""
+SERIES_POINTS_MAX = 2000
+"""Evaluations a history reply carries at most (evenly spaced over the range asked)."""
 
 
 class EvalPoint(NamedTuple):
@@ -122,3 +126,25 @@ def read_evals(path: Path | str, upto: int | None = None) -> list[EvalPoint]:
         if held is None or point.seg >= held.seg:
             newest[point.step] = point
     return [newest[step] for step in sorted(newest)]
+
+
+def series(
+    steps: Sequence[int], losses: Sequence[float], start: int | None, end: int | None, points: int
+) -> dict[str, list[Any]]:
+    """The evaluations of steps start..end (inclusive; `steps` increasing) for a history
+    reply: at most min(points, SERIES_POINTS_MAX), evenly spaced, the newest always among
+    them; a non-finite loss is None (as a bucket's)."""
+    i0 = 0 if start is None else bisect.bisect_left(steps, start)
+    i1 = len(steps) if end is None else bisect.bisect_right(steps, end)
+    count = max(i1 - i0, 0)
+    limit = max(min(points, SERIES_POINTS_MAX), 1)
+    if count <= limit:
+        picked = list(range(i0, i1))
+    elif limit == 1:
+        picked = [i1 - 1]
+    else:
+        picked = [i0 + (count - 1) * k // (limit - 1) for k in range(limit)]
+    return {
+        "step": [int(steps[i]) for i in picked],
+        "loss": [float(losses[i]) if math.isfinite(losses[i]) else None for i in picked],
+    }

@@ -6,7 +6,6 @@ not even the loss cache (a valid one is used when the run's daemon left it)."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from trainwarden.supervisor.config import CONFIG_NAME
+from trainwarden.supervisor.store import evaldb
 from trainwarden.supervisor.store.branch_history import inherited
 from trainwarden.supervisor.store.branches import BranchFileInvalid, lineage, read_branch
 from trainwarden.supervisor.store.evaldb import read_evals
@@ -147,12 +147,9 @@ def decimated(series: RunSeries, start: int | None, end: int | None, points: int
     bucket), its validation points in the range (at most `points`, spread evenly; a
     non-finite loss as None) and its lineage."""
     reply = series.history_view().query(start, end, points)
-    part = _window(series.val.steps, None if start is None else start - 1, end)
-    steps, losses = series.val.steps[part].tolist(), series.val.losses[part].tolist()
-    if len(steps) > points:
-        keep = sorted({round(i * (len(steps) - 1) / max(points - 1, 1)) for i in range(points)})
-        steps, losses = [steps[i] for i in keep], [losses[i] for i in keep]
-    reply["val"] = {"step": steps, "loss": [v if math.isfinite(v) else None for v in losses]}
+    reply["val"] = evaldb.series(
+        series.val.steps.tolist(), series.val.losses.tolist(), start, end, points
+    )
     reply["run"] = str(series.run)
     reply["lineage"] = [[str(path), step] for path, step in series.lineage]
     return reply

@@ -217,6 +217,8 @@ def test_branch_without_overrides_retraces_its_parent(src: Path, tmp_path: Path)
     assert all(own[s] == parent[s] for s in own)
     assert history["step"] == list(range(1, 31)) and history["branch_step"] == 10
     assert history["mean"] == [parent[s] for s in range(1, 31)]
+    # Its validation points too: the parent's evaluation at 10, then its own.
+    assert history["val"]["step"] == [10, 20, 30]
 
 
 # ----------------------------------------------------------------------------- refusals
