@@ -37,6 +37,7 @@ HOST_SHOWN = frozenset({"json", "jsons", "xml", "xmls", "form", "forms", "mailto
 """Schemes whose host is a server's name (shown masked), not a token or a topic."""
 OWN_KINDS = frozenset({"alert_sent", "alert_failed"})
 
+log = logging.getLogger("trainwarden.alerts")
 _apprise_log = logging.getLogger("apprise")
 _apprise_log.propagate = False  # what apprise says may hold a URL's token: never on stderr
 
@@ -135,12 +136,13 @@ class Sender:
     def _tried(self, target: str, send: Callable[[], str | None]) -> Outcome:
         attempts = 0
         error: str | None = None
-        for attempts in range(1, self.cfg.alerts.retries + 2):
+        tries = self.cfg.alerts.retries + 1
+        for attempts in range(1, tries + 1):
             try:
                 error = send()
             except Exception as exc:  # a plugin's bug must not end the sending thread
                 error = f"{type(exc).__name__}: {exc}"
-            if error is None or self.stop.wait(RETRY_PAUSE_S * attempts):
+            if error is None or attempts == tries or self.stop.wait(RETRY_PAUSE_S * attempts):
                 break
         return Outcome(target, None if error is None else scrub(error, self.urls), attempts)
 
@@ -218,7 +220,11 @@ class Alerter:
         if record.get("kind") in OWN_KINDS:
             return
         with self.lock:
-            self.watch, alerts = core.observe(self.watch, record, self.rules, self.last_step())
+            try:
+                self.watch, alerts = core.observe(self.watch, record, self.rules, self.last_step())
+            except Exception:  # a record of a shape no alert expected: never the append's fault
+                log.exception("no alert could be made of a %s record", record.get("kind"))
+                return
             for alert in alerts:
                 try:
                     self.todo.put_nowait(alert)

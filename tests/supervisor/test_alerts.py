@@ -4,6 +4,7 @@ every file and log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 
 from tests.support import PYTHON, journal, make_run, running_daemon, scripted_run, wait_for
-from trainwarden.supervisor.core.alerts import AlertRules, Watch, observe
-from trainwarden.supervisor.shell.alerts import mask_url, scrub
+from trainwarden.supervisor.config import load_config
+from trainwarden.supervisor.core.alerts import Alert, AlertRules, Watch, observe
+from trainwarden.supervisor.shell.alerts import Alerter, Sender, mask_url, scrub
+from trainwarden.supervisor.store.journal import Journal, read_records
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -193,6 +196,21 @@ def test_an_unclean_start_is_alerted_with_the_steps_lost():
     assert alert.event == "unclean_start" and "30 steps" in alert.happened and alert.step == 100
 
 
+def test_a_record_no_alert_expected_is_journaled_all_the_same(tmp_path: Path):
+    journal_file = Journal(tmp_path / "journal.jsonl")
+    loop = asyncio.new_event_loop()
+    alerter = Alerter(
+        load_config(make_run(tmp_path, ["true"], alerts={"urls": ["json://127.0.0.1:9/x"]})),
+        journal_file, loop, lambda: None,
+    )  # fmt: skip
+    try:
+        journal_file.append("crash", {"t": "soon"})  # the time an alert is stamped with
+    finally:
+        alerter.close(grace=1.0)
+        loop.close()
+    assert [r["kind"] for r in read_records(tmp_path / "journal.jsonl")] == ["crash"]
+
+
 def test_masks_show_no_token():
     assert mask_url(f"json://u:{SECRET}@host:8080/a/{TOKEN}") == "json://host:8080/***"
     assert mask_url(f"ntfy://{TOKEN}") == "ntfy://***"
@@ -315,6 +333,49 @@ def test_fifty_restarts_in_a_minute_send_one_restarts_alert(tmp_path: Path, inbo
     ]
     restarts = next(m for m in inbox.received if "restarting" in m["title"])
     assert "6 crashes within an hour" in restarts["message"]
+
+
+def test_a_url_that_never_answers_costs_the_loop_nothing_and_gives_up_in_time(tmp_path: Path):
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, never replies
+    port = silent.getsockname()[1]
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "60", "--save-every", "10", "--dt", "0.02",
+        alerts={"urls": [f"json://127.0.0.1:{port}/{TOKEN}"], "timeout_s": 2.0, "retries": 1,
+                "on": ["rollback", "finished", "hang", "unclean_start", "halted"]},
+        restart={"stall_timeout_s": 30.0},
+    )  # fmt: skip
+    try:
+        with running_daemon(run_dir) as daemon:
+            daemon.wait_state("finished", timeout=60)
+            # The send is still stuck in its worker: the daemon answers at once meanwhile.
+            assert daemon.request("status", timeout=1.5)["state"] == "finished"
+            (failed,) = wait_for(lambda: with_kind(run_dir, "alert_failed"), 30, what="give-up")
+            daemon.stop()
+    finally:
+        silent.close()
+    assert failed["attempts"] == 2 and failed["target"] == f"json://127.0.0.1:{port}/***"
+    assert_no_secret(run_dir, daemon.stderr_path)
+
+
+class Pauses(threading.Event):
+    """Records the pauses between tries instead of sleeping them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.pauses.append(timeout)
+        return False
+
+
+def test_retries_are_bounded_with_a_growing_pause_between_tries_and_none_after(tmp_path: Path):
+    run_dir = make_run(tmp_path / "run", ["true"], alerts={"urls": [failing_url()], "retries": 2})
+    pauses = Pauses()
+    sender = Sender(load_config(run_dir, check_plugins=False), pauses)
+    (outcome,) = sender.deliver(Alert("test", "test", "t", "h", "d", None, 0.0))
+    assert outcome.attempts == 3 and outcome.error
+    assert pauses.pauses == [2.0, 4.0]
 
 
 def alert_test(run_dir: Path) -> subprocess.CompletedProcess[str]:
