@@ -40,6 +40,7 @@ OWN_KINDS = frozenset({"alert_sent", "alert_failed"})
 log = logging.getLogger("trainwarden.alerts")
 _apprise_log = logging.getLogger("apprise")
 _apprise_log.propagate = False  # what apprise says may hold a URL's token: never on stderr
+_apprise_log.addHandler(logging.NullHandler())  # nor through logging's last-resort handler
 
 
 def mask_url(url: str) -> str:
@@ -149,14 +150,15 @@ class Sender:
     def _send_url(self, url: str, payload: dict[str, Any]) -> str | None:
         import apprise
 
-        plugin = apprise.Apprise.instantiate(url)
-        if plugin is None:
-            return "not a URL apprise knows (check its scheme and fields)"
-        timeout = self.cfg.alerts.timeout_s
-        plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout
         said = _Said()
         _apprise_log.addHandler(said)
         try:
+            plugin = apprise.Apprise.instantiate(url)
+            if plugin is None:
+                why = "; ".join(said.lines) or "check its scheme and fields"
+                return f"not a URL apprise can use ({why})"
+            timeout = self.cfg.alerts.timeout_s
+            plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout
             ok = plugin.notify(body=payload["body"], title=payload["title"])
         finally:
             _apprise_log.removeHandler(said)

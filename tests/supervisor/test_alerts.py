@@ -401,6 +401,11 @@ def test_alert_test_prints_each_urls_result(tmp_path: Path, inbox: Inbox):
     for secret in (SECRET, TOKEN):
         assert secret not in done.stdout + done.stderr
 
+    make_run(run_dir, ["true"], alerts={"urls": [f"tgram://{TOKEN}"], "retries": 0})
+    done = alert_test(run_dir)
+    assert done.returncode == 1 and done.stdout.startswith("tgram://***: failed: not a URL apprise")
+    assert TOKEN not in done.stdout + done.stderr, done.stdout + done.stderr
+
     make_run(run_dir, ["true"], alerts={"urls": [inbox.url]})
     done = alert_test(run_dir)
     assert (done.returncode, done.stdout) == (0, f"json://127.0.0.1:{inbox.port}/***: ok\n")
