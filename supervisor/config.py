@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainwarden.supervisor.contract import SUPPORTS
+from trainwarden.supervisor.core.alerts import EVENTS as ALERT_EVENTS
 from trainwarden.supervisor.errors import ConfigError
 from trainwarden.supervisor.registry import check_installed
 
@@ -197,6 +198,26 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class AlertsConfig:
+    urls: list[str] = field(default_factory=list)
+    """Apprise URLs alerts are sent to ("ntfy://topic", "mailto://...", "json://host/path");
+    secrets: shown masked everywhere."""
+    command: list[str] = field(default_factory=list)
+    """argv run for each alert with the alert as JSON on stdin (unset: none)."""
+    on: list[str] = field(default_factory=lambda: list(ALERT_EVENTS))
+    """Events alerted: halted, finished, disk, gpu_fault, gpu_throttle, restarts, rollback,
+    resume_drift, hang, unclean_start (default: all)."""
+    min_interval_s: float = 600.0
+    """Seconds within which the same alert is not sent again."""
+    restarts_per_hour: int = 5
+    """Crashes within an hour beyond which a `restarts` alert is sent."""
+    timeout_s: float = 10.0
+    """Seconds one send (one URL, or the command) may take."""
+    retries: int = 2
+    """Further tries of a failed send, a few seconds apart."""
+
+
+@dataclass(frozen=True)
 class Config:
     run_dir: Path
     path: Path
@@ -209,6 +230,7 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
 
     @property
     def log_path(self) -> Path:
@@ -238,7 +260,11 @@ TABLES: dict[str, type] = {
     "control": ControlConfig,
     "mirror": MirrorConfig,
     "metrics": MetricsConfig,
+    "alerts": AlertsConfig,
 }
+
+SECRET_KEYS = frozenset({"alerts.urls"})
+"""Keys whose values an error never shows."""
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -314,8 +340,9 @@ def _build_table(path: Path, table: str, cls: type, raw: Any) -> Any:
                 f"known keys in [{table}]: {', '.join(names)}"
             )
         if not _matches(value, hints[key]):
+            shown = "(hidden)" if f"{table}.{key}" in SECRET_KEYS else repr(value)
             raise ConfigError(
-                f"{path}: '{table}.{key}' = {value!r} is invalid: expected {_describe(hints[key])}"
+                f"{path}: '{table}.{key}' = {shown} is invalid: expected {_describe(hints[key])}"
             )
         values[key] = float(value) if hints[key] is float else value
     return cls(**values)
@@ -480,6 +507,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     _check_paths(path, cfg)
     _check_finite(path, cfg)
     _check_divergence(path, cfg)
+    _check_alerts(path, cfg)
 
 
 def _check_divergence(path: Path, cfg: Config) -> None:
@@ -513,6 +541,33 @@ def _check_divergence(path: Path, cfg: Config) -> None:
     for key, (value, low) in at_least.items():
         if value < low:
             raise _bad(path, f"divergence.{key}", value, f"an integer >= {low}")
+
+
+def _check_alerts(path: Path, cfg: Config) -> None:
+    """[alerts]: URLs are checked for shape only and never shown (they hold tokens)."""
+    alerts = cfg.alerts
+    for i, url in enumerate(alerts.urls):
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://\S+", url):
+            raise ConfigError(
+                f"{path}: 'alerts.urls' item {i + 1} (hidden) is not an apprise URL: "
+                'expected scheme://..., for example "ntfy://my-topic" or "json://host:port/path"'
+            )
+    if alerts.command and not alerts.command[0]:
+        raise _bad(path, "alerts.command", alerts.command, 'a program first, e.g. ["notify.sh"]')
+    for name in alerts.on:
+        if name not in ALERT_EVENTS:
+            raise ConfigError(
+                f"{path}: 'alerts.on' names {name!r}{_nearest(name, list(ALERT_EVENTS))}; "
+                f"known events: {', '.join(ALERT_EVENTS)}"
+            )
+    if not alerts.min_interval_s >= 0:
+        raise _bad(path, "alerts.min_interval_s", alerts.min_interval_s, "a number >= 0")
+    if alerts.restarts_per_hour < 1:
+        raise _bad(path, "alerts.restarts_per_hour", alerts.restarts_per_hour, "an integer >= 1")
+    if not alerts.timeout_s > 0:
+        raise _bad(path, "alerts.timeout_s", alerts.timeout_s, "a number of seconds > 0")
+    if not 0 <= alerts.retries <= 10:
+        raise _bad(path, "alerts.retries", alerts.retries, "an integer from 0 to 10")
 
 
 def _check_finite(path: Path, cfg: Config) -> None:

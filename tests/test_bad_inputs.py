@@ -107,6 +107,42 @@ CATALOGUE: list[Bad] = [
     Bad("config", "table is a value", "trainer = 5\n", "[trainer] must be a table"),
     Bad(
         "config",
+        "alert url not a list",
+        TRAINER_OK + '[alerts]\nurls = "ntfy://tok9f8e7d6c5b4a"\n',
+        "'alerts.urls' = (hidden) is invalid: expected a list of a string",
+    ),
+    Bad(
+        "config",
+        "alert url without scheme",
+        TRAINER_OK + '[alerts]\nurls = ["tok9f8e7d6c5b4a"]\n',
+        "'alerts.urls' item 1 (hidden) is not an apprise URL",
+    ),
+    Bad(
+        "config",
+        "alert event typo",
+        TRAINER_OK + '[alerts]\non = ["halt"]\n',
+        "'alerts.on' names 'halt' (did you mean 'halted'?)",
+    ),
+    Bad(
+        "config",
+        "alert restarts_per_hour 0",
+        TRAINER_OK + "[alerts]\nrestarts_per_hour = 0\n",
+        "'alerts.restarts_per_hour' = 0",
+    ),
+    Bad(
+        "config",
+        "alert timeout 0",
+        TRAINER_OK + "[alerts]\ntimeout_s = 0\n",
+        "'alerts.timeout_s' = 0.0",
+    ),
+    Bad(
+        "config",
+        "alert retries 11",
+        TRAINER_OK + "[alerts]\nretries = 11\n",
+        "'alerts.retries' = 11",
+    ),
+    Bad(
+        "config",
         "command is a string",
         "[trainer]\ncommand = 'python x'\n",
         "'trainer.command'",

@@ -248,6 +248,13 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="print the branch record as JSON")
     p.set_defaults(func=_branch)
 
+    add(
+        "alert-test",
+        _alert_test,
+        "send a test alert to each [alerts] URL and the command (no daemon needed) and print"
+        " each one's result; exit 1 if any failed",
+    )
+
     help_text = "what a checkpoint holds: layout, sizes, digest, sidecar, branch (no daemon)"
     p = sub.add_parser("inspect", help=help_text, description=help_text)
     p.add_argument(
@@ -291,6 +298,13 @@ def _branch(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.branch import cmd_branch
 
     return cmd_branch(args)
+
+
+def _alert_test(args: argparse.Namespace) -> int:
+    # Imported when run: apprise is loaded only by the commands that send.
+    from trainwarden.supervisor.cli.alerting import cmd_alert_test
+
+    return cmd_alert_test(args)
 
 
 # inspect and export read a checkpoint's files; their modules are imported when run (every

@@ -25,6 +25,7 @@ from trainwarden.supervisor.inputs import signals
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.inputs.proctree import descendants, marked_processes
 from trainwarden.supervisor.shell import views
+from trainwarden.supervisor.shell.alerts import Alerter
 from trainwarden.supervisor.shell.boot import (
     journal_links,
     last_state_record,
@@ -110,6 +111,7 @@ class Daemon:
         self.cgroups: StartCgroups | None = None
         self.space = DiskSpace()
         """The daemon's files the disk had no space for (status `disk_full`)."""
+        self.alerter: Alerter | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -129,6 +131,11 @@ class Daemon:
         self._write_pid_file()
         restored, clean = last_state_record(self.files.journal, self.store.quarantine_notes)
         self.journal = Journal(self.files.journal, self.space)
+        if self.cfg.alerts.urls or self.cfg.alerts.command:
+            # Installed first: the start's own records (an unclean exit's) are alerted too.
+            self.alerter = Alerter(
+                self.cfg, self.journal, loop, lambda: self.hub.last_step if self.hub else None
+            )
         self.journal.append(
             "daemon_start",
             {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
@@ -268,6 +275,9 @@ class Daemon:
                 loop.remove_signal_handler(sig)
             with contextlib.suppress(FileNotFoundError):
                 self.files.trainer_pid.unlink()
+            if self.alerter is not None:
+                await asyncio.to_thread(self.alerter.drain)
+                self.alerter.close(grace=0.0)  # drained: journals on the loop, as all do
             self.journal.append("daemon_exit", {"code": self.exit_code})
             self.journal.close()
             with contextlib.suppress(FileNotFoundError):
