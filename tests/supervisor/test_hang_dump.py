@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support.daemon import running_daemon
 from tests.support.procs import pid_alive
 from tests.support.runs import PYTHON, journal, make_run
@@ -213,3 +215,24 @@ def test_a_py_spy_that_hangs_does_not_delay_the_kill_past_the_dump_timeout(tmp_p
         assert sigterm["t"] <= crash["t"]
         last_step_t = float((run_dir / "last_step_t").read_text())
         assert sigterm["t"] - last_step_t <= stall_s + dump_s + 2.0
+
+
+def test_a_torchrun_dump_holds_every_worker(tmp_path: Path):
+    pytest.importorskip("torch.distributed")
+    from tests.supervisor.test_torchrun import kill_workers, torchrun_run, worker_pids
+
+    run_dir = torchrun_run(tmp_path / "run", "children")
+    try:
+        with running_daemon(run_dir) as daemon:
+            workers = wait_for(lambda: len(pids := worker_pids(run_dir)) == 2 and pids, 120)
+            agent = daemon.status()["trainer_pid"]
+            dumped = daemon.request("dump", timeout=60)
+            assert dumped["pids"][0] == agent and set(workers) <= set(dumped["pids"])
+            assert dumped["error"] is None
+            text = Path(dumped["path"]).read_text()
+            for pid in (agent, *workers):
+                assert f"=== pid {pid}:" in text and f"Thread {pid} " in text
+            # The frames summarised are a worker's: its training loop, not the agent's wait.
+            assert any("torchrun_worker.py" in frame for frame in dumped["top_frames"])
+    finally:
+        kill_workers(run_dir)
