@@ -78,6 +78,15 @@ def test_shutdown_during_a_dump_stops_the_trainer_at_once():
     assert state.stop_reason == "shutdown" and state.dump_until is None
 
 
+def test_an_operator_shutdown_during_a_dump_stops_the_trainer_at_once():
+    state, _ = hung()
+    handles = frozenset({"SIGTERM", "SIGUSR1"})
+    state, actions = run([p.Operator(62.0, 7, p.Shutdown(), handles=handles)], state)
+    assert signals(actions) == ["SIGTERM"]
+    assert state.stop_reason == "shutdown" and state.dump_until is None
+    assert [w.kind for w in state.waiters] == ["stop"]
+
+
 def test_a_trainer_that_exits_during_the_dump_is_a_hang_crash_and_is_restarted():
     state, _ = hung()
     state, actions = run([p.TrainerExited(62.0, 100, 1), p.StacksDumped(62.1, 100)], state)
