@@ -245,3 +245,15 @@ def test_a_torchrun_dump_holds_every_worker(tmp_path: Path):
             assert any("torchrun_worker.py" in frame for frame in dumped["top_frames"])
     finally:
         kill_workers(run_dir)
+
+
+def test_dump_command_with_no_trainer_running_is_refused_in_one_line(tmp_path: Path):
+    run_dir = make_run(tmp_path / "run", [PYTHON, "-c", "print('step: 1, loss: 1.0, dt: 0.1')"])
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("finished", timeout=60)
+        out = dump_cli(run_dir)
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.strip() == (
+            "trainwarden: refused (wrong_state): no trainer is running: there are no stacks to dump"
+        )
+        assert first(run_dir, "hang_dump") is None
