@@ -102,6 +102,12 @@ class RestartConfig:
     """Restarts in a row without a new checkpoint before halting in crash_loop."""
     stall_timeout_s: float = 600.0
     """Seconds without a step line (and no checkpoint being written) that count as a hang."""
+    dump_timeout_s: float = 10.0
+    """Seconds a hang's stack dump (py-spy) may take before the trainer is stopped (0: no
+    dump, the stop comes at once)."""
+    py_spy: str | None = None
+    """The py-spy binary for stack dumps (unset: the one beside the daemon's Python, else
+    the one on PATH)."""
     divergence_retries: int = 1
     """Rollbacks allowed for a recurring divergence before halting in diverged."""
     suspect_window_steps: int = 10
@@ -427,6 +433,10 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         )
     if not cfg.restart.stall_timeout_s > 0:
         raise bad("restart.stall_timeout_s", cfg.restart.stall_timeout_s, "a number > 0")
+    if not cfg.restart.dump_timeout_s >= 0:
+        raise bad(
+            "restart.dump_timeout_s", cfg.restart.dump_timeout_s, "a number >= 0 (0: no dump)"
+        )
     if cfg.restart.divergence_retries < 0:
         raise bad("restart.divergence_retries", cfg.restart.divergence_retries, "an integer >= 0")
     if cfg.restart.suspect_window_steps < 1:

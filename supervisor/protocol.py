@@ -56,7 +56,15 @@ REPLACEABLE_TOPICS: Final[frozenset[Topic]] = frozenset(
 `events` is a stream (one journal record per push) and must arrive whole and in order."""
 
 ReadCommand = Literal[
-    "hello", "status", "checkpoints", "events", "history", "subscribe", "history_of", "related_runs"
+    "hello",
+    "status",
+    "checkpoints",
+    "events",
+    "history",
+    "subscribe",
+    "history_of",
+    "related_runs",
+    "dump",
 ]
 ActingCommand = Literal["save", "stop", "start", "pin", "unpin", "shutdown", "pivot"]
 Command = ReadCommand | ActingCommand
@@ -707,6 +715,24 @@ class PivotResult(TypedDict):
     """Arms the trainer has no data for any more."""
 
 
+class DumpResult(TypedDict):
+    """`dump`: the trainer's stacks, written to a file (the `hang_dump` record's fields)."""
+
+    reason: str
+    """"request" (the operator's dump) or "hang" (before a hung trainer's stop)."""
+    step: int | None
+    """The trainer's last logged step."""
+    path: str | None
+    """The dump file (None: it could not be written; see write_error)."""
+    top_frames: list[str]
+    """The innermost frames of the main thread, innermost first ("function (file:line)")."""
+    error: str | None
+    """Why py-spy dumped no process (None: it dumped at least one)."""
+    pids: list[int]
+    """The processes dumped: the trainer, then every process below it."""
+    seconds: float
+
+
 def size_text(n: Any) -> str:
     """A size in binary units, as the TUI and the command line both print it:
     "512 B", "1.4 MiB", "3.2 GiB"; "-" for no number."""
@@ -727,6 +753,7 @@ RESULTS: Final[dict[str, Any]] = {
     "history": HistoryResult,
     "history_of": HistoryOfResult,
     "related_runs": RelatedRunsResult,
+    "dump": DumpResult,
     "checkpoints": CheckpointsView,
     "events": EventsResult,
     "save": SaveRequested | SaveCommitted,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from trainwarden.supervisor.cli.output import (
     describe_result,
     format_checkpoints,
+    format_dump,
     format_status,
     print_event,
     print_json,
@@ -27,6 +28,7 @@ from trainwarden.supervisor.errors import (
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import (
+        DumpResult,
         EventsResult,
         PivotResult,
         StatusResult,
@@ -182,6 +184,16 @@ def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
         return stop_status(result) if cmd in ("stop", "shutdown") else 0
 
     return run
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    with _client(args, timeout=60.0) as client:
+        result: DumpResult = client.request("dump")
+    if args.json:
+        print_json(result)
+        return 0
+    print(format_dump(result))
+    return 0 if result["path"] is not None else 1
 
 
 def cmd_events(args: argparse.Namespace) -> int:

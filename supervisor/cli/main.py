@@ -16,6 +16,7 @@ from trainwarden.supervisor.cli.commands import (
     cmd_checkpoints,
     cmd_daemon,
     cmd_demo,
+    cmd_dump,
     cmd_events,
     cmd_init,
     cmd_install_unit,
@@ -83,6 +84,13 @@ def build_parser() -> Parser:
         cmd_checkpoints,
         "list the checkpoints, newest first, and the quarantined ones with their reasons"
         " (no daemon: read from the directory)",
+        json=True,
+        socket=True,
+    )
+    add(
+        "dump",
+        cmd_dump,
+        "write the trainer's stacks (every thread, every process) to a file now; it keeps running",
         json=True,
         socket=True,
     )

@@ -11,7 +11,7 @@ import orjson
 from trainwarden.supervisor.protocol import size_text as size_text
 
 if TYPE_CHECKING:
-    from trainwarden.supervisor.protocol import JournalRecord, StatusResult, Validation
+    from trainwarden.supervisor.protocol import DumpResult, JournalRecord, StatusResult, Validation
 
 
 # CSI and OSC sequences whole first, so "\x1b[31m" vanishes rather than leaving "[31m"; then
@@ -219,6 +219,21 @@ def stop_status(result: dict[str, Any]) -> int:
     at its last logged step, or there was no trainer to stop); 1 when it exited without
     saving or was killed (a daemon from before outcomes: 0)."""
     return 0 if result.get("outcome") in ("saved", "not_running", None) else 1
+
+
+def format_dump(d: DumpResult) -> str:
+    """Where the stacks went and the main thread's innermost frames (or why none)."""
+    pids = ", ".join(str(p) for p in d["pids"])
+    if d["path"] is None:
+        lines = [f"could not write the dump: {clean(d.get('write_error'))}"]
+    else:
+        lines = [f"stacks of pid {pids} written to {clean(d['path'])}"]
+    if d["error"] is not None:
+        lines.append(f"no Python stacks: {clean(d['error'])}")
+    if d["top_frames"]:
+        lines.append("main thread, innermost first:")
+        lines += [f"  {clean(frame)}" for frame in d["top_frames"]]
+    return "\n".join(lines)
 
 
 def print_event(record: JournalRecord, as_json: bool) -> None:

@@ -33,6 +33,17 @@ class SignalTrainer:
 
 
 @dataclass(frozen=True)
+class DumpStacks:
+    """Capture the trainer's stacks (every process of its tree) before it is stopped;
+    reported as StacksDumped."""
+
+    pid: int
+    step: int | None
+    """The last step it logged, for the dump's name."""
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class Delete:
     step: int
     name: str
@@ -121,6 +132,7 @@ class PruneMirror:
 Action = (
     Spawn
     | SignalTrainer
+    | DumpStacks
     | Delete
     | Quarantine
     | Record

@@ -247,7 +247,8 @@ def shutdown(state: State, ev: Operator, rules: Rules, actions: list[Action]) ->
     state = supersede_saves(state, actions, "shutdown")
     if state.trainer_alive:
         waiter = Waiter(ev.request_id, "stop", 0, ev.t + rules.stop_timeout_s + STOP_GRACE_S)
-        if state.stop_reason is None:
+        # A hang's stacks still being dumped: the shutdown does not wait for them.
+        if state.stop_reason is None or state.dump_until is not None:
             state = stop_trainer(state, ev.t, rules, "shutdown", actions)
             state = replace(state, waiters=(*state.waiters, waiter))
             _tell_stopping(state, ev, rules, actions)

@@ -27,6 +27,7 @@ from trainwarden.supervisor.core.events import (
     ResumeRefused,
     ShutdownRequested,
     SpawnFailed,
+    StacksDumped,
     StartContained,
     Startup,
     StepLogged,
@@ -52,6 +53,7 @@ HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
     TrainerSpawned: lifecycle.on_spawned,
     SpawnFailed: lifecycle.on_spawn_failed,
     TrainerExited: lifecycle.on_exited,
+    StacksDumped: lifecycle.on_dumped,
     StartContained: lifecycle.on_contained,
     Tick: lifecycle.on_tick,
     Operator: commands.on_operator,
@@ -76,7 +78,7 @@ def decide(state: State, event: Event, rules: Rules) -> tuple[State, list[Action
 
 def deadline(state: State, rules: Rules) -> float | None:
     """When the daemon must send the next Tick, if no other event arrives first."""
-    times = [state.kill_at, state.backoff_until]
+    times = [state.kill_at, state.dump_until, state.backoff_until]
     if state.phase in lifecycle.TRAINER_WORKING and state.trainer_alive:
         times.append(state.last_activity_t + rules.stall_timeout_s)
     times.extend(w.deadline for w in state.waiters if w.kind != "start")

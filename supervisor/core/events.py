@@ -177,6 +177,14 @@ class TrainerExited:
 
 
 @dataclass(frozen=True)
+class StacksDumped:
+    """A hung trainer's stacks were dumped (or the dump failed: the shell journaled why)."""
+
+    t: float
+    pid: int
+
+
+@dataclass(frozen=True)
 class StartContained:
     """Every process of the start whose main process exited is gone (see shell.containment)."""
 
@@ -267,6 +275,7 @@ Event = (
     | TrainerSpawned
     | SpawnFailed
     | TrainerExited
+    | StacksDumped
     | StartContained
     | Tick
     | Operator

@@ -8,6 +8,7 @@ from typing import Any
 from trainwarden.supervisor.core import barrier, pivot, rollback, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
+    DumpStacks,
     Exit,
     Quarantine,
     ReadMirrorPointer,
@@ -22,6 +23,7 @@ from trainwarden.supervisor.core.events import (
     ResumeRefused,
     ShutdownRequested,
     SpawnFailed,
+    StacksDumped,
     StartContained,
     Startup,
     Tick,
@@ -184,7 +186,12 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
     # The SIGKILL at stop_timeout_s said so when it was sent.
     ended = state.stop_exit or exit_text(ev.returncode, ev.signal_name)
     state = replace(
-        state, trainer_pid=None, kill_at=None, stop_exit=None, containing=not ev.contained
+        state,
+        trainer_pid=None,
+        kill_at=None,
+        dump_until=None,
+        stop_exit=None,
+        containing=not ev.contained,
     )
     exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
     if reason == "pivot" and state.pivot is not None:
@@ -381,6 +388,9 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
         and t >= state.backoff_until
     ):
         return spawn(state, t, actions)
+    if state.dump_until is not None and t >= state.dump_until and state.trainer_alive:
+        # The dump ran out of time: the stop it delayed comes now, as promised.
+        return stop_trainer(state, t, rules, state.stop_reason or "stall", actions)
     if state.kill_at is not None and t >= state.kill_at and state.trainer_alive:
         actions.append(SignalTrainer("SIGKILL", f"did not exit within {rules.stop_timeout_s:g} s"))
         tell(
@@ -404,8 +414,24 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
             parser, sample = state.parser_no_match
             stall["parser_no_match"] = {"parser": parser, "sample": sample}
         actions.append(Record("stall", stall))
+        if rules.dump_timeout_s > 0 and state.trainer_pid is not None:
+            # Its stacks say where it hangs; the SIGTERM waits for them, dump_timeout_s at most.
+            actions.append(DumpStacks(state.trainer_pid, state.last_step, rules.dump_timeout_s))
+            return replace(
+                state,
+                phase=Phase.STOPPING,
+                stop_reason="stall",
+                dump_until=t + rules.dump_timeout_s,
+            )
         return stop_trainer(state, t, rules, "stall", actions)
     return state
+
+
+def on_dumped(state: State, ev: StacksDumped, rules: Rules, actions: list[Action]) -> State:
+    """The hung trainer's stacks are on disk (or could not be had): stop it now."""
+    if state.dump_until is None or ev.pid != state.trainer_pid:
+        return state
+    return stop_trainer(state, ev.t, rules, state.stop_reason or "stall", actions)
 
 
 def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list[Action]) -> State:
@@ -414,6 +440,9 @@ def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list
     if state.trainer_alive:
         if state.stop_reason in ("operator", "shutdown", "pivot"):
             return state
+        if state.dump_until is not None:
+            # Its stacks are still being dumped: the stop need not wait for them.
+            return stop_trainer(state, ev.t, rules, "shutdown", actions)
         if state.stop_reason in ("divergence", "spike", "stall"):
             # Already on its way down; exit once it is gone rather than restarting it.
             return replace(state, stop_reason="shutdown")

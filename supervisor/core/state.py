@@ -21,6 +21,8 @@ class Rules:
     backoff_max_s: float = 300.0
     max_restarts_without_progress: int = 5
     stall_timeout_s: float = 600.0
+    dump_timeout_s: float = 10.0
+    """How long a hang's stack dump may delay its SIGTERM (0: no dump)."""
     stop_timeout_s: float = 120.0
     max_loss: float = 20.0
     divergence_retries: int = 1
@@ -146,6 +148,9 @@ class State:
     a hang then names it as the likely cause."""
     stop_reason: StopReason | None = None
     kill_at: float | None = None
+    dump_until: float | None = None
+    """A hung trainer's stacks are being dumped: its SIGTERM comes when the dump is done,
+    or at this time at the latest."""
     stop_exit: str | None = None
     """How a trainer stopped on request ended ("exited 0", "killed after 10 s"), until
     the stop's replies are given."""

@@ -38,6 +38,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
             last_activity_t=t,
             stop_reason=None,
             kill_at=None,
+            dump_until=None,
             stop_exit=None,
             backoff_until=None,
             halt_reason=None,
@@ -83,6 +84,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         last_activity_t=t,
         stop_reason=None,
         kill_at=None,
+        dump_until=None,
         stop_exit=None,
         backoff_until=None,
         progress_since_start=False,
@@ -103,7 +105,11 @@ def stop_trainer(
     """SIGTERM now, SIGKILL if it has not exited within stop_timeout_s."""
     actions.append(SignalTrainer("SIGTERM", reason))
     return replace(
-        state, phase=Phase.STOPPING, stop_reason=reason, kill_at=t + rules.stop_timeout_s
+        state,
+        phase=Phase.STOPPING,
+        stop_reason=reason,
+        kill_at=t + rules.stop_timeout_s,
+        dump_until=None,
     )
 
 

@@ -457,6 +457,12 @@ class ControlServer:
     async def cmd_related_runs(self, conn: Connection, args: dict[str, Any]) -> Any:
         return {"runs": await self.daemon.related_runs()}
 
+    async def cmd_dump(self, conn: Connection, args: dict[str, Any]) -> Any:
+        result = await self.daemon.dump_stacks()
+        if result is None:
+            raise CommandError("wrong_state", "no trainer is running: there are no stacks to dump")
+        return result
+
     def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
         topics = args.get("topics", list(TOPICS))
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
@@ -482,6 +488,7 @@ READS = (
     "subscribe",
     "history_of",
     "related_runs",
+    "dump",
 )
 RUN_PATH_MAX = 4096
 """Bytes of a run path history_of takes (PATH_MAX)."""

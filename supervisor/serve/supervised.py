@@ -48,6 +48,10 @@ class Supervised(Protocol):
         """Runs to overlay on this one: ancestors, then run directories beside it."""
         ...
 
+    async def dump_stacks(self) -> dict[str, Any] | None:
+        """Dump the live trainer's stacks now, without stopping it (None: no trainer)."""
+        ...
+
     def snapshot(self, topic: str) -> Any:
         """The newest frame of a telemetry topic."""
         ...

@@ -48,6 +48,7 @@ def rules_from(cfg: Config) -> core.Rules:
         backoff_max_s=cfg.restart.backoff_max_s,
         max_restarts_without_progress=cfg.restart.max_restarts_without_progress,
         stall_timeout_s=cfg.restart.stall_timeout_s,
+        dump_timeout_s=cfg.restart.dump_timeout_s,
         stop_timeout_s=cfg.trainer.stop_timeout_s,
         save_wait_timeout_s=cfg.trainer.save_wait_timeout_s,
         max_loss=cfg.telemetry.max_loss,

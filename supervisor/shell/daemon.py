@@ -38,6 +38,7 @@ from trainwarden.supervisor.shell.boot import (
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import Reaper, become_subreaper, stop_processes
 from trainwarden.supervisor.shell.executor import Executor
+from trainwarden.supervisor.shell.hangdump import dump_stacks
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
@@ -54,6 +55,8 @@ log = logging.getLogger("trainwarden.daemon")
 BACKGROUND_GRACE_S = 10.0
 """How long a stopping daemon waits for its background file work (mirror prune and such)."""
 
+DUMP_REQUEST_TIMEOUT_S = 10.0
+"""How long an operator's `dump` may take where [restart] dump_timeout_s = 0 (no hang dumps)."""
 REAP_INTERVAL_S = 1.0
 DISK_RETRY_S = 1.0
 """How often the daemon tries again to write what a full disk refused."""
@@ -560,6 +563,15 @@ class Daemon:
     async def related_runs(self) -> list[dict[str, Any]]:
         assert self.hub is not None
         return await self.hub.related_runs()
+
+    async def dump_stacks(self) -> dict[str, Any] | None:
+        pid = self.state.trainer_pid
+        if pid is None or self.journal is None:
+            return None
+        timeout_s = self.cfg.restart.dump_timeout_s or DUMP_REQUEST_TIMEOUT_S
+        return await dump_stacks(
+            self.cfg, self.files, self.journal, pid, self.state.last_step, timeout_s, "request"
+        )
 
     def snapshot(self, topic: str) -> Any:
         assert self.hub is not None

@@ -17,6 +17,7 @@ from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.shell import pivot_files
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import new_marker, start_processes, stop_processes
+from trainwarden.supervisor.shell.hangdump import dump_stacks
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.process import (
     TrainerIdentity,
@@ -103,6 +104,8 @@ class Executor:
             self.hub.cadence.signalled(action.signal)
             if pid is not None:
                 send_signal(pid, SIGNALS[action.signal], self.cfg.trainer.signal_target)
+        elif isinstance(action, core.DumpStacks):
+            self.in_background(self._dump_stacks(action))
         elif isinstance(action, core.Delete):
             journal.append(
                 "delete", {"step": action.step, "name": action.name, "reason": action.reason}
@@ -339,6 +342,24 @@ class Executor:
         if self.containing is not None:
             await self.containing
             self.containing = None
+
+    async def _dump_stacks(self, action: core.DumpStacks) -> None:
+        """The hung trainer's stacks, then the report that lets the policy stop it (the
+        policy stops it at its own deadline if this report is late)."""
+        try:
+            await dump_stacks(
+                self.cfg,
+                self.files,
+                self.journal,
+                action.pid,
+                action.step,
+                action.timeout_s,
+                "hang",
+            )
+        except Exception as exc:  # never fatal to the loop, never holding up the stop
+            self.journal.append("hang_dump", {"path": None, "top_frames": [], "error": repr(exc)})
+            log.exception("could not dump the trainer's stacks")
+        self.report(core.StacksDumped(time.monotonic(), action.pid))
 
     # ------------------------------------------------------------------ the mirror
 

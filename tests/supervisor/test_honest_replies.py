@@ -20,7 +20,8 @@ from tests.support.runs import PYTHON
 from trainwarden.supervisor.core import policy as p
 from trainwarden.supervisor.errors import CommandRefused
 
-RULES = p.Rules(stop_timeout_s=10.0, save_wait_timeout_s=600.0)
+RULES = p.Rules(stop_timeout_s=10.0, save_wait_timeout_s=600.0, dump_timeout_s=0.0)
+"""A hang is stopped at once here: the stack dump before it is test_hang_dump.py's."""
 BOTH = frozenset({"SIGTERM", "SIGUSR1"})
 
 

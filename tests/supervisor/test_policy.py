@@ -19,6 +19,7 @@ RULES = p.Rules(
     stop_timeout_s=10.0,
     max_loss=20.0,
     divergence_retries=1,
+    dump_timeout_s=0.0,  # a hang's SIGTERM at once; the dump before it: test_hang_dump.py
 )
 
 

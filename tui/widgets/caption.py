@@ -23,6 +23,8 @@ LEADS = frozenset({"crash", "stall", "divergence", "spike", "halt", "trainer_fin
 FOLLOWS = frozenset({"signal", "trainer_killed", "restart_scheduled", "spawn", "halt", "rollback"})
 CAUSE_CHARS = 20
 """A crash's cause is cut here: the events panel and `trainwarden events` hold all of it."""
+FUNCTION_CHARS = 40
+"""A hung trainer's innermost function is cut here (the dump file holds its stacks)."""
 CAPTION_CHARS = 160
 """Longest caption kept; the widget cuts what its width cannot show with an ellipsis."""
 
@@ -65,7 +67,12 @@ def _continues(incident: Incident, record: dict[str, Any]) -> bool:
         return True
     # A hang ends in the exit record of the trainer the daemon killed for it.
     lead = incident.lead.get("kind")
-    return kind == "crash" and lead == "stall" and incident.last("crash") is None
+    if lead != "stall":
+        return False
+    # And its stacks, dumped before the kill.
+    if kind == "hang_dump":
+        return record.get("reason") == "hang" and incident.last("hang_dump") is None
+    return kind == "crash" and incident.last("crash") is None
 
 
 def _step(value: Any) -> str:
@@ -88,7 +95,7 @@ def what_happened(incident: Incident) -> str:
     if kind == "crash":
         return f"trainer crashed at step {_step(lead.get('last_step'))} ({_cause(lead)})"
     if kind == "stall":
-        return f"trainer hung at step {_step(lead.get('last_step'))}"
+        return f"trainer hung at step {_step(lead.get('last_step'))}{_dumped(incident)}"
     if kind == "divergence":
         return f"loss {fmt.loss(lead.get('loss'))} at step {_step(lead.get('step'))}"
     if kind == "spike":
@@ -99,6 +106,22 @@ def what_happened(incident: Incident) -> str:
     if kind == "trainer_finished":
         return f"trainer finished at step {_step(lead.get('last_step'))}"
     return f"run halted ({lead.get('state') or 'halt'})"
+
+
+def _dumped(incident: Incident) -> str:
+    """Where a hung trainer was stuck, from its stack dump (the events panel has the path)."""
+    dump = incident.last("hang_dump")
+    if dump is None:
+        return ""
+    frames = dump.get("top_frames")
+    if isinstance(frames, list) and frames and isinstance(frames[0], str):
+        function = frames[0].split(" (", 1)[0]
+        if len(function) > FUNCTION_CHARS:
+            function = function[: FUNCTION_CHARS - 1] + "…"
+        return f" in {function} (stacks dumped)"
+    if dump.get("path"):
+        return " (kernel stacks dumped; no Python stacks)"
+    return " (no stacks dumped)"
 
 
 def what_the_daemon_did(incident: Incident) -> str:

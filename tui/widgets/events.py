@@ -64,6 +64,7 @@ NOTABLE = {
     "spike_outcome",
     "stop_outcome",
     "awaiting_verification",
+    "hang_dump",
 }
 HINTED = {"parser_no_match", "checkpoint_unrecognised"}
 """Records whose one-line hint says all they hold."""
@@ -108,6 +109,8 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
             f"loss {fmt.loss(record.get('peak'))} from step {record.get('first_step')}"
             f" to {record.get('step')}, above {fmt.loss(record.get('threshold'))}"
         )
+    elif kind == "hang_dump":
+        return _words(hang_dump_text(record))
     elif kind == "rollback":
         window = record.get("window")
         skip = f", skip {window[0]}..{window[1]}" if isinstance(window, list) else ", no skip"
@@ -120,6 +123,19 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
         if key not in SKIPPED_FIELDS and not (kind == "crash" and key == "cause")
     ]
     return [*_words(head), *rest]
+
+
+def hang_dump_text(record: dict[str, Any]) -> str:
+    """Where the stacks went (from the run's .trainwarden/ on) and the innermost frame, or why
+    there are no Python stacks."""
+    path = record.get("path")
+    where = str(path) if path else "not written"
+    if isinstance(path, str) and "/.trainwarden/" in path:
+        where = ".trainwarden/" + path.rsplit("/.trainwarden/", 1)[1]
+    frames = record.get("top_frames")
+    if isinstance(frames, list) and frames:
+        return f"{where} in {frames[0]}"
+    return f"{where}, no Python stacks: {record.get('error') or 'none found'}"
 
 
 def _words(text: str) -> list[str]:
