@@ -197,6 +197,16 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    reset: bool = False
+    """After a reset-class XID, reset the GPU (nvidia-smi -r, needs root) and resume, instead of halting in gpu_fault."""
+    idle_timeout_s: float = 60.0
+    """Seconds a GPU fault waits for every process to let go of the GPU before halting or resetting."""
+    throttle_after_s: float = 60.0
+    """Seconds of thermal, power-brake or hardware slowdown before it is journaled as gpu_throttle."""
+
+
+@dataclass(frozen=True)
 class Config:
     run_dir: Path
     path: Path
@@ -209,6 +219,7 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
 
     @property
     def log_path(self) -> Path:
@@ -238,6 +249,7 @@ TABLES: dict[str, type] = {
     "control": ControlConfig,
     "mirror": MirrorConfig,
     "metrics": MetricsConfig,
+    "gpu": GpuConfig,
 }
 
 
@@ -400,6 +412,9 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         )
     if not cfg.restart.stall_timeout_s > 0:
         raise bad("restart.stall_timeout_s", cfg.restart.stall_timeout_s, "a number > 0")
+    for key in ("idle_timeout_s", "throttle_after_s"):
+        if not getattr(cfg.gpu, key) > 0:
+            raise bad(f"gpu.{key}", getattr(cfg.gpu, key), "a number > 0")
     if cfg.restart.divergence_retries < 0:
         raise bad("restart.divergence_retries", cfg.restart.divergence_retries, "an integer >= 0")
     if cfg.restart.suspect_window_steps < 1:

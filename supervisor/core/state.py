@@ -8,7 +8,7 @@ from typing import Any, Literal
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.spikes import SpikeLog, SpikeRules
 
-StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot"]
+StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
 PivotStage = Literal["saving", "stopping", "archiving", "writing_policy"]
 
 
@@ -42,6 +42,10 @@ class Rules:
     """How long a decision that names a checkpoint waits for a verification in flight."""
     spikes: SpikeRules = SpikeRules()
     """Loss spike detection and rollback ([divergence], see core.spikes and core.rollback)."""
+    gpu_reset: bool = False
+    """[gpu] reset: after a reset-class XID, reset the GPU and resume instead of halting."""
+    gpu_idle_timeout_s: float = 60.0
+    """How long a GPU fault waits for every process to let go of the GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,18 @@ class Ckpt:
     mtime: float = 0.0
     digest: str = ""
     """xxh3-128 of its files when it was verified (see store.digest); "" if unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFaultInfo:
+    """A GPU fault the trainer cannot run through, while the daemon stops it (core.gpu_faults)."""
+
+    gpu: int
+    xid: int | None
+    """None: the GPU stopped answering NVML."""
+    cls: str
+    """Its core.gpu_faults.XidClass."""
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +214,12 @@ class State:
     """Checkpoints at or before this step carry a bandit from before the last pivot."""
     spikes: SpikeLog = SpikeLog()
     """Loss spikes: this start's detector, the run's skip windows and rollbacks."""
+    gpu_fault: GpuFaultInfo | None = None
+    """The GPU fault being handled (trainer stopping, GPU draining or resetting)."""
+    gpu_xid: int | None = None
+    """An XID the trainer may die of, named beside its crash."""
+    memory_faults: int = 0
+    """GPU memory-error XIDs (48, 63, 64) this run has had: the second halts."""
 
     @property
     def trainer_alive(self) -> bool:
@@ -260,6 +282,7 @@ PERSISTED = (
     "divergence_step",
     "halt_reason",
     "last_pivot_step",
+    "memory_faults",
 )
 
 
@@ -298,6 +321,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         last_pivot_step=data.get("last_pivot_step"),
         pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
         spikes=SpikeLog.from_json(data.get("spikes")),
+        memory_faults=int(data.get("memory_faults", 0)),
     )
 
 
