@@ -198,6 +198,8 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class GpuConfig:
+    devices: list[int] | None = None
+    """NVML indices of the GPUs this run trains on: faults on others are journaled only (unset: all)."""
     reset: bool = False
     """After a reset-class XID, reset the GPU (nvidia-smi -r, needs root) and resume, instead of halting in gpu_fault."""
     idle_timeout_s: float = 60.0

@@ -128,6 +128,9 @@ def on_fault(state: State, ev: GpuFault, rules: Rules, actions: list[Action]) ->
         "recovery": ev.recovery,
         "message": ev.message or XID_NAMES.get(ev.xid, f"Xid {ev.xid}"),
     }
+    if not _ours(ev.gpu, rules):
+        actions.append(Record("gpu_fault", {**fields, "action": "none: not a GPU of this run"}))
+        return state
     if state.phase in HALTED or state.gpu_fault is not None:
         actions.append(Record("gpu_fault", {**fields, "action": "none: already halted"}))
         return state
@@ -150,12 +153,19 @@ def on_fault(state: State, ev: GpuFault, rules: Rules, actions: list[Action]) ->
 
 def on_lost(state: State, ev: GpuLost, rules: Rules, actions: list[Action]) -> State:
     fields = {"gpu": ev.gpu, "xid": None, "class": "lost", "recovery": None, "message": ev.error}
+    if not _ours(ev.gpu, rules):
+        actions.append(Record("gpu_fault", {**fields, "action": "none: not a GPU of this run"}))
+        return state
     if state.phase in HALTED or (state.gpu_fault is not None and state.gpu_fault.cls == "lost"):
         actions.append(Record("gpu_fault", {**fields, "action": "none: already halted"}))
         return state
     actions.append(Record("gpu_fault", {**fields, "action": "halt"}))
     fault = GpuFaultInfo(ev.gpu, None, XidClass.LOST, ev.error)
     return _stop_for(state, fault, ev.t, rules, actions)
+
+
+def _ours(gpu: int, rules: Rules) -> bool:
+    return rules.gpu_devices is None or gpu in rules.gpu_devices
 
 
 def _stop_for(

@@ -42,6 +42,8 @@ class Rules:
     """How long a decision that names a checkpoint waits for a verification in flight."""
     spikes: SpikeRules = SpikeRules()
     """Loss spike detection and rollback ([divergence], see core.spikes and core.rollback)."""
+    gpu_devices: tuple[int, ...] | None = None
+    """[gpu] devices: the GPUs whose faults concern this run (None: every GPU)."""
     gpu_reset: bool = False
     """[gpu] reset: after a reset-class XID, reset the GPU and resume instead of halting."""
     gpu_idle_timeout_s: float = 60.0

@@ -113,6 +113,7 @@ class Daemon:
         self.space = DiskSpace()
         """The daemon's files the disk had no space for (status `disk_full`)."""
         self.gpu_events: GpuEventWatcher | None = None
+        self._gpu_events_task: asyncio.Task[None] | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -257,6 +258,8 @@ class Daemon:
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
+            if self._gpu_events_task is not None:
+                self._gpu_events_task.cancel()
             if self.gpu_events is not None:
                 await asyncio.to_thread(self.gpu_events.stop)
             close_format = getattr(self.fmt, "close", None)
@@ -574,8 +577,20 @@ class Daemon:
             event = core.GpuLost(time.monotonic(), gpu, error)
             loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
-        self.gpu_events = GpuEventWatcher(shared_nvml(), on_xid, on_lost)
-        self.gpu_events.start()
+        watcher = self.gpu_events = GpuEventWatcher(shared_nvml(), on_xid, on_lost)
+        watcher.start()
+
+        async def journal_watching() -> None:
+            """Say which GPUs' XIDs are watched (nothing where NVML is unusable)."""
+            assert self.journal is not None
+            await asyncio.to_thread(watcher.ready.wait, 60.0)
+            if watcher.watching or watcher.without_events:
+                without = {str(i): why for i, why in watcher.without_events.items()}
+                self.journal.append(
+                    "gpu_events", {"watching": watcher.watching, "without_events": without}
+                )
+
+        self._gpu_events_task = loop.create_task(journal_watching())
 
     # ------------------------------------------------------------------ mirror, metrics
 

@@ -7,7 +7,8 @@ Error classes mirror the real ones: `NVMLError(value)` with one subclass per cod
 Events: `push_xid(xid)` has the next `nvmlEventSetWait_v2` return a critical XID event,
 `lose()` makes every call raise NVMLError_GpuIsLost from then on. A daemon in another
 process is driven through `control_dir`: each line "GPU XID [RECOVERY]" appended to its
-`xids` file is one event, and a `lost` file there loses the GPU.
+`xids` file is one event, a `lost` file there loses the GPU, and a `reasons` file holds
+the clock-event (throttle) reason mask, e.g. 0x40.
 """
 
 from __future__ import annotations
@@ -204,6 +205,8 @@ class FakeNvml:
         return int(self.values["sm_clock"])
 
     def _nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        if self.control_dir is not None and (self.control_dir / "reasons").exists():
+            self.values["reasons"] = int((self.control_dir / "reasons").read_text(), 0)
         return int(self.values["reasons"])
 
     def _nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:

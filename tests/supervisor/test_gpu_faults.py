@@ -180,6 +180,17 @@ def test_start_after_a_gpu_fault_halt_starts_the_trainer():
     assert of(actions, p.Spawn) and state.phase == "starting"
 
 
+def test_faults_on_a_gpu_the_run_does_not_use_are_only_journaled():
+    rules = replace(RULES, gpu_devices=(0, 1))
+    state, actions = run([p.GpuFault(2.0, 3, 79), p.GpuLost(2.5, 2, "GpuIsLost")], running(), rules)
+    assert [r["action"] for r in records(actions, "gpu_fault")] == [
+        "none: not a GPU of this run"
+    ] * 2
+    assert not of(actions, p.SignalTrainer) and state.phase == "running"
+    state, actions = run([p.GpuFault(3.0, 1, 79)], state, rules)
+    assert of(actions, p.SignalTrainer)
+
+
 def test_a_fault_while_halted_is_only_journaled():
     state, _ = run([p.GpuFault(2.0, 0, 79), p.TrainerExited(3.0, 100, -15)], running())
     state, actions = run([p.GpuFault(4.0, 0, 46)], state)
@@ -342,6 +353,8 @@ def test_daemon_xid_79_halts_in_gpu_fault_without_a_restart(tmp_path: Path):
     run_dir = long_run(tmp_path)
     with running_daemon(run_dir, env=env) as daemon:
         daemon.wait_state("running")
+        (watching,) = wait_for(lambda: kinds_of(run_dir, "gpu_events"), 30, what="gpu_events")
+        assert watching["watching"] == [0] and watching["without_events"] == {}
         push_xid(control, 79)
         status = daemon.wait_state("gpu_fault", timeout=60)
         assert "reboot" in status["detail"]["reason"]
@@ -387,3 +400,31 @@ def test_daemon_gpu_that_stops_answering_nvml_halts_in_gpu_fault(tmp_path: Path)
         (fault,) = kinds_of(run_dir, "gpu_fault")
         assert fault["class"] == "lost" and "GpuIsLost" in fault["message"]
         assert starts(run_dir) == 1
+
+
+@pytest.mark.timeout(240)
+def test_daemon_journals_a_thermal_throttle_longer_than_the_window_once(tmp_path: Path):
+    env, control = stub_env(tmp_path)
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps",
+        "100000",
+        "--save-every",
+        "50",
+        "--dt",
+        "0.02",
+        telemetry={"n_params": 124_356_864, "sample_interval_s": 0.1},
+        gpu={"throttle_after_s": 1.0},
+    )
+    with running_daemon(run_dir, env=env) as daemon:
+        wait_for(lambda: daemon.status()["mfu"] is not None, 30, what="an MFU")
+        wait_for(lambda: daemon.status()["gpu"], 30, what="a GPU sample")
+        (control / "reasons").write_text("0x44")  # power cap (normal) and hardware thermal
+        (record,) = wait_for(lambda: kinds_of(run_dir, "gpu_throttle"), 30, what="gpu_throttle")
+        assert record["gpu"] == 0 and record["reasons"] == ["hw_thermal"]
+        assert record["seconds"] >= 1.0 and record["mfu_before"] is not None
+        assert "mfu_drop" in record
+        # Still throttled for another second or more (many samples at 0.1 s): no second record.
+        step = daemon.status()["step"]
+        wait_for(lambda: daemon.status()["step"] >= step + 100, 60, what="100 more steps")
+        assert len(kinds_of(run_dir, "gpu_throttle")) == 1
