@@ -173,6 +173,7 @@ def _stop_for(
 ) -> State:
     """Stop the trainer (or cancel its restart) for a fault it cannot run through."""
     state = pivot.abort(state, actions, f"a GPU fault on GPU {fault.gpu}")
+    fault = replace(fault, reason=instruction(fault))
     state = replace(state, gpu_fault=fault, backoff_until=None, spawn_due=False)
     if not state.trainer_alive:
         return after_trainer_gone(state, t, rules, actions)

@@ -72,6 +72,8 @@ class GpuFaultInfo:
     cls: str
     """Its core.gpu_faults.XidClass."""
     message: str = ""
+    reason: str = ""
+    """The halt reason it ends in: also what a daemon restarted meanwhile halts with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,12 +300,17 @@ def persisted(state: State) -> dict[str, Any]:
     data["digests"] = {c.name: c.digest for c in state.checkpoints if c.digest}
     data["pivot"] = state.pivot.to_json() if state.pivot else None
     data["spikes"] = state.spikes.to_json()
+    data["gpu_fault"] = state.gpu_fault.reason if state.gpu_fault else None
     return data
 
 
 def restore(data: dict[str, Any], rules: Rules) -> State:
     """A fresh State carrying the persisted fields of a previous daemon."""
     phase = data.get("phase", Phase.STARTING)
+    halt_reason = data.get("halt_reason")
+    if phase not in HALTED and data.get("gpu_fault"):
+        # It died handling a GPU fault: restarting the trainer would run into the fault.
+        phase, halt_reason = Phase.GPU_FAULT, data["gpu_fault"]
     return State(
         # A daemon that died with a trainer up starts it again; a halted run stays halted.
         phase=Phase(phase) if phase in HALTED else Phase.STARTING,
@@ -317,7 +324,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         max_commit_gap=data.get("max_commit_gap"),
         divergences=int(data.get("divergences", 0)),
         divergence_step=data.get("divergence_step"),
-        halt_reason=data.get("halt_reason"),
+        halt_reason=halt_reason,
         pinned=frozenset(int(s) for s in data.get("pinned", [])),
         digests=_digests(data.get("digests")),
         last_pivot_step=data.get("last_pivot_step"),

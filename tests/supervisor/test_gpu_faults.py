@@ -419,6 +419,9 @@ def test_daemon_journals_a_thermal_throttle_longer_than_the_window_once(tmp_path
     with running_daemon(run_dir, env=env) as daemon:
         wait_for(lambda: daemon.status()["mfu"] is not None, 30, what="an MFU")
         wait_for(lambda: daemon.status()["gpu"], 30, what="a GPU sample")
+        # Several samples (0.1 s apart) that saw the MFU before the throttle begins.
+        step = daemon.status()["step"]
+        wait_for(lambda: daemon.status()["step"] >= step + 50, 60, what="50 more steps")
         (control / "reasons").write_text("0x44")  # power cap (normal) and hardware thermal
         (record,) = wait_for(lambda: kinds_of(run_dir, "gpu_throttle"), 30, what="gpu_throttle")
         assert record["gpu"] == 0 and record["reasons"] == ["hw_thermal"]
@@ -428,3 +431,11 @@ def test_daemon_journals_a_thermal_throttle_longer_than_the_window_once(tmp_path
         step = daemon.status()["step"]
         wait_for(lambda: daemon.status()["step"] >= step + 100, 60, what="100 more steps")
         assert len(kinds_of(run_dir, "gpu_throttle")) == 1
+
+
+def test_a_daemon_restarted_while_a_fault_is_handled_halts_instead_of_restarting():
+    state, actions = run([p.GpuFault(2.0, 0, 46), p.TrainerExited(3.0, 100, -15)], running())
+    assert of(actions, p.AwaitGpuIdle) and state.phase == "stopping"
+    restored, actions = run([p.Restored(0.0, p.persisted(state)), p.Startup(0.0)])
+    assert restored.phase == "gpu_fault" and not of(actions, p.Spawn)
+    assert "nvidia-smi -r -i 0" in (restored.halt_reason or "")
