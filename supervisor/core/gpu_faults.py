@@ -131,8 +131,14 @@ def on_fault(state: State, ev: GpuFault, rules: Rules, actions: list[Action]) ->
     if not _ours(ev.gpu, rules):
         actions.append(Record("gpu_fault", {**fields, "action": "none: not a GPU of this run"}))
         return state
-    if state.phase in HALTED or state.gpu_fault is not None:
+    if state.phase in HALTED:
         actions.append(Record("gpu_fault", {**fields, "action": "none: already halted"}))
+        return state
+    handled = state.gpu_fault
+    if handled is not None and _SEVERITY.index(cls) <= _SEVERITY.index(XidClass(handled.cls)):
+        actions.append(
+            Record("gpu_fault", {**fields, "action": "none: already handling a GPU fault"})
+        )
         return state
     if cls in (XidClass.APPLICATION, XidClass.UNKNOWN):
         # The trainer dies of it (or not); its crash, if any, is the usual restart.

@@ -439,3 +439,14 @@ def test_a_daemon_restarted_while_a_fault_is_handled_halts_instead_of_restarting
     restored, actions = run([p.Restored(0.0, p.persisted(state)), p.Startup(0.0)])
     assert restored.phase == "gpu_fault" and not of(actions, p.Spawn)
     assert "nvidia-smi -r -i 0" in (restored.halt_reason or "")
+
+
+def test_a_worse_fault_while_one_is_handled_changes_the_instruction():
+    state, _ = run([p.GpuFault(2.0, 0, 46), p.TrainerExited(3.0, 100, -15)], running())
+    state, actions = run([p.GpuFault(3.5, 0, 79)], state)
+    assert records(actions, "gpu_fault")[0]["action"] == "halt"
+    state, _ = run([p.GpuIdle(4.0, 0)], state)
+    assert state.phase == "gpu_fault" and "reboot" in (state.halt_reason or "")
+    state, _ = run([p.GpuFault(2.0, 0, 46), p.TrainerExited(3.0, 100, -15)], running())
+    state, actions = run([p.GpuFault(3.5, 0, 13)], state)
+    assert records(actions, "gpu_fault")[0]["action"] == "none: already handling a GPU fault"
