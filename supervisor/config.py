@@ -224,6 +224,22 @@ class AlertsConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    devices: list[int] | None = None
+    """NVML indices of the GPUs this run trains on: faults on others are journaled only
+    (unset: all)."""
+    reset: bool = False
+    """After a reset-class XID, reset the GPU (nvidia-smi -r, needs root) and resume, instead
+    of halting in gpu_fault."""
+    idle_timeout_s: float = 60.0
+    """Seconds a GPU fault waits for every process to let go of the GPU before halting or
+    resetting."""
+    throttle_after_s: float = 60.0
+    """Seconds of thermal, power-brake or hardware slowdown before it is journaled as
+    gpu_throttle."""
+
+
+@dataclass(frozen=True)
 class Config:
     run_dir: Path
     path: Path
@@ -237,6 +253,7 @@ class Config:
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
 
     @property
     def log_path(self) -> Path:
@@ -267,6 +284,7 @@ TABLES: dict[str, type] = {
     "mirror": MirrorConfig,
     "metrics": MetricsConfig,
     "alerts": AlertsConfig,
+    "gpu": GpuConfig,
 }
 
 SECRET_KEYS = frozenset({"alerts.urls"})
@@ -437,6 +455,9 @@ def _check_ranges(path: Path, cfg: Config) -> None:
         raise bad(
             "restart.dump_timeout_s", cfg.restart.dump_timeout_s, "a number >= 0 (0: no dump)"
         )
+    for key in ("idle_timeout_s", "throttle_after_s"):
+        if not getattr(cfg.gpu, key) > 0:
+            raise bad(f"gpu.{key}", getattr(cfg.gpu, key), "a number > 0")
     if cfg.restart.divergence_retries < 0:
         raise bad("restart.divergence_retries", cfg.restart.divergence_retries, "an integer >= 0")
     if cfg.restart.suspect_window_steps < 1:

@@ -129,6 +129,21 @@ class PruneMirror:
     steps: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class AwaitGpuIdle:
+    """Wait until no process holds GPU `gpu` (at most `timeout_s`); reported as GpuIdle."""
+
+    gpu: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ResetGpu:
+    """Reset GPU `gpu` (nvidia-smi -r); reported as GpuResetDone."""
+
+    gpu: int
+
+
 Action = (
     Spawn
     | SignalTrainer
@@ -144,4 +159,6 @@ Action = (
     | ReadMirrorPointer
     | MirrorCopy
     | PruneMirror
+    | AwaitGpuIdle
+    | ResetGpu
 )

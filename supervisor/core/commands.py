@@ -184,7 +184,7 @@ def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
             actions,
             ev.request_id,
             "wrong_state",
-            f"the run is {state.phase}; start works from stopped, finished, crash_loop or diverged",
+            f"the run is {state.phase}; start works from stopped, finished, crash_loop, diverged or gpu_fault",
         )
         return state
     state = replace(

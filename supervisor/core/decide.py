@@ -6,7 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainwarden.supervisor.core import barrier, commands, lifecycle, pivot, progress, retention
+from trainwarden.supervisor.core import (
+    barrier,
+    commands,
+    gpu_faults,
+    lifecycle,
+    pivot,
+    progress,
+    retention,
+)
 from trainwarden.supervisor.core.actions import Action
 from trainwarden.supervisor.core.events import (
     CheckpointChanged,
@@ -17,6 +25,10 @@ from trainwarden.supervisor.core.events import (
     CheckpointVanished,
     CheckpointWriting,
     Event,
+    GpuFault,
+    GpuIdle,
+    GpuLost,
+    GpuResetDone,
     MirrorCopied,
     MirrorPointer,
     Operator,
@@ -62,6 +74,10 @@ HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
     PivotProgress: pivot.on_progress,
     MirrorPointer: progress.on_mirror_pointer,
     MirrorCopied: retention.on_mirror_copied,
+    GpuFault: gpu_faults.on_fault,
+    GpuLost: gpu_faults.on_lost,
+    GpuIdle: gpu_faults.on_idle,
+    GpuResetDone: gpu_faults.on_reset_done,
 }
 
 

@@ -259,6 +259,45 @@ class MirrorCopied:
     name: str = ""
 
 
+@dataclass(frozen=True)
+class GpuFault:
+    """NVML reported a critical XID on GPU `gpu` (see core.gpu_faults for the classes)."""
+
+    t: float
+    gpu: int
+    xid: int
+    recovery: str | None = None
+    """The driver's recovery action ("gpu_reset", "node_reboot", ...), where it gives one."""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class GpuLost:
+    """NVML calls on GPU `gpu` fail after they used to work (GpuIsLost: the GPU vanished)."""
+
+    t: float
+    gpu: int
+    error: str
+
+
+@dataclass(frozen=True)
+class GpuIdle:
+    """The wait for GPU `gpu` to be free ended: `holders` still held it when it timed out."""
+
+    t: float
+    gpu: int
+    holders: tuple[int, ...] = ()
+    waited_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuResetDone:
+    t: float
+    gpu: int
+    ok: bool
+    error: str | None = None
+
+
 Event = (
     Restored
     | Startup
@@ -284,6 +323,10 @@ Event = (
     | PivotProgress
     | MirrorPointer
     | MirrorCopied
+    | GpuFault
+    | GpuLost
+    | GpuIdle
+    | GpuResetDone
 )
 
 

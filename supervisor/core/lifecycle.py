@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import barrier, pivot, rollback, suspects
+from trainwarden.supervisor.core import barrier, gpu_faults, pivot, rollback, suspects
 from trainwarden.supervisor.core.actions import (
     Action,
     DumpStacks,
@@ -197,6 +197,9 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
     if reason == "pivot" and state.pivot is not None:
         actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
         return pivot.on_trainer_stopped(state, ev.t, rules, actions)
+    if reason == "gpu_fault" and state.gpu_fault is not None:
+        actions.append(Record("trainer_stopped", {**exit_fields, "cause": "gpu_fault"}))
+        return gpu_faults.after_trainer_gone(state, ev.t, rules, actions)
     if state.pivot is not None:
         state = pivot.abort(
             state, actions, f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
@@ -206,6 +209,7 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         tell(state, actions, ended)
         state = replace(
             state,
+            gpu_fault=None,
             phase=Phase.STOPPED,
             stop_reason=None,
             halt_reason="stopped by operator",
@@ -289,7 +293,11 @@ def crashed(
 ) -> State:
     """The trainer died unasked: blame its checkpoint if it never got past it, then back off
     (doubling, up to backoff_max_s) or halt after too many restarts without progress."""
-    actions.append(Record("crash", {**(exit_fields or {}), "cause": cause}))
+    crash = {**(exit_fields or {}), "cause": cause}
+    if state.gpu_xid is not None:
+        crash["xid"] = state.gpu_xid  # reported by NVML before the trainer died
+    actions.append(Record("crash", crash))
+    state = replace(state, gpu_xid=None)
     state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
     state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
     if state.progress_since_start:
@@ -443,7 +451,7 @@ def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list
         if state.dump_until is not None:
             # Its stacks are still being dumped: the stop need not wait for them.
             return stop_trainer(state, ev.t, rules, "shutdown", actions)
-        if state.stop_reason in ("divergence", "spike", "stall"):
+        if state.stop_reason in ("divergence", "spike", "stall", "gpu_fault"):
             # Already on its way down; exit once it is gone rather than restarting it.
             return replace(state, stop_reason="shutdown")
         return stop_trainer(state, ev.t, rules, "shutdown", actions)

@@ -13,7 +13,9 @@
                                            \\-> diverged (max_rollbacks within the horizon)
     running --pivot--> pivoting --checkpoint, stop, archive, policy--> starting
     pivoting --archive or policy write failed--> stopped (start completes the pivot)
-    stopped | finished | crash_loop | diverged --start--> starting
+    any --reset-class Xid--> stopping --exit, GPU free--> gpu_fault ([gpu] reset: --reset--> starting)
+    any --Xid 79, GPU lost to NVML, second memory Xid--> stopping --exit--> gpu_fault
+    stopped | finished | crash_loop | diverged | gpu_fault --start--> starting
 
 Each transition is made by the pure policy (trainwarden.supervisor.core) for the cause
 named on its arrow; nothing else assigns a phase.
@@ -35,10 +37,11 @@ class Phase(StrEnum):
     CRASH_LOOP = "crash_loop"
     DIVERGED = "diverged"
     PIVOTING = "pivoting"
+    GPU_FAULT = "gpu_fault"
 
 
 HALTED: frozenset[Phase] = frozenset(
-    {Phase.STOPPED, Phase.FINISHED, Phase.CRASH_LOOP, Phase.DIVERGED}
+    {Phase.STOPPED, Phase.FINISHED, Phase.CRASH_LOOP, Phase.DIVERGED, Phase.GPU_FAULT}
 )
 """Phases in which no trainer runs and none will start until the operator says so."""
 TRAINER_UP: frozenset[Phase] = frozenset(

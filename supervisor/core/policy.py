@@ -3,6 +3,7 @@
 from trainwarden.supervisor.core.actions import (
     Action,
     Archive,
+    AwaitGpuIdle,
     Delete,
     DumpStacks,
     Exit,
@@ -13,6 +14,7 @@ from trainwarden.supervisor.core.actions import (
     ReadMirrorPointer,
     Record,
     Reply,
+    ResetGpu,
     SignalTrainer,
     Spawn,
     WritePolicy,
@@ -27,6 +29,10 @@ from trainwarden.supervisor.core.events import (
     CheckpointVanished,
     CheckpointWriting,
     Event,
+    GpuFault,
+    GpuIdle,
+    GpuLost,
+    GpuResetDone,
     MirrorCopied,
     MirrorPointer,
     Operator,
@@ -48,6 +54,7 @@ from trainwarden.supervisor.core.events import (
     TrainerSpawned,
     checkpoint_event,
 )
+from trainwarden.supervisor.core.gpu_faults import Throttle, XidClass, classify, throttle_step
 from trainwarden.supervisor.core.phases import HALTED, TRAINER_UP, Phase
 from trainwarden.supervisor.core.plausible import implausible_step, step_jump_limit
 from trainwarden.supervisor.core.progress import is_divergent
@@ -114,6 +121,16 @@ __all__ = [
     "TRAINER_UP",
     "Action",
     "Archive",
+    "AwaitGpuIdle",
+    "GpuFault",
+    "GpuIdle",
+    "GpuLost",
+    "GpuResetDone",
+    "ResetGpu",
+    "Throttle",
+    "XidClass",
+    "classify",
+    "throttle_step",
     "BadRequest",
     "CheckpointChanged",
     "CheckpointCommitted",

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.spikes import SpikeLog, SpikeRules
 
-StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot"]
+StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
 PivotStage = Literal["saving", "stopping", "archiving", "writing_policy"]
 
 
@@ -44,6 +44,12 @@ class Rules:
     """How long a decision that names a checkpoint waits for a verification in flight."""
     spikes: SpikeRules = SpikeRules()
     """Loss spike detection and rollback ([divergence], see core.spikes and core.rollback)."""
+    gpu_devices: tuple[int, ...] | None = None
+    """[gpu] devices: the GPUs whose faults concern this run (None: every GPU)."""
+    gpu_reset: bool = False
+    """[gpu] reset: after a reset-class XID, reset the GPU and resume instead of halting."""
+    gpu_idle_timeout_s: float = 60.0
+    """How long a GPU fault waits for every process to let go of the GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,20 @@ class Ckpt:
     mtime: float = 0.0
     digest: str = ""
     """xxh3-128 of its files when it was verified (see store.digest); "" if unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFaultInfo:
+    """A GPU fault the trainer cannot run through, while the daemon stops it (core.gpu_faults)."""
+
+    gpu: int
+    xid: int | None
+    """None: the GPU stopped answering NVML."""
+    cls: str
+    """Its core.gpu_faults.XidClass."""
+    message: str = ""
+    reason: str = ""
+    """The halt reason it ends in: also what a daemon restarted meanwhile halts with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +223,12 @@ class State:
     """Checkpoints at or before this step carry a bandit from before the last pivot."""
     spikes: SpikeLog = SpikeLog()
     """Loss spikes: this start's detector, the run's skip windows and rollbacks."""
+    gpu_fault: GpuFaultInfo | None = None
+    """The GPU fault being handled (trainer stopping, GPU draining or resetting)."""
+    gpu_xid: int | None = None
+    """An XID the trainer may die of, named beside its crash."""
+    memory_faults: int = 0
+    """GPU memory-error XIDs (48, 63, 64) this run has had: the second halts."""
 
     @property
     def trainer_alive(self) -> bool:
@@ -265,6 +291,7 @@ PERSISTED = (
     "divergence_step",
     "halt_reason",
     "last_pivot_step",
+    "memory_faults",
 )
 
 
@@ -278,12 +305,17 @@ def persisted(state: State) -> dict[str, Any]:
     data["digests"] = {c.name: c.digest for c in state.checkpoints if c.digest}
     data["pivot"] = state.pivot.to_json() if state.pivot else None
     data["spikes"] = state.spikes.to_json()
+    data["gpu_fault"] = state.gpu_fault.reason if state.gpu_fault else None
     return data
 
 
 def restore(data: dict[str, Any], rules: Rules) -> State:
     """A fresh State carrying the persisted fields of a previous daemon."""
     phase = data.get("phase", Phase.STARTING)
+    halt_reason = data.get("halt_reason")
+    if phase not in HALTED and data.get("gpu_fault"):
+        # It died handling a GPU fault: restarting the trainer would run into the fault.
+        phase, halt_reason = Phase.GPU_FAULT, data["gpu_fault"]
     return State(
         # A daemon that died with a trainer up starts it again; a halted run stays halted.
         phase=Phase(phase) if phase in HALTED else Phase.STARTING,
@@ -297,12 +329,13 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         max_commit_gap=data.get("max_commit_gap"),
         divergences=int(data.get("divergences", 0)),
         divergence_step=data.get("divergence_step"),
-        halt_reason=data.get("halt_reason"),
+        halt_reason=halt_reason,
         pinned=frozenset(int(s) for s in data.get("pinned", [])),
         digests=_digests(data.get("digests")),
         last_pivot_step=data.get("last_pivot_step"),
         pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
         spikes=SpikeLog.from_json(data.get("spikes")),
+        memory_faults=int(data.get("memory_faults", 0)),
     )
 
 

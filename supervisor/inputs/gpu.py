@@ -168,6 +168,12 @@ class Nvml:
         self._module = pynvml
         return None
 
+    def module(self) -> ModuleType | None:
+        """The initialised pynvml module (None: NVML unusable), for callers whose error
+        matters (the GPU event watcher tells a lost GPU from an unsupported query)."""
+        self.init()
+        return self._module
+
     def handle(self, index: int) -> tuple[Any, str | None]:
         """The cached handle of GPU `index`, or (None, why not)."""
         if self.init() is not None or self._module is None:

@@ -60,6 +60,9 @@ def rules_from(cfg: Config) -> core.Rules:
         mirror=cfg.mirror.path is not None,
         mirror_keep_last=cfg.mirror.keep_last,
         spikes=spike_rules(cfg),
+        gpu_devices=None if cfg.gpu.devices is None else tuple(cfg.gpu.devices),
+        gpu_reset=cfg.gpu.reset,
+        gpu_idle_timeout_s=cfg.gpu.idle_timeout_s,
     )
 
 

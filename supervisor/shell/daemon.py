@@ -23,6 +23,8 @@ from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs import signals
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
+from trainwarden.supervisor.inputs.gpu import shared_nvml
+from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
 from trainwarden.supervisor.inputs.proctree import descendants, marked_processes
 from trainwarden.supervisor.shell import views
 from trainwarden.supervisor.shell.alerts import Alerter
@@ -115,6 +117,8 @@ class Daemon:
         self.space = DiskSpace()
         """The daemon's files the disk had no space for (status `disk_full`)."""
         self.alerter: Alerter | None = None
+        self.gpu_events: GpuEventWatcher | None = None
+        self._gpu_events_task: asyncio.Task[None] | None = None
 
     @property
     def exit_code(self) -> int | None:
@@ -231,6 +235,7 @@ class Daemon:
         self.hub.sinks.append(self.server.publish)
         self.hub.listening = self.server.listening
         self.hub.start_samplers()
+        self._start_gpu_events(loop)
         self._start_mirror()
         self.metrics = start_metrics(self.cfg, self.journal, self.metrics_snapshot, loop)
 
@@ -263,6 +268,10 @@ class Daemon:
             if self.notifier is not None and not self.state.shutdown:
                 self.notifier.stopping()
             watcher.stop()
+            if self._gpu_events_task is not None:
+                self._gpu_events_task.cancel()
+            if self.gpu_events is not None:
+                await asyncio.to_thread(self.gpu_events.stop)
             close_format = getattr(self.fmt, "close", None)
             if close_format is not None:
                 close_format()  # a format's verifier process (torch-pt) ends with the daemon
@@ -576,6 +585,34 @@ class Daemon:
     def snapshot(self, topic: str) -> Any:
         assert self.hub is not None
         return self.hub.snapshot(topic)
+
+    # ------------------------------------------------------------------ GPU faults
+
+    def _start_gpu_events(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch NVML's XID events and GPU loss in a thread (see inputs.gpu_events)."""
+
+        def on_xid(gpu: int, xid: int, recovery: str | None) -> None:
+            event = core.GpuFault(time.monotonic(), gpu, xid, recovery)
+            loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+        def on_lost(gpu: int, error: str) -> None:
+            event = core.GpuLost(time.monotonic(), gpu, error)
+            loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+        watcher = self.gpu_events = GpuEventWatcher(shared_nvml(), on_xid, on_lost)
+        watcher.start()
+
+        async def journal_watching() -> None:
+            """Say which GPUs' XIDs are watched (nothing where NVML is unusable)."""
+            assert self.journal is not None
+            await asyncio.to_thread(watcher.ready.wait, 60.0)
+            if watcher.watching or watcher.without_events:
+                without = {str(i): why for i, why in watcher.without_events.items()}
+                self.journal.append(
+                    "gpu_events", {"watching": watcher.watching, "without_events": without}
+                )
+
+        self._gpu_events_task = loop.create_task(journal_watching())
 
     # ------------------------------------------------------------------ mirror, metrics
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
-from trainwarden.supervisor.shell import pivot_files
+from trainwarden.supervisor.inputs.gpu import shared_nvml
+from trainwarden.supervisor.shell import gpu_recovery, pivot_files
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import new_marker, start_processes, stop_processes
 from trainwarden.supervisor.shell.hangdump import dump_stacks
@@ -146,6 +147,21 @@ class Executor:
             self.report(core.PivotProgress(time.monotonic(), "policy_written", error))
         elif isinstance(action, core.ReadMirrorPointer | core.MirrorCopy | core.PruneMirror):
             self.in_background(self._mirror_work(action))
+        elif isinstance(action, core.AwaitGpuIdle):
+            self.in_background(self._await_gpu_idle(action))
+        elif isinstance(action, core.ResetGpu):
+            self.in_background(self._reset_gpu(action))
+
+    async def _await_gpu_idle(self, action: core.AwaitGpuIdle) -> None:
+        holders, waited = await asyncio.to_thread(
+            gpu_recovery.wait_until_free, shared_nvml(), action.gpu, action.timeout_s
+        )
+        self.report(core.GpuIdle(time.monotonic(), action.gpu, holders, waited))
+
+    async def _reset_gpu(self, action: core.ResetGpu) -> None:
+        self.journal.append("gpu_resetting", {"gpu": action.gpu})
+        error = await asyncio.to_thread(gpu_recovery.reset_gpu, action.gpu)
+        self.report(core.GpuResetDone(time.monotonic(), action.gpu, error is None, error))
 
     def in_background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -21,6 +21,7 @@ from trainwarden.plugins.api import CheckpointInfo, EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.core.gpu_faults import Throttle, throttle_step
 from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
@@ -147,6 +148,8 @@ class TelemetryHub:
         self._sampler_task: asyncio.Task[None] | None = None
         self._file_mtimes: dict[str, float] = {}
         self.gpu_sampler: Any = None
+        self.throttle = Throttle()
+        """GPU 0's throttle episode (see core.gpu_faults.throttle_step)."""
         self.host_sampler: Any = None
         self.accepting = True
         """Lines belong to a start whose main process runs (or the one it just left)."""
@@ -684,6 +687,8 @@ class TelemetryHub:
         gpu_data = gpu.to_dict() if gpu is not None else None
         self.latest["gpu"] = gpu_data
         self.publish("gpu", gpu_data)
+        if gpu is not None:
+            self._watch_throttle(gpu.index, gpu.throttle_reasons)
         pid = self.trainer_pid()
         host = await asyncio.to_thread(self.host_sampler.sample, pid)
         host_data = host.to_dict()
@@ -703,6 +708,19 @@ class TelemetryHub:
             if data is not None:
                 self.latest[topic] = data
                 self.publish(topic, data)
+
+    def _watch_throttle(self, index: int, reasons: Any) -> None:
+        """Journal `gpu_throttle` once per episode of heat or hardware slowdown that lasts
+        [gpu] throttle_after_s, with the MFU it cost."""
+        from trainwarden.supervisor.inputs.gpu import ALARMING_REASONS
+
+        alarming = tuple(r for r in reasons or () if r in ALARMING_REASONS)
+        mfu = self.monitor.snapshot().get("mfu") if self.phase() in STEPPING else None
+        self.throttle, record = throttle_step(
+            self.throttle, time.monotonic(), alarming, mfu, self.cfg.gpu.throttle_after_s
+        )
+        if record is not None:
+            self.journal.append("gpu_throttle", {"gpu": index, **record})
 
     def _read_if_changed(self, topic: str, path: Path) -> Any:
         try:

@@ -101,6 +101,7 @@ STUCK_TRAINER = """\
 import sys, time
 
 def stuck_in_data_loader():
+    open("stuck", "w").close()
     while True:
         time.sleep(60)
 
@@ -189,7 +190,7 @@ def test_dump_command_prints_the_frames_of_a_running_trainer_and_leaves_it_runni
 ):
     run_dir = stuck_run(tmp_path / "run", stall_timeout_s=600.0)
     with running_daemon(run_dir) as daemon:
-        wait_for(lambda: (run_dir / "last_step_t").exists(), 60, what="the trainer's steps")
+        wait_for(lambda: (run_dir / "stuck").exists(), 60, what="the trainer stuck")
         pid = daemon.status()["trainer_pid"]
         out = dump_cli(run_dir)
         assert out.returncode == 0, out.stderr

@@ -65,8 +65,10 @@ async def test_the_events_panel_shows_the_dump_line():
     async with app.run_test(size=(160, 40)) as pilot:
         await until(
             pilot,
-            lambda: "hangs/20260101T000030Z-step1700.txt" in screen_text(app),
+            lambda: (
+                "hangs/20260101T000030Z-step1700.txt" in (text := screen_text(app))
+                and "in stuck_in_data_loader (stacks dumped)" in text
+            ),
             10,
-            "the hang_dump line",
+            "the hang_dump line and the caption",
         )
-        assert "in stuck_in_data_loader (stacks dumped)" in screen_text(app)

@@ -44,6 +44,7 @@ ALARMING = {
     "parser_no_match",
     "checkpoint_unrecognised",
 }
+ALARMING |= {"gpu_fault", "gpu_throttle", "gpu_busy"}  # GPU faults by class (core.gpu_faults)
 NOTABLE = {
     "disk_recovered",
     "spawn",

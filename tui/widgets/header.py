@@ -24,6 +24,7 @@ STATE_CLASS: dict[str, str] = {
     Phase.BACKOFF: "backoff",
     Phase.CRASH_LOOP: "halted",
     Phase.DIVERGED: "halted",
+    Phase.GPU_FAULT: "halted",
     Phase.PIVOTING: "pivoting",
 }
 """The badge's style (a component class below) for each phase."""
