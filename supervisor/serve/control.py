@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, get_args
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.contract import MAX_STEP
@@ -26,6 +26,7 @@ from trainwarden.supervisor.protocol import (
     MAX_LINE,
     RUN_NAME_MAX,
     TOPICS,
+    ReadCommand,
     clip_text,
     connect_path,
     decode,
@@ -479,17 +480,7 @@ class ControlServer:
         }
 
 
-READS = (
-    "hello",
-    "status",
-    "checkpoints",
-    "events",
-    "history",
-    "subscribe",
-    "history_of",
-    "related_runs",
-    "dump",
-)
+READS: tuple[str, ...] = get_args(ReadCommand)
 RUN_PATH_MAX = 4096
 """Bytes of a run path history_of takes (PATH_MAX)."""
 

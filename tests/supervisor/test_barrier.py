@@ -7,6 +7,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.policy import decide_all
+from tests.support.policy import of as kinds
 from trainwarden.supervisor.core import policy as p
 
 RULES = p.Rules(keep_last=2, backoff_initial_s=1.0, stop_timeout_s=10.0, verify_timeout_s=30.0)
@@ -25,16 +27,7 @@ def commit(step: int, t: float, digest: str = "") -> p.CheckpointCommitted:
 
 
 def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
-    state = state or p.State()
-    log: list[object] = []
-    for event in events:
-        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
-        log.extend(actions)
-    return state, log
-
-
-def kinds(actions: list[object], cls: type) -> list:
-    return [a for a in actions if isinstance(a, cls)]
+    return decide_all(events, state, rules)
 
 
 def records(actions: list[object], kind: str) -> list[p.Record]:

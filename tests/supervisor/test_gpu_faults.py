@@ -12,6 +12,7 @@ import pytest
 
 from tests.supervisor.fake_pynvml import FakeNvml
 from tests.support import journal, running_daemon, scripted_run, wait_for
+from tests.support.policy import decide_all, of
 from trainwarden.supervisor.core import policy as p
 from trainwarden.supervisor.inputs.gpu import Nvml
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
@@ -21,16 +22,7 @@ RULES = p.Rules(backoff_initial_s=1.0, stop_timeout_s=10.0, max_restarts_without
 
 
 def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
-    state = state or p.State()
-    log: list[object] = []
-    for event in events:
-        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
-        log.extend(actions)
-    return state, log
-
-
-def of(actions: list[object], cls: type) -> list:
-    return [a for a in actions if isinstance(a, cls)]
+    return decide_all(events, state, rules)
 
 
 def records(actions: list[object], kind: str) -> list[dict]:

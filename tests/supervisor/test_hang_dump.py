@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import running_daemon
+from tests.support.policy import decide_all
 from tests.support.procs import pid_alive
 from tests.support.runs import PYTHON, journal, make_run
 from tests.support.wait import wait_for
@@ -20,12 +21,7 @@ RULES = p.Rules(stall_timeout_s=60.0, stop_timeout_s=10.0, dump_timeout_s=5.0)
 
 
 def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
-    state = state or p.State()
-    log: list[object] = []
-    for event in events:
-        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
-        log.extend(actions)
-    return state, log
+    return decide_all(events, state, rules)
 
 
 def hung(rules: p.Rules = RULES) -> tuple[p.State, list[object]]:

@@ -8,6 +8,8 @@ from dataclasses import replace
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.support.policy import decide_all
+from tests.support.policy import of as kinds
 from trainwarden.supervisor.core import policy as p
 
 RULES = p.Rules(
@@ -24,16 +26,7 @@ RULES = p.Rules(
 
 
 def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
-    state = state or p.State()
-    log: list[object] = []
-    for event in events:
-        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
-        log.extend(actions)
-    return state, log
-
-
-def kinds(actions: list[object], cls: type) -> list:
-    return [a for a in actions if isinstance(a, cls)]
+    return decide_all(events, state, rules)
 
 
 def commit(step: int, t: float = 1.0) -> p.CheckpointCommitted:

@@ -8,6 +8,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.policy import decide_all
+from tests.support.policy import of as kinds
 from trainwarden.supervisor.contract import MAX_STEP, data_step
 from trainwarden.supervisor.core import policy as p
 from trainwarden.supervisor.shell.telemetry import grad_norm_of
@@ -29,16 +31,7 @@ RULES = p.Rules(keep_last=10, backoff_initial_s=0.0, spikes=SPIKES)
 
 
 def run(events: list[object], state: p.State | None = None, rules: p.Rules = RULES):
-    state = state or p.State()
-    log: list[object] = []
-    for event in events:
-        state, actions = p.decide(state, event, rules)  # type: ignore[arg-type]
-        log.extend(actions)
-    return state, log
-
-
-def kinds(actions: list[object], cls: type) -> list:
-    return [a for a in actions if isinstance(a, cls)]
+    return decide_all(events, state, rules)
 
 
 def records(actions: list[object], kind: str) -> list[dict]:
