@@ -84,10 +84,9 @@ def test_demo_shows_a_crash_a_divergence_and_a_hang_then_quit_stops_its_own_run(
                 f" {NAN - NAN % BEFORE:,}",
                 f"trainer hung at step {HANG:,}; daemon killed it, restarted it from step"
                 f" {HANG - HANG % BEFORE:,}",
-                "loss spike to",
-                f"at step {SPIKE:,} (2.0x its average); daemon killed the trainer, rolled back to"
-                f" step {SPIKE - SPIKE % BEFORE - BEFORE:,}, skipping the data of steps"
-                f" {SPIKE - SPIKE % BEFORE - BEFORE + 1:,}-",
+                # What the daemon did fits 80 columns; the skipped window follows (cut).
+                f"loss spike at step {SPIKE:,} (2.0x average); daemon rolled back to step"
+                f" {SPIKE - SPIKE % BEFORE - BEFORE:,}",
             ],
             started + 210,
         )

@@ -95,22 +95,24 @@ def what_happened(incident: Incident) -> str:
     if kind == "crash":
         return f"trainer crashed at step {_step(lead.get('last_step'))} ({_cause(lead)})"
     if kind == "stall":
-        return f"trainer hung at step {_step(lead.get('last_step'))}{_dumped(incident)}"
+        return f"trainer hung at step {_step(lead.get('last_step'))}"
     if kind == "divergence":
         return f"loss {fmt.loss(lead.get('loss'))} at step {_step(lead.get('step'))}"
     if kind == "spike":
-        return (
-            f"loss spike to {fmt.loss(lead.get('peak'))} at step {_step(lead.get('first_step'))}"
-            f" ({lead.get('factor', '?')}x its average)"
-        )
+        return f"loss spike at step {_step(lead.get('first_step'))} ({lead.get('factor', '?')}x average)"
     if kind == "trainer_finished":
         return f"trainer finished at step {_step(lead.get('last_step'))}"
     return f"run halted ({lead.get('state') or 'halt'})"
 
 
-def _dumped(incident: Incident) -> str:
-    """Where a hung trainer was stuck, from its stack dump (the events panel has the path)."""
-    dump = incident.last("hang_dump")
+def details(incident: Incident) -> str:
+    """What the caption adds after what the daemon did (cut first on a narrow terminal): where
+    a hung trainer was stuck, from its stack dump (the events panel has the path); a spike's
+    peak."""
+    lead = incident.lead
+    if lead.get("kind") == "spike":
+        return f"; peak {fmt.loss(lead.get('peak'))}"
+    dump = incident.last("hang_dump") if lead.get("kind") == "stall" else None
     if dump is None:
         return ""
     frames = dump.get("top_frames")
@@ -118,10 +120,10 @@ def _dumped(incident: Incident) -> str:
         function = frames[0].split(" (", 1)[0]
         if len(function) > FUNCTION_CHARS:
             function = function[: FUNCTION_CHARS - 1] + "…"
-        return f" in {function} (stacks dumped)"
+        return f"; stacks dumped: in {function}"
     if dump.get("path"):
-        return " (kernel stacks dumped; no Python stacks)"
-    return " (no stacks dumped)"
+        return "; kernel stacks dumped, no Python stacks"
+    return "; no stacks dumped"
 
 
 def what_the_daemon_did(incident: Incident) -> str:
@@ -164,7 +166,7 @@ def _rolled_back(incident: Incident) -> str:
         else ", no data skipped"
     )
     started = " and restarted it" if incident.last("spawn") is not None else ""
-    return f"daemon killed the trainer, rolled back to step {_step(rollback.get('step'))}{skip}{started}"
+    return f"daemon rolled back to step {_step(rollback.get('step'))}{skip}{started}"
 
 
 def caption_text(records: Iterable[dict[str, Any]]) -> tuple[str, str] | None:
@@ -172,7 +174,7 @@ def caption_text(records: Iterable[dict[str, Any]]) -> tuple[str, str] | None:
     incident = newest_incident(records)
     if incident is None:
         return None
-    text = f"{what_happened(incident)}; {what_the_daemon_did(incident)}"
+    text = f"{what_happened(incident)}; {what_the_daemon_did(incident)}{details(incident)}"
     return incident.key, clean(text, CAPTION_CHARS)
 
 
