@@ -68,7 +68,7 @@ def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
     assert document["mode"] == "quick"
     assert set(document["sections"]) == {
         "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow", "verify",
-        "torch-verify", "long-runs", "control-load",
+        "torch-verify", "long-runs", "control-load", "spikes",
     }  # fmt: skip
     # Each latency comparison measured trainwarden itself, not only its peers.
     assert document["sections"]["restart"]["raw"]["summary"]["trainwarden"]["n"] > 0

@@ -54,9 +54,9 @@ class Plan:
     pivot: bool
     """Start the bandit fresh (keeping weights and moments)."""
     skip_windows: tuple[SkipWindow, ...]
-    """TRAINWARDEN_SKIP_DATA: every data window the run skipped after a loss spike."""
+    """Every data window the run skipped after a loss spike (contract.ENV_SKIP_DATA)."""
     lr_scale: float
-    """TRAINWARDEN_LR_SCALE: the factor on the LR schedule from the first step trained."""
+    """The factor on the LR schedule from the first step trained (contract.ENV_LR_SCALE)."""
 
 
 def _available_arms(options: Options) -> dict[str, Arm]:
