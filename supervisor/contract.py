@@ -43,6 +43,7 @@ import math
 import re
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,47 @@ def is_in_flight_name(name: str) -> bool:
 def expected_size(n_params: int) -> int:
     """The size in bytes of a complete andrea-bin checkpoint of `n_params` parameters."""
     return ANDREA_BIN_HEADER.size + BYTES_PER_PARAM * n_params
+
+
+# ----------------------------------------------------------------------------- save reports
+
+SAVE_REPORT_PREFIX = "checkpoint: "
+SAVE_REPORT = re.compile(r"^checkpoint: (\S+) saved \((.*)\)\s*$")
+_SAVE_FIGURE = re.compile(r"\b(stall|write) ([0-9]+(?:\.[0-9]+)?) s\b")
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReport:
+    """What a trainer says about one committed save (optional for a trainer):
+    `checkpoint: step_000600.bin saved (scheduled, 1490.0 MB, stall 0.058 s, write 3.214 s)`.
+    `stall` is how long the step loop waited for the save (the device-to-host copy, or a
+    previous write still in flight); `write` is how long the write to disk took, in the
+    background for an asynchronous save. Either figure may be missing."""
+
+    name: str
+    stall_s: float | None
+    write_s: float | None
+
+
+def save_report_line(
+    name: str, reason: str, size_mb: float, stall_s: float, write_s: float
+) -> str:
+    """The line the reference trainer prints once a save is committed."""
+    return (
+        f"{SAVE_REPORT_PREFIX}{name} saved ({reason}, {size_mb:.1f} MB, "
+        f"stall {stall_s:.3f} s, write {write_s:.3f} s)"
+    )
+
+
+def parse_save_report(line: str) -> SaveReport | None:
+    """The save a `checkpoint: NAME saved (...)` line reports; None for any other line."""
+    if not line.startswith(SAVE_REPORT_PREFIX):
+        return None
+    match = SAVE_REPORT.match(line.rstrip("\r\n"))
+    if match is None:
+        return None
+    figures = {key: float(value) for key, value in _SAVE_FIGURE.findall(match.group(2))}
+    return SaveReport(match.group(1), figures.get("stall"), figures.get("write"))
 
 
 # ----------------------------------------------------------------------------- Lightning

@@ -118,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=ARM_NAMES,
         help=f"comma-separated data arms (default {','.join(ARM_NAMES)})",
     )
+    parser.add_argument(
+        "--sync-save",
+        action="store_true",
+        help="write each checkpoint inside the step loop, which waits for the whole write"
+        " (default: snapshot at the step boundary, write in the background)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (worth it on a GPU; the first steps pay the compile)",
+    )
     faults = parser.add_argument_group(
         "fault injection (for testing a supervisor; crash, NaN and hang fire once per run"
         " directory, bad data is bad every time it is trained on)"
@@ -166,6 +177,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         resume=args.resume,
         fresh_bandit=args.fresh_bandit,
         arms=args.arms,
+        sync_save=args.sync_save,
+        compile=args.compile,
         crash_at_step=args.crash_at_step,
         nan_at_step=args.nan_at_step,
         hang_at_step=args.hang_at_step,

@@ -28,6 +28,10 @@ class Options:
     """--resume; when None, TRAINWARDEN_RESUME decides."""
     fresh_bandit: bool
     arms: tuple[str, ...]
+    sync_save: bool = False
+    """Write each checkpoint inside the step loop (the old way) instead of in the background."""
+    compile: bool = False
+    """Run the model's forward and backward through torch.compile."""
     crash_at_step: int | None = None
     nan_at_step: int | None = None
     hang_at_step: int | None = None
