@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.mounts import mounts  # noqa: F401 (a fixture for every test folder)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -27,5 +27,9 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def json_bytes(document: Any) -> bytes:
+    return (json.dumps(document, indent=1) + "\n").encode()
+
+
 def write_json_atomically(path: Path, document: Any) -> None:
-    write_bytes_atomically(path, (json.dumps(document, indent=1) + "\n").encode())
+    write_bytes_atomically(path, json_bytes(document))

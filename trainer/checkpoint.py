@@ -13,10 +13,10 @@ import ctypes
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from trainwarden.supervisor.contract import (
     sidecar_path,
 )
 from trainwarden.trainer.adamw import AdamW
-from trainwarden.trainer.atomic import fsync_dir, write_json_atomically
+from trainwarden.trainer.atomic import fsync_dir, json_bytes, write_bytes_atomically
 
 SLOW_SAVE_ENV = "TRAINER_TEST_SLOW_SAVE_S"
 """Test-only: seconds to sleep between the fsync of the .tmp file and its rename."""
@@ -59,7 +59,7 @@ def _write_float32(f: Any, tensor: torch.Tensor) -> None:
     f.write(memoryview(view).cast("B"))
 
 
-def _region_tensors(model: nn.Module, optimizer: AdamW, region: str) -> Iterator[torch.Tensor]:
+def region_tensors(model: nn.Module, optimizer: AdamW, region: str) -> Iterator[torch.Tensor]:
     for param in model.parameters():
         if region == "weights":
             yield param
@@ -72,25 +72,23 @@ def param_step_counts(model: nn.Module, optimizer: AdamW) -> list[int]:
     return [optimizer.state[param].step for param in model.parameters()]
 
 
-def save_checkpoint(
+def commit_checkpoint(
     directory: Path,
     step: int,
-    model: nn.Module,
-    optimizer: AdamW,
-    sidecar: dict[str, Any],
+    n_params: int,
+    sidecar: bytes,
+    write_regions: Callable[[BinaryIO], None],
 ) -> Path:
-    """Commit `step_NNNNNN.bin` (and its sidecar first); returns the committed path."""
+    """Commit `step_NNNNNN.bin` by the protocol above; `write_regions` appends the three
+    regions after the header. Returns the committed path."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(step)
-    write_json_atomically(sidecar_path(final), sidecar)
-    n_params = sum(p.numel() for p in model.parameters())
+    write_bytes_atomically(sidecar_path(final), sidecar)
     tmp = in_flight_path(final)
     try:
         with open(tmp, "wb") as f:
             f.write(ANDREA_BIN_HEADER.pack(step, n_params))
-            for region in REGIONS:
-                for tensor in _region_tensors(model, optimizer, region):
-                    _write_float32(f, tensor)
+            write_regions(f)
             f.flush()
             os.fsync(f.fileno())
     except OSError:
@@ -103,6 +101,25 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_dir(directory)
     return final
+
+
+def save_checkpoint(
+    directory: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: AdamW,
+    sidecar: dict[str, Any],
+) -> Path:
+    """Commit `step_NNNNNN.bin` (and its sidecar first) straight from the live tensors, in
+    the caller's thread; returns the committed path."""
+
+    def write_regions(f: BinaryIO) -> None:
+        for region in REGIONS:
+            for tensor in region_tensors(model, optimizer, region):
+                _write_float32(f, tensor)
+
+    n_params = sum(p.numel() for p in model.parameters())
+    return commit_checkpoint(directory, step, n_params, json_bytes(sidecar), write_regions)
 
 
 def read_regions(path: Path) -> Regions:

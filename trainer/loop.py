@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from trainwarden.supervisor.contract import BANDIT_STATE_FILE, checkpoint_name, data_step
 from trainwarden.trainer.atomic import write_json_atomically
 from trainwarden.trainer.batches import batch_for, garbage_targets
-from trainwarden.trainer.checkpoint import param_step_counts, save_checkpoint
+from trainwarden.trainer.checkpoint import param_step_counts
 from trainwarden.trainer.evaluate import Evaluator
 from trainwarden.trainer.faults import Faults
 from trainwarden.trainer.samples import record_samples
+from trainwarden.trainer.saving import CheckpointSaver, SaveDone
 from trainwarden.trainer.schedule import lr_at, warmup_steps
 from trainwarden.trainer.signals import SignalFlags
 from trainwarden.trainer.skips import SIDECAR_LR_SCALE_KEY, SIDECAR_SKIP_KEY
@@ -57,6 +58,13 @@ class TrainingLoop:
         self.step = session.start_step
         # A resumed run starts on a committed checkpoint: no need to write it again.
         self.saved_step: int | None = session.start_step if session.resumed_from else None
+        self.saver = CheckpointSaver(
+            self.checkpoint_dir,
+            session.model,
+            session.optimizer,
+            session.device,
+            background=not options.sync_save,
+        )
         self.step_sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
         self.evaluator = (
             Evaluator(session.arms, options.seed, session.preset, session.device, session.autocast)
@@ -167,22 +175,19 @@ class TrainingLoop:
         return self.checkpoint_dir / checkpoint_name(self.step)
 
     def save(self, reason: str) -> None:
+        started = time.perf_counter()
+        # At most one write in flight: a save waits for the one before it (a stall it reports).
+        self.report(self.saver.wait())
         if self.saved_step == self.step and self.checkpoint_path().exists():
             say(f"checkpoint: {self.checkpoint_path().name} already saved at step {self.step}")
             return
-        started = time.perf_counter()
-        path = save_checkpoint(
-            self.checkpoint_dir,
-            self.step,
-            self.session.model,
-            self.session.optimizer,
-            self.sidecar(),
-        )
+        self.report(self.saver.save(self.step, self.sidecar(), reason, started))
         self.saved_step = self.step
         self.write_state()
-        elapsed = time.perf_counter() - started
-        size_mb = path.stat().st_size / 1e6
-        say(f"checkpoint: {path.name} saved ({reason}, {size_mb:.1f} MB, {elapsed:.2f} s)")
+
+    def report(self, done: SaveDone | None) -> None:
+        if done is not None:
+            say(done.line())
 
     def write_state(self) -> None:
         document = self.session.bandit.state_document(self.step, time.time())
@@ -194,6 +199,7 @@ class TrainingLoop:
         """Act on signal flags between steps; True means stop now."""
         if self.flags.stop_requested:
             self.save("stop requested")
+            self.report(self.saver.wait())
             say(f"trainer: stopped on request at step {self.step}")
             return True
         if self.flags.save_requested:
@@ -202,6 +208,17 @@ class TrainingLoop:
         return False
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except BaseException:
+            # The snapshot in flight was taken at a clean boundary: commit it on the way out.
+            try:
+                self.report(self.saver.wait())
+            except Exception as exc:
+                say(f"trainer: the checkpoint write in flight failed too: {exc}")
+            raise
+
+    def _run(self) -> int:
         s = self.session
         options = s.plan.options
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -222,6 +239,7 @@ class TrainingLoop:
                 f"tokens: {s.preset.tokens_per_step}"
             )
             self.faults.after_step_logged(step)
+            self.report(self.saver.poll())
             # Before the step's checkpoint, like its step line. A resumed run starts after
             # its checkpoint, whose evaluation the log already holds: none is repeated.
             if self.evaluator is not None and (
@@ -238,5 +256,6 @@ class TrainingLoop:
                 )
             if self.step_sleep_s > 0:
                 time.sleep(self.step_sleep_s)
+        self.report(self.saver.wait())
         say(f"trainer: done at step {self.step}")
         return 0

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,46 +17,13 @@ import orjson
 import pytest
 
 from tests.support import PYTHON, DaemonProcess, journal, scripted_run, wait_for
+from tests.support.mounts import Mounts
 from trainwarden.supervisor.errors import CommandRefused
 from trainwarden.supervisor.store.losshistory import LossHistory
 
 pytestmark = pytest.mark.timeout(240)
 
 STEPS = 700
-
-
-class Mounts:
-    """tmpfs mounts made by one test, unmounted (newest first) when it ends."""
-
-    def __init__(self) -> None:
-        self.points: list[Path] = []
-
-    def tmpfs(self, point: Path, size: str) -> Path:
-        point.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs for the full-disk test: {done.stderr.strip()}")
-        self.points.append(point)
-        return point
-
-    def unmount_all(self) -> None:
-        for point in reversed(self.points):
-            subprocess.run(["umount", "-l", str(point)], capture_output=True)
-
-
-@pytest.fixture
-def mounts() -> Iterator[Mounts]:
-    if os.geteuid() != 0:
-        pytest.skip("not root: cannot mount a tmpfs to fill")
-    made = Mounts()
-    try:
-        yield made
-    finally:
-        made.unmount_all()
 
 
 def small_run(tmp_path: Path, mounts: Mounts, *args: str) -> Path:
