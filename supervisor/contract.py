@@ -206,7 +206,12 @@ def parse_save_report(line: str) -> SaveReport | None:
     match = SAVE_REPORT.match(line.rstrip("\r\n"))
     if match is None:
         return None
-    figures = {key: float(value) for key, value in _SAVE_FIGURE.findall(match.group(2))}
+    # A figure too long to be a float reads as inf: not a time, so missing.
+    figures = {
+        key: number
+        for key, value in _SAVE_FIGURE.findall(match.group(2))
+        if math.isfinite(number := float(value))
+    }
     return SaveReport(match.group(1), figures.get("stall"), figures.get("write"))
 
 

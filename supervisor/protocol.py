@@ -369,6 +369,14 @@ class Telemetry(TypedDict):
     next_checkpoint_step: int | None
     """The trainer's next save on its own cadence, never past total_steps (None: unknown,
     at or past the total, or finished)."""
+    last_save_name: str | None
+    """The checkpoint the newest save report names (untrusted: clean it before printing)."""
+    last_save_stall_s: float | None
+    """Seconds the trainer's step loop waited for that save (None: not reported)."""
+    last_save_write_s: float | None
+    """Seconds that save took to write (in the background for an asynchronous save)."""
+    last_save_age_s: float | None
+    """Seconds since the daemon saw that save report (None: none since it started)."""
     last_line: str | None
     """The trainer's newest output line (untrusted: clean it before printing)."""
     last_line_age_s: float | None

@@ -14,6 +14,8 @@ contract.data_step, so skipping the window cures it. TRAINWARDEN_LR_SCALE is rea
 The first line says what the start got: `scripted trainer: seg S, from step N, skip_data
 [...], lr_scale X`.
 Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
+--save-report prints the contract's save report line after each save (a synchronous save:
+its stall is the whole save, its write the write and fsync of the file).
 --eval-every K prints `eval: step N, val_loss X, val_docs: D, val_code: C` every K steps
 (before that step's checkpoint), X = 5.2 - 0.001 * step, D = X - 0.1, C = X + 0.1;
 --val-nan-at S makes the evaluation at step S nan (training losses stay finite).
@@ -35,19 +37,28 @@ from trainwarden.supervisor.contract import (
     data_step,
     parse_lr_scale,
     parse_skip_data,
+    save_report_line,
 )
 
 
-def save(run_dir: Path, step: int, n_params: int) -> None:
+def save(run_dir: Path, step: int, n_params: int, report: str | None = None) -> None:
+    """Commit step_NNNNNN.bin; with `report` (the save's reason), print its save report."""
+    began = time.perf_counter()
     directory = run_dir / "checkpoints"
     directory.mkdir(exist_ok=True)
     final = directory / f"step_{step:06d}.bin"
     tmp = final.with_name(final.name + ".tmp")
     with open(tmp, "wb") as f:
+        written = time.perf_counter()
         f.write(struct.pack("<ii", step, n_params) + bytes(12 * n_params))
         f.flush()
         os.fsync(f.fileno())
+        write_s = time.perf_counter() - written
     os.replace(tmp, final)
+    if report is not None:
+        size_mb = (8 + 12 * n_params) / 1e6
+        stall_s = time.perf_counter() - began
+        print(save_report_line(final.name, report, size_mb, stall_s, write_s), flush=True)
 
 
 def main() -> int:
@@ -66,6 +77,7 @@ def main() -> int:
     parser.add_argument("--bad-data-at", type=int, default=None)
     parser.add_argument("--bad-data-steps", type=int, default=1)
     parser.add_argument("--bad-loss", type=float, default=15.0)
+    parser.add_argument("--save-report", action="store_true")
     args = parser.parse_args()
     run_dir = Path.cwd()
     seg = int(os.environ.get("TRAINWARDEN_SEG", "1"))
@@ -126,10 +138,11 @@ def main() -> int:
                 flush=True,
             )
         if step % args.save_every == 0 or step == args.steps or save_asked:
+            reason = "requested" if save_asked else "scheduled"
             save_asked = False
-            save(run_dir, step, args.n_params)
+            save(run_dir, step, args.n_params, reason if args.save_report else None)
     if stop:
-        save(run_dir, step, args.n_params)
+        save(run_dir, step, args.n_params, "stop" if args.save_report else None)
     return 0
 
 

@@ -186,7 +186,8 @@ class RunModel:
             self.touch("telemetry")
         elif topic == "checkpoints" and isinstance(data, dict):
             self.checkpoints = data
-            self.touch("checkpoints")
+            # The telemetry panel's stall belongs to a listed checkpoint: drawn again too.
+            self.touch("checkpoints", "telemetry")
         elif topic == "bandit" and isinstance(data, dict):
             self.bandit = data
             self.touch("bandit")
@@ -275,6 +276,22 @@ class RunModel:
 
     def last_line_age_s(self) -> float | None:
         return self._telemetry_age("last_line_age_s")
+
+    def newest_checkpoint_stall_s(self) -> float | None:
+        """How long the step loop waited for the newest checkpoint's save, when the newest
+        save report names that checkpoint (None otherwise: a stall beside a checkpoint is
+        that checkpoint's, never an older or a newer save's)."""
+        t = self.telemetry.value or {}
+        stall, name, step = (
+            t.get("last_save_stall_s"),
+            t.get("last_save_name"),
+            t.get("last_checkpoint_step"),
+        )
+        if not isinstance(stall, int | float) or name is None or step is None:
+            return None
+        listed = (self.checkpoints or {}).get("checkpoints") or []
+        shown = [c for c in listed if isinstance(c, dict) and c.get("step") == step]
+        return float(stall) if shown and shown[-1].get("name") == name else None
 
     def step_stale(self) -> bool:
         """The step's figures are older than their expected refresh (a few steps' time)."""

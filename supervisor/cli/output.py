@@ -80,6 +80,9 @@ def format_status(s: StatusResult) -> str:
         f"ckpts     {len(ckpts)} verified: {names or 'none'}"
         + ("  (* pinned)" if "*" in names else "")
     )
+    save = save_text(s)
+    if save:
+        lines.append(f"          {save}")
     quarantined = s.get("quarantined") or []
     if quarantined:
         calm = [q.get("cause") for q in quarantined if q.get("alarming", True) is False]
@@ -107,6 +110,28 @@ def format_status(s: StatusResult) -> str:
         waiting = ", ".join(s.get("disk_full_files") or []) or "?"
         lines.append(f"disk      full: held in memory until space returns: {waiting}")
     return "\n".join(lines)
+
+
+SYNC_STALL_SHARE = 0.9
+"""A stall this close to the write time (or longer) was a synchronous save: one figure."""
+
+
+def save_text(s: StatusResult) -> str:
+    """The newest save report: how long the step loop waited and, when the write went on
+    without it, how long the write took; "" before any report."""
+    name, stall, write = (
+        s.get("last_save_name"),
+        s.get("last_save_stall_s"),
+        s.get("last_save_write_s"),
+    )
+    if name is None or (stall is None and write is None):
+        return ""
+    text = f"last save ({clean(name, 80)})"
+    if stall is None:
+        return f"{text} write {write:.2f} s"
+    if write is None or stall >= SYNC_STALL_SHARE * write:
+        return f"{text} stall {stall:.2f} s"
+    return f"{text} stall {stall:.2f} s (write {write:.2f} s in the background)"
 
 
 def validation_text(val: Validation) -> str:

@@ -11,7 +11,7 @@ which is nobody else's business by default.
 
 Snapshot keys read (any may be missing or None; a None figure is simply not exported):
 run, state, step, loss, loss_ema, tokens_per_s, mfu, restarts, last_checkpoint_step,
-last_checkpoint_age_s, gpu {index, name, util_percent, mem_used_bytes, mem_total_bytes,
+last_checkpoint_age_s, last_save_stall_s, last_save_write_s, gpu {index, name, util_percent, mem_used_bytes, mem_total_bytes,
 temperature_c, power_w}, val {step, loss, extras} (the newest held-out evaluation; a
 non-finite loss as "nan"/"inf"/"-inf"). These are the names of the daemon's status view.
 """
@@ -159,6 +159,16 @@ class RunCollector:
             "checkpoint_newest_step",
             "Step of the newest verified checkpoint.",
             snap.get("last_checkpoint_step"),
+        )
+        yield from gauge(
+            "checkpoint_stall_seconds",
+            "Seconds the trainer's step loop waited for its newest reported save.",
+            snap.get("last_save_stall_s"),
+        )
+        yield from gauge(
+            "checkpoint_write_seconds",
+            "Seconds the newest reported save took to write (in the background if asynchronous).",
+            snap.get("last_save_write_s"),
         )
         yield from _val_families(snap.get("val"))
         restarts = _number(snap.get("restarts"))

@@ -21,6 +21,7 @@ from trainwarden.plugins.api import CheckpointInfo, EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.contract import SAVE_REPORT_PREFIX, SaveReport, parse_save_report
 from trainwarden.supervisor.core.gpu_faults import Throttle, throttle_step
 from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.inputs.logfollow import LogFollower
@@ -139,6 +140,11 @@ class TelemetryHub:
         self.last_line_t: float | None = None
         self.last_step_t: float | None = None
         """Wall time the newest step line was seen (from .loss.json after a restart)."""
+        self.last_save: SaveReport | None = None
+        """The newest save a trainer reported (its stall and write time): a fact about
+        the newest save, kept across trainer starts; not journaled (a daemon restart
+        starts without one)."""
+        self.last_save_t: float | None = None
         self.unrecognised: dict[str, dict[str, str]] = {}
         """Names in the checkpoint directory the format does not read, oldest first."""
         self.disk_low = False
@@ -303,6 +309,9 @@ class TelemetryHub:
         for line in lines:
             record = parse(line)
             if record is None:
+                # The prefix first: a line that is neither costs one startswith.
+                if line.startswith(SAVE_REPORT_PREFIX):
+                    self._note_save_report(line)
                 continue
             if isinstance(record, EvalRecord):
                 evals.append(record)  # reported only: never a step, never decided on
@@ -338,6 +347,13 @@ class TelemetryHub:
             self.validation.observe(evals, self.seg, time.time())
         self._save_offset()
         self._schedule_publish()
+
+    def _note_save_report(self, line: str) -> None:
+        report = parse_save_report(line)
+        if report is not None:
+            name = report.name[:LAST_LINE_CHARS]
+            self.last_save = dataclasses.replace(report, name=name)
+            self.last_save_t = time.time()
 
     def _save_offset(self) -> None:
         now = time.monotonic()
@@ -618,6 +634,13 @@ class TelemetryHub:
         at = self.last_step if self.last_step is not None else (newest.step if newest else None)
         data["next_checkpoint_step"] = (
             None if phase == Phase.FINISHED else self.cadence.next_after(at)
+        )
+        save = self.last_save
+        data["last_save_name"] = save.name if save else None
+        data["last_save_stall_s"] = save.stall_s if save else None
+        data["last_save_write_s"] = save.write_s if save else None
+        data["last_save_age_s"] = (
+            round(max(now - self.last_save_t, 0.0), 1) if self.last_save_t is not None else None
         )
         data["last_line"] = self.last_line
         data["last_line_age_s"] = (

@@ -162,6 +162,13 @@ class TelemetryPanel(Static):
             parts.append(("  saving…", busy))
         elif next_step is not None and model.phase != Phase.FINISHED:
             parts += [("  next ", muted), (fmt.integer(next_step), value)]
+        stall = model.newest_checkpoint_stall_s()
+        if stall is not None:
+            # Whole or not at all: a cut "stall 0." would be a false figure.
+            stall_text = f"  stall {_seconds(stall)}"
+            used = LABEL_WIDTH + sum(len(part) for part, _ in parts)
+            if used + len(stall_text) <= self.content_size.width:
+                parts.append((stall_text, muted))
         row("ckpt", *parts)
         # Under the checkpoint row: at 80x24 the six rows above are what fits.
         val_step, val_loss = t.get("val_step"), t.get("val_loss")
@@ -238,6 +245,10 @@ class TelemetryPanel(Static):
                 (f"{fmt.size(free)} free", alarm if model.disk_low else value),
                 (warning, alarm),
             )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value < 10 else f"{value:,.0f} s"
 
 
 def _rate(value: object) -> str:
