@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import (
+    checkpoint_stall,
     checkpoint_verify,
     checkpoint_write,
     control_load,
@@ -50,6 +51,7 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "long-runs": (long_runs.TITLE, long_runs.run),
     "control-load": (control_load.TITLE, control_load.run),
     "spikes": (spikes.TITLE, spikes.run),
+    "stall": (checkpoint_stall.TITLE, checkpoint_stall.run),
 }
 
 

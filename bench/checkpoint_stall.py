@@ -120,10 +120,9 @@ def trainer_run(ctx: Context, mode: str) -> dict[str, Any]:
         line = raw.decode(errors="replace")
         if line.startswith("step: "):
             arrivals[int(line.split(",", 1)[0].split()[1])] = now
-        elif (report := parse_save_report(line)) is not None:
-            if report.stall_s is not None and report.write_s is not None:
-                stalls.append(report.stall_s)
-                writes.append(report.write_s)
+        elif (report := parse_save_report(line)) is not None and report.write_s is not None:
+            stalls.append(report.stall_s or 0.0)
+            writes.append(report.write_s)
     proc.wait(120)
     gaps = {s: arrivals[s] - arrivals[s - 1] for s in arrivals if s - 1 in arrivals}
     after_save = [g for s, g in gaps.items() if (s - 1) % SAVE_EVERY == 0]
@@ -189,8 +188,14 @@ def run(ctx: Context) -> Section:
         f"{SAVE_EVERY} steps: the figures of its own save lines (median), and the step-line "
         "gaps seen through a pipe.\n\n"
         + table(
-            ["mode", "saves", "stall ms (reported)", "write ms (reported)", "step gap ms",
-             "gap after a save ms"],
+            [
+                "mode",
+                "saves",
+                "stall ms (reported)",
+                "write ms (reported)",
+                "step gap ms",
+                "gap after a save ms",
+            ],
             rows,
         )  # fmt: skip
     )

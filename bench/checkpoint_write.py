@@ -1,26 +1,22 @@
 """5. The reference trainer's checkpoint write: the .bin writer against torch.save and a
-raw sequential write of the same bytes, all with fsync, on the same disk; and how long a
-save blocks the trainer's step loop.
+raw sequential write of the same bytes, all with fsync, on the same disk (how long a save
+holds up the step loop is section 13, checkpoint_stall.py).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import statistics
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import PYTHON, REPO, Context, Section, Target
+from bench.common import Context, Section, Target
 from bench.plots import grouped_bars
 
 TITLE = "5. Checkpoint write"
 METHODS = (".bin writer", "torch.save", "raw write")
-SAVE_EVERY = 10
-CHECKPOINT_LINE = re.compile(r"checkpoint: \S+ saved \(.*, ([0-9.]+) s\)")
 
 
 def build(quick: bool) -> tuple[Any, Any, str]:
@@ -167,54 +163,8 @@ def commit_fixed_s(directory: Path) -> float:
     return statistics.median(times)
 
 
-def step_stall(ctx: Context) -> dict[str, Any]:
-    """The tiny reference trainer on CPU, saving every SAVE_EVERY steps: step-line arrival
-    times around each save against the steps without one."""
-    steps = 30 if ctx.quick else 60
-    run_dir = ctx.work.dir("checkpoint", "trainer")
-    argv = [
-        PYTHON, "-m", "trainwarden.trainer", "--run-dir", str(run_dir), "--preset", "tiny",
-        "--device", "cpu", "--steps", str(steps), "--save-every", str(SAVE_EVERY),
-        "--sample-every", "0",
-    ]  # fmt: skip
-    arrivals: dict[int, float] = {}
-    reported: list[float] = []
-    proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    ctx.work.procs.append(proc)  # type: ignore[arg-type]
-    assert proc.stdout is not None
-    for raw in proc.stdout:
-        now = time.monotonic()
-        line = raw.decode(errors="replace")
-        if line.startswith("step: "):
-            arrivals[int(line.split(",", 1)[0].split()[1])] = now
-        elif match := CHECKPOINT_LINE.search(line):
-            reported.append(float(match.group(1)))
-    proc.wait(60)
-    gaps = {s: arrivals[s] - arrivals[s - 1] for s in arrivals if s - 1 in arrivals}
-    after_save = [g for s, g in gaps.items() if (s - 1) % SAVE_EVERY == 0]
-    # Step 1 pays for warm-up; the steps right after a save are the ones measured.
-    plain = [g for s, g in gaps.items() if (s - 1) % SAVE_EVERY != 0 and s > 2]
-    return {
-        "steps": steps,
-        "returncode": proc.returncode,
-        "plain_step_ms": 1000 * statistics.median(plain) if plain else float("nan"),
-        "step_after_save_ms": 1000 * statistics.median(after_save) if after_save else float("nan"),
-        "stall_ms": 1000 * (statistics.median(after_save) - statistics.median(plain))
-        if plain and after_save
-        else float("nan"),
-        "reported_save_ms": 1000 * statistics.median(reported) if reported else float("nan"),
-        "saves": len(reported),
-        "checkpoint_bytes": max(
-            (p.stat().st_size for p in (run_dir / "checkpoints").glob("step_*.bin")), default=0
-        ),
-    }
-
-
 def run(ctx: Context) -> Section:
     speeds = write_speeds(ctx)
-    stall = step_stall(ctx)
     seconds, sizes = speeds["seconds"], speeds["bytes"]
     best = {m: min(seconds[m]) for m in METHODS}
     rate = {m: sizes[m] / best[m] for m in METHODS}
@@ -252,35 +202,6 @@ def run(ctx: Context) -> Section:
                 f"{100 * rate[m] / rate['raw write']:.0f} %",
             ]  # fmt: skip
         )
-    stall_table = [
-        ["tiny (reference trainer, measured)", f"{stall['checkpoint_bytes'] / 1e6:.2f}",
-         f"{stall['plain_step_ms']:.1f}", f"{stall['step_after_save_ms']:.1f}",
-         f"{stall['stall_ms']:.1f}", f"{stall['reported_save_ms']:.1f}"],
-        [f"{speeds['description'].split(',')[0]} (the .bin write above)",
-         f"{sizes['.bin writer'] / 1e6:,.1f}", "-", "-", f"{1000 * best['.bin writer']:,.0f}",
-         f"{1000 * best['.bin writer']:,.0f}"],
-    ]  # fmt: skip
-    from bench.report import table
-
-    section.extra_markdown = (
-        "Training stall per checkpoint. The reference trainer saves inside its step loop, "
-        f"so a save delays the next step line by its whole duration. Measured on the tiny "
-        f"preset ({stall['steps']} steps on CPU, a save every {SAVE_EVERY}; step lines timed "
-        "as they arrive through a pipe) as the median gap after a save minus the median "
-        "gap without one, beside the trainer's own `checkpoint: ... (N s)` figure; for the "
-        "large model, the .bin write time above is the stall.\n\n"
-        + table(
-            [
-                "model",
-                "checkpoint MB",
-                "step ms",
-                "step after a save ms",
-                "stall ms",
-                "save as the trainer reports it, ms",
-            ],  # fmt: skip
-            stall_table,
-        )
-    )
     ratio = rate[".bin writer"] / rate["raw write"]
     staging, fixed = speeds["staging_only_s"], speeds["commit_fixed_s"]
     why = (
@@ -302,8 +223,9 @@ def run(ctx: Context) -> Section:
         "virtual disk the figures mostly measure the device; rounds vary by the other "
         "work on the machine.",
     ]
-    if stall["returncode"] != 0:
-        section.notes.append(f"The tiny trainer exited {stall['returncode']}.")
+    section.notes.append(
+        "How long a save holds up training (async against --sync-save): section 13."
+    )
     grouped_bars(
         ctx.out / "checkpoint_write.png",
         ["write speed (best round)"],
@@ -311,8 +233,7 @@ def run(ctx: Context) -> Section:
         "MB/s (with fsync)",
         f"Checkpoint write, {sizes['raw write'] / 1e6:,.0f} MB",
     )
-    section.raw = {"writes": speeds, "mb_per_s": {m: rate[m] / 1e6 for m in METHODS},
-                   "stall": stall}  # fmt: skip
+    section.raw = {"writes": speeds, "mb_per_s": {m: rate[m] / 1e6 for m in METHODS}}
     section.targets.append(
         Target(
             ".bin writer within 90 % of a raw sequential write",

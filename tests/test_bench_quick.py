@@ -68,8 +68,11 @@ def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
     assert document["mode"] == "quick"
     assert set(document["sections"]) == {
         "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow", "verify",
-        "torch-verify", "long-runs", "control-load", "spikes",
+        "torch-verify", "long-runs", "control-load", "spikes", "stall",
     }  # fmt: skip
+    stall = document["sections"]["stall"]["raw"]
+    assert {size["preset"] for size in stall["sizes"]} >= {"tiny", "tiny-scaled-115mb"}
+    assert all(run["saves"] > 0 and run["returncode"] == 0 for run in stall["trainer"].values())
     # Each latency comparison measured trainwarden itself, not only its peers.
     assert document["sections"]["restart"]["raw"]["summary"]["trainwarden"]["n"] > 0
     assert document["sections"]["divergence"]["raw"]["summary"]["trainwarden"]["n"] > 0
