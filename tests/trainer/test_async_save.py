@@ -166,3 +166,27 @@ def test_sigkills_at_random_moments_then_resume_stay_bit_exact(straight, tmp_pat
     assert losses == straight.losses, "some step was never trained"
     final = checkpoint(tmp_path, 60).read_bytes()
     assert final == checkpoint(straight.run_dir, 60).read_bytes()
+
+
+def test_a_save_asked_for_during_a_write_waits_for_it_and_reports_the_wait(tmp_path):
+    args = ("--steps", "2000", "--save-every", "50", *LONG[4:])
+    in_flight = tmp_path / "checkpoints" / "step_000050.bin.tmp"
+    with live_trainer(tmp_path, *args, env=SLOW_WRITE) as trainer:
+        trainer.read_until("step: 52,")
+        assert in_flight.exists(), "step 50's write ended before the request"
+        trainer.signal(signal.SIGUSR1)
+        trainer.read_until("checkpoint: step_000050.bin saved")
+        requested = trainer.read_until("checkpoint: ")
+        trainer.signal(signal.SIGTERM)
+        assert trainer.finish() == 0
+    previous_at = next(at for at, line in reports(trainer.lines) if "step_000050.bin saved" in line)
+    report = parse_save_report(requested)
+    assert report is not None and "(save requested" in requested, requested
+    asked_at = int(re.search(r"step_(\d+)\.bin", requested).group(1))
+    # The loop stood still from the request until step 50's write committed: the step it
+    # saved is the last one logged before that commit.
+    logged = [
+        int(m.group(1)) for line in trainer.lines[:previous_at] if (m := STEP_LINE.match(line))
+    ]
+    assert asked_at == max(logged) > 50
+    assert report.stall_s is not None and report.stall_s > 0.2, "the wait is not in the stall"
