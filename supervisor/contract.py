@@ -191,9 +191,7 @@ class SaveReport:
     write_s: float | None
 
 
-def save_report_line(
-    name: str, reason: str, size_mb: float, stall_s: float, write_s: float
-) -> str:
+def save_report_line(name: str, reason: str, size_mb: float, stall_s: float, write_s: float) -> str:
     """The line the reference trainer prints once a save is committed."""
     return (
         f"{SAVE_REPORT_PREFIX}{name} saved ({reason}, {size_mb:.1f} MB, "
