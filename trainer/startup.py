@@ -93,7 +93,11 @@ def configure_torch(device_name: str, preset: Preset) -> torch.device:
     return torch.device(device_name)
 
 
-def build_optimizer(model: GPT, preset: Preset) -> AdamW:
+def build_optimizer(model: GPT, preset: Preset, foreach: bool | None = None) -> AdamW:
+    """AdamW over the model; `foreach` (multi-tensor kernels) defaults to on for a CUDA
+    model: there it saves launches, on the CPU it would only add list handling."""
+    if foreach is None:
+        foreach = next(model.parameters()).device.type == "cuda"
     # Decay matrices only; biases and LayerNorm gains stay undecayed.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -101,7 +105,7 @@ def build_optimizer(model: GPT, preset: Preset) -> AdamW:
         {"params": decay, "weight_decay": preset.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return AdamW(groups, lr=preset.max_lr, betas=BETAS, eps=EPS)
+    return AdamW(groups, lr=preset.max_lr, betas=BETAS, eps=EPS, foreach=foreach)
 
 
 def start_session(plan: Plan) -> Session:
