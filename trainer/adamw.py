@@ -91,11 +91,12 @@ class AdamW:
             for param in group["params"]:
                 if param.grad is not None:
                     by_step[self.state[param].step + 1].append(param)
-            for step, params in by_step.items():
-                states = [self.state[param] for param in params]
+            for step, batch in by_step.items():
+                states = [self.state[param] for param in batch]
                 for state in states:
                     state.step = step
-                grads = [param.grad for param in params]
+                params: list[torch.Tensor] = list(batch)
+                grads = [param.grad for param in batch if param.grad is not None]
                 exp_avgs = [state.exp_avg for state in states]
                 exp_avg_sqs = [state.exp_avg_sq for state in states]
                 torch._foreach_mul_(params, 1 - lr * weight_decay)
@@ -110,7 +111,9 @@ class AdamW:
                 torch._foreach_addcdiv_(params, exp_avgs, denoms, value=-lr / bias_correction1)
 
 
-def _divide_by_scalar(tensors: list[torch.Tensor], divisor: float) -> None:
+def _divide_by_scalar(
+    tensors: tuple[torch.Tensor, ...] | list[torch.Tensor], divisor: float
+) -> None:
     """`tensor / divisor` for each tensor, rounded as the per-parameter path rounds it.
 
     On CUDA, `tensor / python_float` multiplies by the float32 reciprocal (one bit less
