@@ -48,7 +48,7 @@ from bench.gpu_figures import (  # noqa: E402
     throughput,
 )
 from trainwarden.supervisor.contract import ENV_RESUME, expected_size  # noqa: E402
-from trainwarden.trainer.presets import PRESETS  # noqa: E402
+from trainwarden.trainer.presets import PRESETS, Preset  # noqa: E402
 
 BIG = PRESETS["gpt2-124m"]
 SMALL = PRESETS["tiny"]
@@ -180,11 +180,18 @@ def newest_complete_checkpoint(run_dir: Path, n_params: int) -> Path | None:
 
 
 class Check:
-    def __init__(self, minutes: float, scratch: Path, device: str = "cuda") -> None:
+    def __init__(
+        self,
+        minutes: float,
+        scratch: Path,
+        device: str = "cuda",
+        big: Preset = BIG,
+    ) -> None:
         self.budgets = part_budgets(minutes)
         self.scratch = scratch
         self.device = device
-        """The trainer runs' --device: cuda, but the resume part also runs on a CPU."""
+        """cuda; the parts also run on a CPU (its tests), with the tiny preset for `big`."""
+        self.big = big
         self.rows: list[Row] = []
         self.figures: dict[str, Any] = {}
         self.gpu_name: str | None = None
@@ -193,7 +200,8 @@ class Check:
         self.sampler: Any = None
 
     def part(self, name: str, body: Callable[[], None]) -> None:
-        progress(f"{name} (budget {self.budgets.get(name, 0):.0f} s)")
+        budget = self.budgets.get(name)
+        progress(name if budget is None else f"{name} (budget {budget:.0f} s)")
         started = time.monotonic()
         try:
             body()
@@ -233,13 +241,13 @@ class Check:
         from trainwarden.trainer.model import GPT
         from trainwarden.trainer.startup import build_optimizer
 
-        device = torch.device("cuda")
+        device = torch.device(self.device)
         optimizers, params = [], []
         times: dict[bool, list[float]] = {}
         for foreach in (False, True):
             torch.manual_seed(0)
-            model = GPT(BIG).to(device)
-            optimizers.append(build_optimizer(model, BIG, foreach=foreach))
+            model = GPT(self.big).to(device)
+            optimizers.append(build_optimizer(model, self.big, foreach=foreach))
             params.append(list(model.parameters()))
         generator = torch.Generator(device).manual_seed(1)
         deadline = time.monotonic() + self.budgets["adamw"]
@@ -249,10 +257,10 @@ class Check:
                 grad = torch.randn(a.shape, device=device, generator=generator) * 1e-3
                 a.grad, b.grad = grad, grad.clone()
             for optimizer in optimizers:
-                torch.cuda.synchronize()
+                _synchronize(device)
                 started = time.perf_counter()
                 optimizer.step()
-                torch.cuda.synchronize()
+                _synchronize(device)
                 times.setdefault(optimizer.foreach, []).append(time.perf_counter() - started)
             steps += 1
         differing = [
@@ -273,7 +281,7 @@ class Check:
             Row(
                 "AdamW foreach vs per-parameter",
                 result,
-                f"{steps} steps of gpt2-124m; step {foreach_ms:.1f} ms foreach vs"
+                f"{steps} steps of {self.big.name}; step {foreach_ms:.1f} ms foreach vs"
                 f" {per_param_ms:.1f} ms per parameter",
             )
         )
@@ -284,14 +292,16 @@ class Check:
             "per_parameter_ms": per_param_ms,
         }
         del optimizers, params
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def speed(self, part: str, extra: Sequence[str]) -> None:
         steps = WARMUP_STEPS + TIMED_STEPS
         run = TrainerRun(
             self.scratch / part,
-            ["--preset", BIG.name, "--steps", str(steps), "--save-every", str(steps + 1)]
+            ["--preset", self.big.name, "--steps", str(steps), "--save-every", str(steps + 1)]
             + ["--eval-every", "0", "--sample-every", "0", *extra],
+            device=self.device,
         )
         sampling = _LoadSampler(self.sampler) if part == "eager" and self.sampler else None
         try:
@@ -299,12 +309,12 @@ class Check:
         finally:
             if sampling is not None:
                 self.load_samples = sampling.stop()
-        label = f"{BIG.name} tokens/s, {'--compile' if extra else 'eager'}"
-        measured = throughput(step_lines(run.lines), BIG.tokens_per_step, WARMUP_STEPS)
+        label = f"{self.big.name} tokens/s, {'--compile' if extra else 'eager'}"
+        measured = throughput(step_lines(run.lines), self.big.tokens_per_step, WARMUP_STEPS)
         if measured is None:
             self.rows.append(Row(label, "not measured", run.failure() or "no timed step"))
             return
-        utilisation = mfu(measured.tokens_per_s, model_flops_per_token(BIG), self.peak_tflops)
+        utilisation = mfu(measured.tokens_per_s, model_flops_per_token(self.big), self.peak_tflops)
         failure = run.failure()
         self.rows.append(
             Row(
@@ -325,12 +335,13 @@ class Check:
         steps = SAVES * SAVE_EVERY
         run = TrainerRun(
             self.scratch / part,
-            ["--preset", BIG.name, "--steps", str(steps), "--save-every", str(SAVE_EVERY)]
+            ["--preset", self.big.name, "--steps", str(steps), "--save-every", str(SAVE_EVERY)]
             + ["--eval-every", "0", "--sample-every", "0", *extra],
+            device=self.device,
         )
         run.run(self.budgets[part])
         saves = save_figures(run.lines)
-        size_mb = expected_size(BIG.n_params) / 1e6
+        size_mb = expected_size(self.big.n_params) / 1e6
         label = f"checkpoint stall, {'--sync-save' if extra else 'async'}"
         row = save_row(label, saves, size_mb)
         failure = run.failure()
@@ -341,18 +352,22 @@ class Check:
         shutil.rmtree(run.run_dir, ignore_errors=True)  # 1.5 GB per checkpoint
 
     def resume(self) -> None:
-        budget = self.budgets["resume"] / 4
+        deadline = time.monotonic() + self.budgets["resume"]
+
+        def budget() -> float:
+            return max(1.0, deadline - time.monotonic())
+
         args = ["--preset", SMALL.name, "--steps", str(RESUME_STEPS)]
         args += ["--save-every", str(RESUME_SAVE_EVERY)]
         paced = {"TRAINER_TEST_STEP_SLEEP_S": PACE_S}
         straight = TrainerRun(self.scratch / "straight", args, paced, self.device)
-        straight.run(budget)
+        straight.run(budget())
         if (why := straight.failure()) is not None:
             raise RuntimeError(f"the straight run failed: {why}")
 
         run_dir = self.scratch / "interrupted"
         segments = [TrainerRun(run_dir, args, paced, self.device)]
-        segments[0].run(budget, lambda step: signal.SIGTERM if step == TERM_AT else None)
+        segments[0].run(budget(), lambda step: signal.SIGTERM if step == TERM_AT else None)
         if segments[0].returncode != 0:
             raise RuntimeError(f"SIGTERM: {segments[0].failure()}")
         for on_step in (lambda step: signal.SIGKILL if step == KILL_AT else None, None):
@@ -361,7 +376,7 @@ class Check:
                 raise RuntimeError("no complete checkpoint to resume from")
             env = {**paced, ENV_RESUME: str(resume_from)}
             segment = TrainerRun(run_dir, args, env, self.device)
-            segment.run(budget, on_step)
+            segment.run(budget(), on_step)
             segments.append(segment)
         killed, last = segments[1], segments[2]
         if killed.returncode != -signal.SIGKILL:
@@ -480,6 +495,13 @@ def _nvml_index(cuda_name: str) -> int:
 
 def _all_step_lines(lines: Sequence[str]) -> list[tuple[int, Any]]:
     return [(step, line) for text in lines for step, line in step_lines([text]).items()]
+
+
+def _synchronize(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _gib(value: Any) -> str:

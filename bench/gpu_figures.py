@@ -23,11 +23,11 @@ before the stall and write figures; that trainer's loop waited for the whole wri
 
 PART_SHARES: dict[str, float] = {
     "adamw": 0.06,
-    "eager": 0.16,
-    "compile": 0.26,
-    "save-async": 0.16,
-    "save-sync": 0.16,
-    "resume": 0.16,
+    "eager": 0.14,
+    "compile": 0.28,
+    "save-async": 0.14,
+    "save-sync": 0.14,
+    "resume": 0.20,
 }
 """Each part's share of --minutes (the rest is start-up and NVML, which take seconds)."""
 

@@ -148,3 +148,22 @@ def test_the_resume_part_finds_cpu_resume_exact(tmp_path):
     assert figures["final_weights"] == "byte-identical"
     assert figures["compared"] >= 60  # every step, and the replayed ones again
     assert "replayed" in row.detail and "0 replayed" not in row.detail
+
+
+def test_the_trainer_parts_read_the_real_trainer_on_the_cpu(tmp_path):
+    # The same parts as on a GPU, with the tiny preset: the figures are the CPU's, but the
+    # runs, the parsing of the trainer's step and save lines and the rows are the real ones.
+    check = Check(minutes=8, scratch=tmp_path, device="cpu", big=PRESETS["tiny"])
+    check.part("adamw", check.adamw)
+    check.part("eager", lambda: check.speed("eager", []))
+    check.part("save-sync", lambda: check.saves("save-sync", ["--sync-save"]))
+    rows = {row.check: row for row in check.rows}
+    assert rows["AdamW foreach vs per-parameter"].result == "bit-identical"
+    speed = rows["tiny tokens/s, eager"]
+    assert speed.result.endswith("tokens/s, MFU unknown"), speed  # no GPU, no peak
+    assert speed.detail.startswith("20 steps after 5 warm-up"), speed
+    assert check.figures["eager"]["tokens_per_s"] > 0
+    saves = rows["checkpoint stall, --sync-save"]
+    assert saves.result.startswith("stall median "), saves
+    assert "4 saves of 1.4 MB" in saves.detail, saves
+    assert len(check.figures["save-sync"]) == 4
