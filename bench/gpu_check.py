@@ -238,6 +238,7 @@ class Check:
     def adamw(self) -> None:
         import torch
 
+        from trainwarden.trainer.adamw import _float32
         from trainwarden.trainer.model import GPT
         from trainwarden.trainer.startup import build_optimizer
 
@@ -253,8 +254,10 @@ class Check:
         deadline = time.monotonic() + self.budgets["adamw"]
         steps = 0
         while steps < ADAMW_STEPS and time.monotonic() < deadline:
-            for a, b in zip(*params, strict=True):
-                grad = torch.randn(a.shape, device=device, generator=generator) * 1e-3
+            for index, (a, b) in enumerate(zip(*params, strict=True)):
+                # Scales from 1e-9 (where eps counts) to 10, as in the CPU test.
+                scale = 10.0 ** (index % 6 * 2 - 9)
+                grad = torch.randn(a.shape, device=device, generator=generator) * scale
                 a.grad, b.grad = grad, grad.clone()
             for optimizer in optimizers:
                 _synchronize(device)
@@ -277,12 +280,18 @@ class Check:
         per_param_ms = 1000 * statistics.median(times[False][1:] or times[False])
         foreach_ms = 1000 * statistics.median(times[True][1:] or times[True])
         result = "bit-identical" if not differing else f"differ: max |diff| {max(differing):.3g}"
+        # The foreach path's one device-specific choice: how `tensor / scalar` rounds here.
+        probe = torch.rand(1 << 20, device=device, generator=generator) + 0.5
+        divisor = 3.0  # 1/3 is inexact in float32: dividing and multiplying by it differ
+        reciprocal = _float32(1.0 / _float32(divisor))
+        multiplies = torch.equal(probe / divisor, probe * reciprocal)
         self.rows.append(
             Row(
                 "AdamW foreach vs per-parameter",
                 result,
                 f"{steps} steps of {self.big.name}; step {foreach_ms:.1f} ms foreach vs"
-                f" {per_param_ms:.1f} ms per parameter",
+                f" {per_param_ms:.1f} ms per parameter; tensor / scalar here"
+                f" {'multiplies by the reciprocal' if multiplies else 'divides'}",
             )
         )
         self.figures["adamw"] = {
@@ -290,6 +299,7 @@ class Check:
             "steps": steps,
             "foreach_ms": foreach_ms,
             "per_parameter_ms": per_param_ms,
+            "scalar_division_multiplies": multiplies,
         }
         del optimizers, params
         if device.type == "cuda":

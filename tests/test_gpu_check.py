@@ -159,6 +159,8 @@ def test_the_trainer_parts_read_the_real_trainer_on_the_cpu(tmp_path):
     check.part("save-sync", lambda: check.saves("save-sync", ["--sync-save"]))
     rows = {row.check: row for row in check.rows}
     assert rows["AdamW foreach vs per-parameter"].result == "bit-identical"
+    # The CPU really divides (so the foreach path's _foreach_div_ matches it there).
+    assert check.figures["adamw"]["scalar_division_multiplies"] is False
     speed = rows["tiny tokens/s, eager"]
     assert speed.result.endswith("tokens/s, MFU unknown"), speed  # no GPU, no peak
     assert speed.detail.startswith("20 steps after 5 warm-up"), speed
