@@ -199,9 +199,10 @@ def banner(session: Session) -> str:
     plan = session.plan
     skips = f", data skipped {skip_data_text(plan.skip_windows)}" if plan.skip_windows else ""
     scale = f", LR x{plan.lr_scale:g}" if plan.lr_scale != 1.0 else ""
+    compiled = " with torch.compile" if plan.options.compile else ""
     return (
         f"trainer: preset {preset.name}, {session.n_params} params, "
-        f"{preset.tokens_per_step} tokens/step, device {session.device_label}, "
+        f"{preset.tokens_per_step} tokens/step, device {session.device_label}{compiled}, "
         f"arms {','.join(session.arms)}, {origin}{phase}{skips}{scale}"
     )
 

@@ -97,6 +97,7 @@ class TrainingLoop:
         )
         if self.faults.bad_data(position):
             targets = garbage_targets(seed, position, arm, targets.shape)
+        inputs, targets = self.on_device(inputs), self.on_device(targets)
         lr = self.lr(step)
         for group in s.optimizer.param_groups:
             group["lr"] = lr
@@ -105,10 +106,9 @@ class TrainingLoop:
         total = torch.zeros((), device=s.device)
         for micro in range(preset.grad_accum):
             rows = slice(micro * preset.batch_size, (micro + 1) * preset.batch_size)
-            x = inputs[rows].to(s.device, non_blocking=True)
-            y = targets[rows].to(s.device, non_blocking=True)
+            x, y = inputs[rows], targets[rows]
             with s.autocast():
-                logits = s.model(x)
+                logits = s.forward(x)
                 loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
             loss = loss / preset.grad_accum
             if poison:
@@ -122,6 +122,18 @@ class TrainingLoop:
         s.bandit.update(arm, loss_value)
         s.tokens_seen += preset.tokens_per_step
         return loss_value, arm, lr
+
+    def on_device(self, batch: torch.Tensor) -> torch.Tensor:
+        """The step's whole batch on the training device, in one copy.
+
+        From page-locked memory on CUDA, so the copy is really asynchronous: nothing in a
+        step waits for the GPU but the loss read at its end (clip_grad_norm_ and the
+        optimizer keep their figures on the device).
+        """
+        device = self.session.device
+        if device.type != "cuda":
+            return batch
+        return batch.contiguous().pin_memory().to(device, non_blocking=True)
 
     # -- files ----------------------------------------------------------------------
 

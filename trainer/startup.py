@@ -35,6 +35,10 @@ class Session:
     plan: Plan
     device: torch.device
     model: GPT
+    """The plain module: checkpoints, evaluation and samples use it."""
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    """The training forward: the model itself, or its torch.compile'd wrapper (--compile),
+    which shares the model's parameters."""
     optimizer: AdamW
     tokens: dict[str, torch.Tensor]
     bandit: Bandit
@@ -86,6 +90,8 @@ def configure_torch(device_name: str, preset: Preset) -> torch.device:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        # The same switch for code torch.compile generates (inductor reads this one).
+        torch.set_float32_matmul_precision("high")
     torch.set_num_threads(min(preset.cpu_threads, os.cpu_count() or 1))
     # Bit-exact resume is promised on the CPU; on CUDA some kernels (attention backward)
     # have no deterministic variant, so there we only ask for it where it exists.
@@ -93,7 +99,11 @@ def configure_torch(device_name: str, preset: Preset) -> torch.device:
     return torch.device(device_name)
 
 
-def build_optimizer(model: GPT, preset: Preset) -> AdamW:
+def build_optimizer(model: GPT, preset: Preset, foreach: bool | None = None) -> AdamW:
+    """AdamW over the model; `foreach` (multi-tensor kernels) defaults to on for a CUDA
+    model: there it saves launches, on the CPU it would only add list handling."""
+    if foreach is None:
+        foreach = next(model.parameters()).device.type == "cuda"
     # Decay matrices only; biases and LayerNorm gains stay undecayed.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -101,7 +111,7 @@ def build_optimizer(model: GPT, preset: Preset) -> AdamW:
         {"params": decay, "weight_decay": preset.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return AdamW(groups, lr=preset.max_lr, betas=BETAS, eps=EPS)
+    return AdamW(groups, lr=preset.max_lr, betas=BETAS, eps=EPS, foreach=foreach)
 
 
 def start_session(plan: Plan) -> Session:
@@ -121,10 +131,16 @@ def start_session(plan: Plan) -> Session:
     elif device.type == "cuda":
         # fp16 would need loss scaling; float32 is slower but needs nothing else.
         warn("this GPU has no bf16 support: training in float32")
+    forward: Callable[[torch.Tensor], torch.Tensor] = model
+    if options.compile:
+        # Compiled lazily at the first step; this import of torch._dynamo and inductor
+        # costs seconds, so only a run that asks for it pays.
+        forward = torch.compile(model)
     session = Session(
         plan=plan,
         device=device,
         model=model,
+        forward=forward,
         optimizer=build_optimizer(model, preset),
         tokens={name: as_tokens(arm.train) for name, arm in plan.arms.items()},
         bandit=Bandit(list(plan.arms), plan.policy, options.seed),
