@@ -70,6 +70,11 @@ def cmd_init(args: argparse.Namespace) -> int:
         save_every=args.save_every,
         force=args.force,
         device=args.device,
+        extra_args=[
+            flag
+            for flag, on in (("--compile", args.compile), ("--sync-save", args.sync_save))
+            if on
+        ],
     )
     print(f"wrote {path}")
     print(f"start it with: trainwarden daemon --detach {path.parent}")

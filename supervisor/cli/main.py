@@ -71,6 +71,14 @@ def build_parser() -> Parser:
     p.add_argument("--steps", type=int, default=2000, help="total steps (default 2000)")
     p.add_argument("--save-every", type=int, default=100, help="checkpoint interval in steps")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--compile", action="store_true", help="the trainer runs its model through torch.compile"
+    )
+    p.add_argument(
+        "--sync-save",
+        action="store_true",
+        help="the trainer writes checkpoints inside its step loop, not in the background",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing config")
 
     p = add("daemon", cmd_daemon, "run the supervisor daemon (foreground; what systemd runs)")
