@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.checkpoint_write import clear, write_raw
+from bench.checkpoint_write import clear, model_of, write_raw
 from bench.common import PYTHON, REPO, Context, Section, Target
 from bench.report import table
 
@@ -38,23 +38,6 @@ def shapes(quick: bool) -> list[Any]:
     tiny = PRESETS["tiny"]
     scaled = replace(tiny, name="tiny-scaled-115mb", n_layer=3, n_head=8, d_model=512)
     return [tiny, scaled] if quick else [tiny, scaled, PRESETS["gpt2-124m"]]
-
-
-def model_of(preset: Any) -> tuple[Any, Any]:
-    import torch
-
-    from trainwarden.trainer.model import GPT
-    from trainwarden.trainer.startup import build_optimizer
-
-    torch.manual_seed(0)
-    model = GPT(preset)
-    optimizer = build_optimizer(model, preset)
-    with torch.no_grad():
-        # Moments as a trained run has them: values, not the zeros of step 0.
-        for state in optimizer.state.values():
-            state.exp_avg.normal_(0, 1e-3)
-            state.exp_avg_sq.uniform_(0, 1e-6)
-    return model, optimizer
 
 
 def saver_rounds(directory: Path, preset: Any, rounds: int) -> dict[str, Any]:

@@ -19,27 +19,34 @@ TITLE = "5. Checkpoint write"
 METHODS = (".bin writer", "torch.save", "raw write")
 
 
-def build(quick: bool) -> tuple[Any, Any, str]:
-    """(model, optimizer, description): GPT-2 small's shape in full mode, ~50 MB in quick."""
+def model_of(preset: Any) -> tuple[Any, Any]:
+    """A model of `preset`'s shape and its optimizer, with Adam moments as a trained run
+    has them (values, not the zeros of step 0)."""
     import torch
 
     from trainwarden.trainer.model import GPT
-    from trainwarden.trainer.presets import PRESETS
     from trainwarden.trainer.startup import build_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(preset)
+    optimizer = build_optimizer(model, preset)
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            state.exp_avg.normal_(0, 1e-3)
+            state.exp_avg_sq.uniform_(0, 1e-6)
+    return model, optimizer
+
+
+def build(quick: bool) -> tuple[Any, Any, str]:
+    """(model, optimizer, description): GPT-2 small's shape in full mode, ~50 MB in quick."""
+    from trainwarden.trainer.presets import PRESETS
 
     preset = PRESETS["gpt2-124m"]
     if quick:
         preset = replace(
             preset, name="bench-50mb", n_layer=5, n_head=4, d_model=256, vocab_size=256
         )
-    torch.manual_seed(0)
-    model = GPT(preset)
-    optimizer = build_optimizer(model, preset)
-    with torch.no_grad():
-        # Moments as a trained run has them: values, not the zeros of step 0.
-        for state in optimizer.state.values():
-            state.exp_avg.normal_(0, 1e-3)
-            state.exp_avg_sq.uniform_(0, 1e-6)
+    model, optimizer = model_of(preset)
     n_params = sum(p.numel() for p in model.parameters())
     return model, optimizer, f"{preset.name} shape, {n_params:,} parameters"
 
