@@ -19,7 +19,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.supervisor.test_disk_full import Mounts, daemon_for, fill, small_run, write_fails
-from tests.supervisor.test_disk_full import mounts as mounts  # the fixture, by name
 from tests.support import (
     PYTHON,
     journal,
