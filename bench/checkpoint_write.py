@@ -108,7 +108,7 @@ def clear(directory: Path) -> None:
 
 def staging_only(model: Any, optimizer: Any) -> float:
     """The .bin writer's per-tensor work alone, into a sink that discards: no disk."""
-    from trainwarden.trainer.checkpoint import _write_float32
+    from trainwarden.trainer.checkpoint import write_float32
 
     class Discard:
         def write(self, data: Any) -> int:
@@ -117,7 +117,7 @@ def staging_only(model: Any, optimizer: Any) -> float:
     sink = Discard()
     t0 = time.perf_counter()
     for tensor in tensors(model, optimizer):
-        _write_float32(sink, tensor)
+        write_float32(sink, tensor)
     return time.perf_counter() - t0
 
 
@@ -213,7 +213,7 @@ def run(ctx: Context) -> Section:
     staging, fixed = speeds["staging_only_s"], speeds["commit_fixed_s"]
     why = (
         f"of the writer's {best['.bin writer']:.2f} s (best round), preparing each tensor "
-        f"(`_write_float32` into a discarding sink) takes {staging:.2f} s (best round) with "
+        f"(`write_float32` into a discarding sink) takes {staging:.2f} s (best round) with "
         "no disk involved "
         f"and the commit protocol (sidecar written atomically, fsync of the .tmp and twice of "
         f"the directory) {fixed:.3f} s, measured on a 1-parameter model; the rest is writing "

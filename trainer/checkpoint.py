@@ -50,7 +50,7 @@ class Regions:
     exp_avg_sq: torch.Tensor
 
 
-def _write_float32(f: Any, tensor: torch.Tensor) -> None:
+def write_float32(f: Any, tensor: torch.Tensor) -> None:
     """Append the tensor's values as little-endian float32."""
     flat = tensor.detach().to("cpu", torch.float32).reshape(-1).contiguous()
     # Straight from the tensor's own memory (kept alive by `flat` during the write): no
@@ -116,7 +116,7 @@ def save_checkpoint(
     def write_regions(f: BinaryIO) -> None:
         for region in REGIONS:
             for tensor in region_tensors(model, optimizer, region):
-                _write_float32(f, tensor)
+                write_float32(f, tensor)
 
     n_params = sum(p.numel() for p in model.parameters())
     return commit_checkpoint(directory, step, n_params, json_bytes(sidecar), write_regions)

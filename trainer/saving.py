@@ -16,7 +16,6 @@ checkpoint and at most a .tmp.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from trainwarden.trainer.checkpoint import (
     commit_checkpoint,
     region_tensors,
     save_checkpoint,
+    write_float32,
 )
 
 
@@ -83,9 +83,7 @@ class HostSnapshot:
             torch.cuda.current_stream(self.device).synchronize()
 
     def write_to(self, f: BinaryIO) -> None:
-        # The buffer's own memory, no staging copy (little-endian: checkpoint.py checks).
-        raw = (ctypes.c_char * (4 * self.buffer.numel())).from_address(self.buffer.data_ptr())
-        f.write(memoryview(raw).cast("B"))
+        write_float32(f, self.buffer)  # from the buffer's own memory: no staging copy
 
 
 class CheckpointSaver:
