@@ -301,6 +301,7 @@ class TelemetryHub:
         parse = self.parser.parse
         rows = []
         evals: list[EvalRecord] = []
+        reported = False
         for line in reversed(lines):
             if line.strip():
                 self.last_line = line.rstrip()[:LAST_LINE_CHARS]
@@ -311,7 +312,7 @@ class TelemetryHub:
             if record is None:
                 # The prefix first: a line that is neither costs one startswith.
                 if line.startswith(SAVE_REPORT_PREFIX):
-                    self._note_save_report(line)
+                    reported = self._note_save_report(line) or reported
                 continue
             if isinstance(record, EvalRecord):
                 evals.append(record)  # reported only: never a step, never decided on
@@ -345,15 +346,25 @@ class TelemetryHub:
                 self._write_offset()
         if evals:
             self.validation.observe(evals, self.seg, time.time())
-        self._save_offset()
+        if (reported or evals) and self.follower is not None and self._offset_fd is not None:
+            # What these lines told us is kept in memory or .eval.json: a daemon killed
+            # within the next second must not take them again from the log (a restarted
+            # daemon would show the old start's save as news, or record an evaluation twice).
+            self._offset_saved_t = time.monotonic()
+            self._write_offset()
+        else:
+            self._save_offset()
         self._schedule_publish()
 
-    def _note_save_report(self, line: str) -> None:
+    def _note_save_report(self, line: str) -> bool:
+        """Take a save report line; whether it was one."""
         report = parse_save_report(line)
-        if report is not None:
-            name = report.name[:LAST_LINE_CHARS]
-            self.last_save = dataclasses.replace(report, name=name)
-            self.last_save_t = time.time()
+        if report is None:
+            return False
+        name = report.name[:LAST_LINE_CHARS]
+        self.last_save = dataclasses.replace(report, name=name)
+        self.last_save_t = time.time()
+        return True
 
     def _save_offset(self) -> None:
         now = time.monotonic()
