@@ -3,8 +3,8 @@
 Under systemd with `Delegate=yes`, or for a daemon that can write below its own cgroup v2
 (root, or a delegated subtree), each start gets `trainwarden-<run>-<marker>/` below the
 daemon's cgroup (`<run>`: a hash of the run directory, as daemons of several runs may share
-a cgroup). The trainer is moved into it right after it is started, so everything it forks
-later is inside: `cgroup.procs` lists the start's processes whatever they do to their
+a cgroup). The forked child writes itself into it before it executes the trainer (see
+process.spawn), so everything the trainer forks, even in its first instruction, is inside: `cgroup.procs` lists the start's processes whatever they do to their
 environment or session, and `cgroup.kill` ends them all at once. Elsewhere (no cgroup v2,
 no write access) the marker and the subreaper are the only means (see containment).
 """
@@ -79,6 +79,18 @@ class StartCgroups:
 
     def path(self, marker: str) -> Path:
         return self.base / f"{self.prefix}{marker}"
+
+    def open_for_child(self, marker: str) -> tuple[int | None, str | None]:
+        """(a descriptor of the start's cgroup.procs, made now, for the child to write
+        itself into before it runs the trainer; why not). Close it after the spawn."""
+        folder = self.path(marker)
+        try:
+            folder.mkdir(exist_ok=True)
+            return os.open(folder / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC), None
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            return None, f"cannot open {folder / 'cgroup.procs'}: {exc.strerror}"
 
     def join(self, marker: str, pid: int) -> str | None:
         """Put `pid` in its start's cgroup (made now); why not, if it could not be."""

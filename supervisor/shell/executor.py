@@ -5,7 +5,9 @@ to the daemon's queue as events. It decides nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -245,18 +247,28 @@ class Executor:
         # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
         # and reach the policy after the spawn they belong to, in their order.
         self.steps_held = []
+        procs_fd, no_procs_fd = (
+            self.cgroups.open_for_child(marker) if self.cgroups is not None else (None, None)
+        )
         try:
-            proc = await spawn(argv, self.cfg.trainer_cwd, env, self.cfg.log_path)
+            proc = await spawn(argv, self.cfg.trainer_cwd, env, self.cfg.log_path, procs_fd)
         except OSError as exc:
             failure = spawn_failure(argv, self.cfg.trainer_cwd, env, exc)
+            if self.cgroups is not None:
+                with contextlib.suppress(OSError):
+                    self.cgroups.path(marker).rmdir()  # made for a start that never ran
             self.report(core.SpawnFailed(time.monotonic(), failure))
             self._release_held_steps()
             return
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
         self.proc = proc
         started: dict[str, Any] = {"pid": proc.pid, "seg": action.seg, "marker": marker}
         if self.cgroups is not None:
-            # Now, before the trainer forks anything: all it starts later is inside.
-            refused = self.cgroups.join(marker, proc.pid)
+            # The child joined before its exec; checked (and done) again here for a child
+            # whose own write was refused: the error says why.
+            refused = self.cgroups.join(marker, proc.pid) if no_procs_fd is None else no_procs_fd
             started["cgroup"] = str(self.cgroups.path(marker)) if refused is None else None
             if refused is not None:
                 started["cgroup_error"] = refused

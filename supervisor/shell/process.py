@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import signal
 import time
@@ -139,11 +140,28 @@ def spawn_failure(argv: list[str], cwd: Path, env: dict[str, str], exc: OSError)
     return f"{argv[0]}: {problem or exc.strerror or exc}"
 
 
+def _join_cgroup(procs_fd: int) -> None:
+    """In the forked child, before exec: move itself into its start's cgroup ("0" names
+    the writer). Only a write and no allocation of note, as befits a child forked from a
+    threaded process; a refusal is left to the parent's join after the spawn."""
+    try:
+        os.write(procs_fd, b"0\n")
+    except OSError:
+        pass
+
+
 async def spawn(
-    argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    log_path: Path,
+    cgroup_procs_fd: int | None = None,
 ) -> asyncio.subprocess.Process:
-    """Start the trainer in a new session with stdout and stderr appended to the run log."""
+    """Start the trainer in a new session with stdout and stderr appended to the run log;
+    with `cgroup_procs_fd` (a start cgroup's cgroup.procs), inside that cgroup from its
+    first instruction, so nothing it forks at once can escape it."""
     log_fd = _open_run_log(log_path)
+    join = None if cgroup_procs_fd is None else functools.partial(_join_cgroup, cgroup_procs_fd)
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
@@ -153,6 +171,7 @@ async def spawn(
             stdout=log_fd,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=join,
         )
     finally:
         os.close(log_fd)

@@ -75,3 +75,37 @@ def test_a_helper_without_the_marker_is_ended_through_the_start_s_cgroup(
         wait_for(lambda: not folder.exists(), 30, what="the start's cgroup removed")
         daemon.request("shutdown", timeout=60)
     assert not any(n.startswith(folder.name[:25]) for n in os.listdir(folder.parent))
+
+
+@pytest.mark.timeout(120)
+def test_a_helper_forked_in_the_trainers_first_instructions_is_inside_its_cgroup(
+    tmp_path: Path, cgroups: StartCgroups
+):
+    # The shell forks the helper within a millisecond of its exec, before a daemon that
+    # moved the trainer after starting it could have done so.
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER.replace("if os.fork() == 0:", "if False:", 1))
+    command = (
+        "setsid env -i /bin/sleep 1000 & echo $! > helper.pid; "
+        f"exec {PYTHON} {script} 20"
+    )
+    run_dir = make_run(
+        tmp_path / "run",
+        ["/bin/sh", "-c", command],
+        trainer={"stop_timeout_s": 2.0},
+        restart={"backoff_initial_s": 60.0},
+    )
+    with running_daemon(run_dir) as daemon:
+        helper = wait_for(
+            lambda: (
+                (run_dir / "helper.pid").exists() and int((run_dir / "helper.pid").read_text() or 0)
+            ),
+            30,
+            what="the helper",
+        )
+        started = next(r for r in journal(run_dir) if r["kind"] == "trainer_started")
+        cgroup = Path(f"/proc/{helper}/cgroup").read_text().strip().split("::", 1)[1]
+        assert Path(started["cgroup"]).name == Path(cgroup).name, "the helper escaped"
+        daemon.wait_state("backoff", timeout=60)  # it crashed at step 20
+        wait_for(lambda: not pid_alive(helper), 30, what="the helper ended with its start")
+        daemon.request("shutdown", timeout=60)
