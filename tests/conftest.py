@@ -1,9 +1,21 @@
-"""Options for the whole suite (registered here so `pytest --run-slow` works from the root)."""
+"""Options, markers and tiers for the whole suite (registered here so they work from the root).
+
+- `slow`: long soaks, skipped unless `--run-slow`.
+- `loaded`: the test's point is behaviour under CPU contention: it runs beside one busy
+  loop per core (tests/support/load.py), and under pytest-xdist in the group `loaded`, so
+  no two of them spin at once.
+- `xdist_group(name)`: tests that share an exclusive resource run one after another.
+
+See docs/testing.md.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from tests.support.load import busy_loops
 from tests.support.mounts import mounts  # noqa: F401 (a fixture for every test folder)
 
 
@@ -12,17 +24,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-slow",
         action="store_true",
         default=False,
-        help="also run the long chaos soak (20,000 steps; about 18 minutes on 2 busy CPU cores)",
+        help="also run the slow tier (the long chaos soaks; see docs/testing.md)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: long-running tests (skipped unless --run-slow; see docs/testing.md)"
+    )
+    config.addinivalue_line(
+        "markers", "loaded: runs beside one busy loop per core (its point is behaviour under load)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_slow = config.getoption("--run-slow")
+    skip = pytest.mark.skip(reason="slow tier: run with --run-slow (see docs/testing.md)")
+    for item in items:
+        if item.get_closest_marker("slow") and not run_slow:
+            item.add_marker(skip)
+        if item.get_closest_marker("loaded") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("loaded"))
+
+
+@pytest.fixture(autouse=True)
+def _load_for_loaded_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("loaded") is None:
+        yield
+        return
+    with busy_loops():
+        yield
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the empty start cgroups that daemons killed by the tests left behind (a
     daemon removes its own when it ends a start; a SIGKILLed one cannot). A cgroup still
-    holding a process is busy and stays."""
+    holding a process is busy and stays. Only once all tests are done: under pytest-xdist
+    in the controller, never in a worker while others still start trainers."""
     import contextlib
     import os
 
+    if hasattr(session.config, "workerinput"):
+        return
     from trainwarden.supervisor.shell.cgroups import PREFIX, own_cgroup
 
     base, _ = own_cgroup()

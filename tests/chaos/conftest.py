@@ -1,31 +1,13 @@
-"""Options and shared reference runs for the chaos soak.
-
-`--run-slow` enables the long soak (20,000 steps); without it the long variant is skipped.
-Run it as `python -m pytest tests/chaos --run-slow` (the option lives in this conftest, so
-name the directory: pytest registers it only when it starts from here).
-"""
+"""Shared reference runs for the chaos soaks (the slow tier's `--run-slow` and the `loaded`
+marker live in tests/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.chaos.harness import StraightRun
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--run-slow", default=False):
-        return
-    skip = pytest.mark.skip(
-        reason="long chaos soak (20,000 steps, about 18 min on 2 busy cores): run `python -m pytest tests/chaos "
-        "--run-slow` to include it"
-    )
-    here = str(Path(__file__).parent)
-    for item in items:
-        if item.get_closest_marker("slow") and str(item.path).startswith(here):
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
