@@ -1,14 +1,12 @@
-"""`python -m bench --quick` keeps working: it exits 0 and writes a complete RESULTS.md.
+"""A smoke of the bench: `python -m bench --quick --only verify` exits 0 and writes its
+report (RESULTS.md with the section and its target row, results.json with the raw figures).
 
-No timing is asserted here (timing figures belong in bench/, not in the test suite).
-Set TRAINWARDEN_SKIP_BENCH=1 to skip it (it takes a minute or two and needs network
-access once, to install supervisord into a throwaway environment).
+The whole bench is run by its own command (`python -m bench`, docs/benchmarks.md), not by
+the suite; no timing is asserted here (timing figures belong in bench/).
 """
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,80 +15,42 @@ import orjson
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HEADINGS = [
-    "## Targets",
-    "## 1. Crash -> trainer restarted",
-    "## 2. Bad loss written -> trainer killed",
-    "## 3. Supervision overhead",
-    "## 4. History scale",
-    "## 5. Checkpoint write",
-    "## 6. Parsers and history internals (bench_parse.py)",
-    "## 7. Log following at 10, 100 and 10,000 lines/s",
-    "## 8. Checkpoint verification (andrea-bin)",
-    "## 9. Checkpoint verification (torch-pt), per checkpoint",
-    "## 10. Long runs",
-    "## 11. Control-plane load: NaN -> kill and status under 200 misbehaving clients",
-    "## 12. Loss spike -> trainer killed",
-]
-
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRAINWARDEN_SKIP_BENCH") == "1", reason="TRAINWARDEN_SKIP_BENCH=1"
-)
 
 
-@pytest.mark.timeout(300)
-def test_quick_bench_writes_every_section_and_plot(tmp_path: Path) -> None:
+@pytest.mark.timeout(120)
+def test_one_small_section_of_the_bench_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench", "--quick", "--only", "verify", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=100,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     results = (out / "RESULTS.md").read_text()
     assert results.startswith("# trainwarden benchmarks")
     assert "Generated file, do not edit by hand" in results
-    assert "python -m bench --quick" in results
-    for heading in HEADINGS:
-        assert heading + "\n" in results, f"missing section {heading!r}"
+    assert "python -m bench --quick --only verify" in results
+    assert "## Targets\n" in results and "## 8. Checkpoint verification (andrea-bin)\n" in results
+    assert "andrea-bin verified at >= 90 % of a raw read" in results
     assert "This comparison failed" not in results
 
-    plots = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", results)
-    assert len(set(plots)) >= 6, plots
-    for plot in plots:
-        png = out / plot
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{plot} is not a PNG"
-
     document = orjson.loads((out / "results.json").read_bytes())
-    assert document["mode"] == "quick"
-    assert set(document["sections"]) == {
-        "restart", "divergence", "overhead", "history", "checkpoint", "parse", "follow", "verify",
-        "torch-verify", "long-runs", "control-load", "spikes", "stall",
-    }  # fmt: skip
-    stall = document["sections"]["stall"]["raw"]
-    assert {size["preset"] for size in stall["sizes"]} >= {"tiny", "tiny-scaled-115mb"}
-    assert all(run["saves"] > 0 and run["returncode"] == 0 for run in stall["trainer"].values())
-    # Each latency comparison measured trainwarden itself, not only its peers.
-    assert document["sections"]["restart"]["raw"]["summary"]["trainwarden"]["n"] > 0
-    assert document["sections"]["divergence"]["raw"]["summary"]["trainwarden"]["n"] > 0
-    assert document["sections"]["control-load"]["raw"]["nan"]["n"] > 0
-    # The follow section matched lines the daemon saw at every rate.
-    follow = document["sections"]["follow"]["raw"]["figures"]
-    assert set(follow) == {"10", "100", "10000"}, follow.keys()
-    assert all(f["latency"]["n"] > 0 for f in follow.values())
-    # Section 8 timed the digest beside the check; section 9 timed both torch-pt ways.
+    assert document["mode"] == "quick" and set(document["sections"]) == {"verify"}
     verify = document["sections"]["verify"]["raw"]
-    assert set(verify["page cache"]["mb_per_s"]) == {
-        "verify",
-        "digest",
-        "verify + digest",
-        "raw read",
-    }
-    torch_verify = document["sections"]["torch-verify"]["raw"]
-    assert (
-        torch_verify["worker, warm (now)"]
-        and torch_verify["fresh interpreter per checkpoint (before)"]
+    assert set(verify["page cache"]["mb_per_s"]) == {"verify", "digest", "verify + digest", "raw read"}
+    assert all(rate > 0 for rate in verify["page cache"]["mb_per_s"].values())
+
+
+def test_an_unknown_section_is_refused_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "nonesuch"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
+    assert done.returncode == 2
+    assert "unknown comparison(s) nonesuch" in done.stderr
