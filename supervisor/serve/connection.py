@@ -20,8 +20,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from trainwarden.supervisor.errors import ProtocolError
 from trainwarden.supervisor.protocol import MAX_LINE, REPLACEABLE_TOPICS, encode
-from trainwarden.supervisor.wire import peer_uid
+from trainwarden.supervisor.wire import decode, peer_uid
 
 log = logging.getLogger("trainwarden.control")
 
@@ -359,3 +360,19 @@ def writer_peer_uid(writer: asyncio.StreamWriter) -> int | None:
 
 def error_reply(rid: Any, code: str, message: str) -> dict[str, Any]:
     return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
+
+
+def parse_request(line: bytes) -> tuple[Any, str, dict[str, Any]] | dict[str, Any]:
+    """A request line as (id, command, arguments), or the error reply that refuses it.
+    Any bytes at all give one or the other (tests/supervisor/test_request_parsing.py)."""
+    try:
+        message = decode(line)
+    except ProtocolError as exc:
+        return error_reply(None, "bad_request", str(exc))
+    rid = message.get("id")
+    if rid is not None and (not isinstance(rid, int | str) or isinstance(rid, bool)):
+        return error_reply(None, "bad_request", "'id' must be an integer or a string")
+    cmd = message.get("cmd")
+    if not isinstance(cmd, str):
+        return error_reply(rid, "bad_request", "'cmd' must be a string naming a command")
+    return rid, cmd, {k: v for k, v in message.items() if k not in ("id", "cmd")}

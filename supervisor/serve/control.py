@@ -20,7 +20,7 @@ from typing import Any, get_args
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.contract import MAX_STEP
 from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
-from trainwarden.supervisor.errors import LockHeld, ProtocolError
+from trainwarden.supervisor.errors import LockHeld
 from trainwarden.supervisor.protocol import (
     HISTORY_MAX_POINTS,
     MAX_LINE,
@@ -29,7 +29,6 @@ from trainwarden.supervisor.protocol import (
     ReadCommand,
     clip_text,
     connect_path,
-    decode,
     encode,
 )
 from trainwarden.supervisor.serve.connection import (
@@ -41,6 +40,7 @@ from trainwarden.supervisor.serve.connection import (
     error_reply,
     hang_up_after,
     hung_up,
+    parse_request,
     read_lines,
     serve_unix,
     writer_peer_uid,
@@ -291,25 +291,15 @@ class ControlServer:
         self.peak_connections = len(self.connections)
         release_memory()
 
-    def _parse(self, conn: Connection, line: bytes) -> tuple[Any, str, dict[str, Any]] | None:
+    @staticmethod
+    def _parse(conn: Connection, line: bytes) -> tuple[Any, str, dict[str, Any]] | None:
         """The request on `line` as (id, command, arguments), or None once an error about
         it is queued."""
-        try:
-            message = decode(line)
-        except ProtocolError as exc:
-            conn.outbox.put(error_reply(None, "bad_request", str(exc)))
+        request = parse_request(line)
+        if isinstance(request, dict):
+            conn.outbox.put(request)
             return None
-        rid = message.get("id")
-        if rid is not None and (not isinstance(rid, int | str) or isinstance(rid, bool)):
-            conn.outbox.put(error_reply(None, "bad_request", "'id' must be an integer or a string"))
-            return None
-        cmd = message.get("cmd")
-        if not isinstance(cmd, str):
-            conn.outbox.put(
-                error_reply(rid, "bad_request", "'cmd' must be a string naming a command")
-            )
-            return None
-        return rid, cmd, {k: v for k, v in message.items() if k not in ("id", "cmd")}
+        return request
 
     def _answer(
         self, conn: Connection, rid: Any, cmd: str, args: dict[str, Any]

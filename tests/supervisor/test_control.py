@@ -1,4 +1,6 @@
-"""The control socket and the CLI against a real daemon supervising the reference trainer."""
+"""The control socket and the CLI against a real daemon supervising the scripted trainer
+(an endless run that saves on SIGUSR1 and on SIGTERM: what the commands need, in 0.1 s a
+start; the reference trainer is the point elsewhere)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from tests.support import (
     checkpoints,
     journal,
     pid_alive,
-    reference_run,
     running_daemon,
+    scripted_run,
     wait_for,
 )
 from trainwarden.supervisor.errors import CommandRefused
@@ -31,9 +33,17 @@ from trainwarden.supervisor.protocol import Client
 pytestmark = pytest.mark.timeout(300)
 
 
+def endless_run(run_dir: Path) -> Path:
+    """An endless scripted run saving every 1,000 steps and on SIGUSR1, keep_last 3."""
+    return scripted_run(
+        run_dir, "--steps", "100000000", "--save-every", "1000", "--dt", "0.02", "--usr1", "save",
+        checkpoints={"keep_last": 3},
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    run_dir = reference_run(tmp_path_factory.mktemp("control") / "run", 1_000_000, 1000)
+    run_dir = endless_run(tmp_path_factory.mktemp("control") / "run")
     with running_daemon(run_dir) as d:
         d.wait_state("running", timeout=60)
         yield d
@@ -185,7 +195,9 @@ def test_bad_input_never_hurts_the_daemon(daemon: DaemonProcess):
     hanging.close()
 
 
-def test_fuzz_ten_thousand_messages(daemon: DaemonProcess):
+def test_fuzzed_messages_leave_the_daemon_supervising(daemon: DaemonProcess):
+    """A live smoke of the property tests in test_request_parsing.py: 300 fuzzed lines
+    over three connections, then the daemon still answers and its trainer still runs."""
     sock_path = str(daemon.run_dir / ".trainwarden" / "control.sock")
     json_values = st.recursive(
         st.none()
@@ -217,9 +229,9 @@ def test_fuzz_ten_thousand_messages(daemon: DaemonProcess):
         json_values.map(orjson.dumps),
         st.binary(max_size=200).map(lambda b: b.replace(b"\n", b"")),
     )
-    batch_sizes = []
+    answered = []
 
-    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(messages, min_size=100, max_size=100))
     def send_batch(batch: list[bytes]) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -234,13 +246,12 @@ def test_fuzz_ten_thousand_messages(daemon: DaemonProcess):
         except TimeoutError:
             pass
         s.close()
-        batch_sizes.append(len(batch))
+        answered.append(len(got.splitlines()))
 
     send_batch()
-    assert sum(batch_sizes) >= 10_000
+    assert len(answered) == 3 and all(n > 0 for n in answered), answered
     status = daemon.status()
     assert status["state"] == "running" and pid_alive(status["trainer_pid"])
-    assert daemon.request("hello")["protocol"] == 1
 
 
 def test_connection_from_another_uid_is_refused(daemon: DaemonProcess, tmp_path: Path):
@@ -356,7 +367,7 @@ def test_cli_without_a_daemon(tmp_path: Path):
 
 
 def test_stop_start_shutdown_and_detach(tmp_path: Path):
-    run_dir = reference_run(tmp_path / ("x" * 60) / ("y" * 60) / "run", 1_000_000, 1000)
+    run_dir = endless_run(tmp_path / ("x" * 60) / ("y" * 60) / "run")
     assert len(str(run_dir / ".trainwarden" / "control.sock")) > 107
     started = cli("daemon", "--detach", str(run_dir))
     assert started.returncode == 0, started.stderr
@@ -383,7 +394,7 @@ def test_stop_start_shutdown_and_detach(tmp_path: Path):
 
 def test_detach_beside_a_running_daemon_exits_1_naming_it(tmp_path: Path):
     """The old daemon answers hello, but it is not the child just started: no success."""
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000)
+    run_dir = endless_run(tmp_path / "run")
     with running_daemon(run_dir) as daemon:
         again = cli("daemon", "--detach", str(run_dir))
         assert again.returncode == 1, again.stdout
