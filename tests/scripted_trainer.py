@@ -16,6 +16,13 @@ The first line says what the start got: `scripted trainer: seg S, from step N, s
 Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
 --save-report prints the contract's save report line after each save (a synchronous save:
 its stall is the whole save, its write the write and fsync of the file).
+--arms docs,code,tests gives it a data bandit as the contract describes it (for the pivot,
+the bandit topic and the TUI): it reads RUN/policy.json at start, writes RUN/.state.json
+(arms with prob/cap/floor, the policy, phase.pivots, zombies) and, with --sample-every K,
+RUN/.samples.json; each checkpoint gets a sidecar step_NNNNNN.json with its arms and
+phase, from which a resume takes them (arms no longer named become zombies; under
+TRAINWARDEN_PIVOT=1 the phase count goes up by one). Probabilities are the policy's
+bounds applied to a uniform draw, fixed for a start.
 --eval-every K prints `eval: step N, val_loss X, val_docs: D, val_code: C` every K steps
 (before that step's checkpoint), X = 5.2 - 0.001 * step, D = X - 0.1, C = X + 0.1;
 --val-nan-at S makes the evaluation at step S nan (training losses stay finite).
@@ -24,6 +31,7 @@ its stall is the whole save, its write the write and fsync of the file).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import struct
@@ -33,20 +41,85 @@ from pathlib import Path
 
 from trainwarden.supervisor.contract import (
     ENV_LR_SCALE,
+    ENV_PIVOT,
     ENV_SKIP_DATA,
     data_step,
+    load_policy,
     parse_lr_scale,
     parse_skip_data,
     save_report_line,
 )
 
 
-def save(run_dir: Path, step: int, n_params: int, report: str | None = None) -> None:
-    """Commit step_NNNNNN.bin; with `report` (the save's reason), print its save report."""
+def write_json(path: Path, value: object) -> None:
+    """Atomically, as the contract asks of the trainer's side files."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+class Bandit:
+    """Arms under the policy in force: what the daemon reads from .state.json and the
+    sidecars. Probabilities are the policy's bounds applied to a uniform draw."""
+
+    def __init__(self, run_dir: Path, arms: list[str], resumed: dict | None) -> None:
+        self.run_dir = run_dir
+        self.arms = arms
+        self.policy = load_policy(run_dir / "policy.json", arms)
+        resumed = resumed or {}
+        pivots = int(resumed.get("pivots", 0))
+        self.pivots = pivots + 1 if os.environ.get(ENV_PIVOT) == "1" else pivots
+        old = [a for a in resumed.get("arms", []) if a not in arms]
+        self.zombies = [*resumed.get("zombies", []), *old]
+        self.probs = self._probabilities()
+
+    def _probabilities(self) -> dict[str, float]:
+        bounds = self.policy["arms"]
+        probs = {
+            a: min(max(1 / len(self.arms), bounds[a]["floor"]), bounds[a]["cap"]) for a in self.arms
+        }
+        for _ in range(len(self.arms)):
+            spare = 1.0 - sum(probs.values())
+            free = [
+                a
+                for a in self.arms
+                if (bounds[a]["cap"] if spare > 0 else bounds[a]["floor"]) != probs[a]
+            ]
+            if abs(spare) < 1e-12 or not free:
+                break
+            for a in free:
+                probs[a] = min(
+                    max(probs[a] + spare / len(free), bounds[a]["floor"]), bounds[a]["cap"]
+                )
+        return probs
+
+    def sidecar(self) -> dict:
+        return {"arms": self.arms, "pivots": self.pivots, "zombies": self.zombies}
+
+    def write_state(self, step: int) -> None:
+        bounds = self.policy["arms"]
+        arms = {a: {"prob": self.probs[a], "cap": bounds[a]["cap"], "floor": bounds[a]["floor"],
+                    "pulls": step, "ema": 1.0} for a in self.arms}  # fmt: skip
+        state = {"step": step, "arms": arms, "policy": self.policy,
+                 "phase": {"pivots": self.pivots}, "zombies": self.zombies}  # fmt: skip
+        write_json(self.run_dir / ".state.json", state)
+
+    def write_samples(self, step: int) -> None:
+        samples = [{"arm": a, "text": f"def {a}_{step}():"} for a in self.arms]
+        write_json(self.run_dir / ".samples.json", {"step": step, "samples": samples})
+
+
+def save(
+    run_dir: Path, step: int, n_params: int, report: str | None = None, sidecar: dict | None = None
+) -> None:
+    """Commit step_NNNNNN.bin (after its sidecar, when there is one); with `report` (the
+    save's reason), print its save report."""
     began = time.perf_counter()
     directory = run_dir / "checkpoints"
     directory.mkdir(exist_ok=True)
     final = directory / f"step_{step:06d}.bin"
+    if sidecar is not None:
+        write_json(final.with_suffix(".json"), sidecar)
     tmp = final.with_name(final.name + ".tmp")
     with open(tmp, "wb") as f:
         written = time.perf_counter()
@@ -78,14 +151,21 @@ def main() -> int:
     parser.add_argument("--bad-data-steps", type=int, default=1)
     parser.add_argument("--bad-loss", type=float, default=15.0)
     parser.add_argument("--save-report", action="store_true")
+    parser.add_argument("--arms", default="")
+    parser.add_argument("--sample-every", type=int, default=0)
     args = parser.parse_args()
     run_dir = Path.cwd()
     seg = int(os.environ.get("TRAINWARDEN_SEG", "1"))
     start = 0
     resume = os.environ.get("TRAINWARDEN_RESUME")
+    resumed = None
     if resume:
         with open(resume, "rb") as f:
             start, _ = struct.unpack("<ii", f.read(8))
+        sidecar = Path(resume).with_suffix(".json")
+        if sidecar.exists():
+            resumed = json.loads(sidecar.read_text())
+    bandit = Bandit(run_dir, args.arms.split(","), resumed) if args.arms else None
     stop = False
     save_asked = False
 
@@ -110,8 +190,14 @@ def main() -> int:
         f"skip_data {[list(w) for w in windows]}, lr_scale {lr_scale}",
         flush=True,
     )
+    if bandit is not None:
+        print(
+            f"scripted trainer: bandit phase {bandit.pivots}, zombies {bandit.zombies}", flush=True
+        )
+        bandit.write_state(start)
     bad = args.bad_data_at
     step = start
+    sidecar = None if bandit is None else bandit.sidecar()
     while step < args.steps and not stop:
         step += 1
         time.sleep(args.dt)
@@ -137,12 +223,16 @@ def main() -> int:
                 f"val_code: {values[2]}",
                 flush=True,
             )
+        if bandit is not None and step % 10 == 0:
+            bandit.write_state(step)
+        if bandit is not None and args.sample_every and step % args.sample_every == 0:
+            bandit.write_samples(step)
         if step % args.save_every == 0 or step == args.steps or save_asked:
             reason = "requested" if save_asked else "scheduled"
             save_asked = False
-            save(run_dir, step, args.n_params, reason if args.save_report else None)
+            save(run_dir, step, args.n_params, reason if args.save_report else None, sidecar)
     if stop:
-        save(run_dir, step, args.n_params, "stop" if args.save_report else None)
+        save(run_dir, step, args.n_params, "stop" if args.save_report else None, sidecar)
     return 0
 
 

@@ -1,4 +1,6 @@
-"""The pivot against the real reference trainer: the whole transaction and its crash safety."""
+"""The pivot: the whole transaction against the real reference trainer (its bandit under the
+new policy is the point there), and its validation and crash safety at every stage against
+the scripted trainer's bandit (the daemon's transaction is the point there)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from tests.support import (
     journal_kinds,
     reference_run,
     running_daemon,
-    trainer_argv,
+    scripted_argv,
+    scripted_run,
     wait_for,
 )
 from trainwarden.plugins.formats.andrea_bin import checkpoint_name
@@ -36,6 +39,18 @@ def bandit(run_dir: Path) -> dict:
         return orjson.loads((run_dir / ".state.json").read_bytes())
     except FileNotFoundError:
         return {"step": -1, "arms": {}}
+
+
+def bandit_run(run_dir: Path, arms: str = "docs,code,tests") -> Path:
+    """The scripted trainer with a data bandit: endless, saving every 1,000 steps and on
+    SIGUSR1, samples every 10 steps."""
+    return scripted_run(
+        run_dir, *BANDIT_ARGS, "--arms", arms, checkpoints={"keep_last": 3}
+    )  # fmt: skip
+
+
+BANDIT_ARGS = ("--steps", "100000000", "--save-every", "1000", "--dt", "0.02", "--usr1", "save",
+               "--sample-every", "10")  # fmt: skip
 
 
 def ready_for_pivot(daemon: DaemonProcess) -> None:
@@ -147,9 +162,7 @@ INVALID = [
 
 @pytest.fixture(scope="module")
 def pivot_daemon(tmp_path_factory: pytest.TempPathFactory):
-    run_dir = reference_run(
-        tmp_path_factory.mktemp("pivot") / "run", 1_000_000, 1000, "--sample-every", "10"
-    )
+    run_dir = bandit_run(tmp_path_factory.mktemp("pivot") / "run")
     with running_daemon(run_dir) as daemon:
         ready_for_pivot(daemon)
         yield daemon
@@ -169,7 +182,7 @@ def test_invalid_policies_change_nothing(pivot_daemon: DaemonProcess, args: dict
 
 
 def test_pivot_is_refused_when_not_running(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000)
+    run_dir = bandit_run(tmp_path / "run")
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("running", timeout=60)
         daemon.request("stop")
@@ -182,8 +195,9 @@ def test_zombie_arm_is_reported_and_cannot_be_named(tmp_path: Path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     # Three arms first; then the run continues with the `tests` arm's data gone.
-    subprocess.run(trainer_argv(20, 10), cwd=run_dir, check=True, capture_output=True, timeout=120)
-    reference_run(run_dir, 1_000_000, 1000, "--arms", "docs,code")
+    first = scripted_argv("--steps", "20", "--arms", "docs,code,tests")
+    subprocess.run(first, cwd=run_dir, check=True, capture_output=True, timeout=120)
+    bandit_run(run_dir, "docs,code")
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("running", timeout=60)
         wait_for(
@@ -213,7 +227,7 @@ def dying_at(stage: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_daemon_killed_at_each_stage_ends_consistent(tmp_path: Path, stage: str):
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000, "--sample-every", "10")
+    run_dir = bandit_run(tmp_path / "run")
     daemon = DaemonProcess(run_dir, env=dying_at(stage)).start()
     try:
         ready_for_pivot(daemon)
@@ -266,7 +280,7 @@ def test_daemon_killed_at_each_stage_ends_consistent(tmp_path: Path, stage: str)
 
 
 def test_cli_pivot(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000, "--sample-every", "10")
+    run_dir = bandit_run(tmp_path / "run")
     with running_daemon(run_dir) as daemon:
         ready_for_pivot(daemon)
         bad = subprocess.run(
