@@ -4,7 +4,8 @@
 - `loaded`: the test's point is behaviour under CPU contention: it runs beside one busy
   loop per core (tests/support/load.py), and under pytest-xdist in the group `loaded`, so
   no two of them spin at once.
-- `xdist_group(name)`: tests that share an exclusive resource run one after another.
+- `xdist_group(name)`: tests that share an exclusive resource run one after another. A
+  test without one is grouped by its file (module fixtures are then set up once).
 
 See docs/testing.md.
 """
@@ -12,6 +13,7 @@ See docs/testing.md.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,8 +45,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(skip)
-        if item.get_closest_marker("loaded") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("loaded"))
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The worker-sharing group of a test without an explicit one: `loaded` for the tests
+    that spin busy loops (one at a time), the TUI's shared live run, else its file (so a
+    module-scoped daemon is started once, by the one worker that runs the file)."""
+    if item.get_closest_marker("loaded"):
+        return "loaded"
+    path = Path(str(item.path))
+    if path.parent == TESTS / "tui" and "live" in getattr(item, "fixturenames", ()):
+        return "tests/tui live"
+    return str(path.relative_to(TESTS)) if path.is_relative_to(TESTS) else str(path)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,6 @@
-"""One real daemon and reference trainer for every TUI test that needs a live run."""
+"""One real daemon and scripted trainer (with its data bandit and samples) for every TUI
+test that needs a live run. Under pytest-xdist those tests share one worker (the xdist
+group `tests/tui live`, set in tests/conftest.py), so the run is started once."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import DaemonProcess, reference_run
+from tests.support import DaemonProcess, scripted_run
 from trainwarden.tui.app import TrainwardenApp
 from trainwarden.tui.source import DaemonSource
 
@@ -39,13 +41,15 @@ class LiveRun:
 
 @pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
-    """A running reference trainer (it never finishes during the tests) under a daemon."""
-    run_dir = reference_run(
+    """A running scripted trainer (it never finishes during the tests) under a daemon: 100,000
+    steps, a step every 30 ms, a checkpoint every 50 steps and on SIGUSR1, three data arms."""
+    run_dir = scripted_run(
         tmp_path_factory.mktemp("tui") / "live",
-        100_000,
-        50,
-        # A short sleep per step keeps the trainer from taking a whole core from the tests.
-        trainer={"env": {"TRAINER_TEST_STEP_SLEEP_S": "0.03", "OMP_NUM_THREADS": "1"}},
+        *("--steps", "100000", "--save-every", "50", "--dt", "0.03", "--usr1", "save"),
+        *("--arms", "docs,code,tests", "--sample-every", "10", "--n-params", "120576"),
+        trainer={"total_steps": 100_000},
+        checkpoints={"keep_last": 3},
+        telemetry={"vocab_size": 256},
     )
     run = LiveRun(run_dir)
     try:
