@@ -1,7 +1,7 @@
 """A tiny trainer that speaks the contract with scripted losses: a real process for tests.
 
 Usage: python tests/scripted_trainer.py --steps N [--save-every K] [--format step-line|llmc]
-  [--nan-at S] [--drift-per-seg X] [--dt SECONDS] [--n-params P]
+  [--nan-at S] [--hang-at S] [--drift-per-seg X] [--dt SECONDS] [--n-params P]
   [--usr1 save|ignore] [--term save|ignore|default] [--bad-data-at N --bad-data-steps K]
 Signals: by default SIGTERM saves and exits and SIGUSR1 is not handled (its default action
 kills the trainer). --usr1 save checkpoints at the next step on SIGUSR1, --usr1 ignore
@@ -14,6 +14,8 @@ contract.data_step, so skipping the window cures it. TRAINWARDEN_LR_SCALE is rea
 The first line says what the start got: `scripted trainer: seg S, from step N, skip_data
 [...], lr_scale X`.
 Checkpoints are valid andrea-bin files of --n-params parameters; TRAINWARDEN_RESUME is honoured.
+--slow-save S pauses S seconds halfway through each checkpoint's write; a write that fails
+(a full disk) removes its .tmp and the trainer exits 1 with the error.
 --save-report prints the contract's save report line after each save (a synchronous save:
 its stall is the whole save, its write the write and fsync of the file).
 --arms docs,code,tests gives it a data bandit as the contract describes it (for the pivot,
@@ -26,6 +28,11 @@ bounds applied to a uniform draw, fixed for a start.
 --eval-every K prints `eval: step N, val_loss X, val_docs: D, val_code: C` every K steps
 (before that step's checkpoint), X = 5.2 - 0.001 * step, D = X - 0.1, C = X + 0.1;
 --val-nan-at S makes the evaluation at step S nan (training losses stay finite).
+--nan-once makes --nan-at fire in the first start that reaches it only (a file nan-once in
+the working directory remembers it), so a rollback trains on past it.
+--hang-at S hangs for good after logging step S (a SIGTERM is caught and changes nothing:
+only SIGKILL ends it), in the first start that reaches it (a file hung-once in the
+working directory remembers it).
 """
 
 from __future__ import annotations
@@ -54,7 +61,11 @@ from trainwarden.supervisor.contract import (
 def write_json(path: Path, value: object) -> None:
     """Atomically, as the contract asks of the trainer's side files."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value))
+    try:
+        tmp.write_text(json.dumps(value))
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -110,10 +121,16 @@ class Bandit:
 
 
 def save(
-    run_dir: Path, step: int, n_params: int, report: str | None = None, sidecar: dict | None = None
+    run_dir: Path,
+    step: int,
+    n_params: int,
+    report: str | None = None,
+    sidecar: dict | None = None,
+    slow_s: float = 0.0,
 ) -> None:
     """Commit step_NNNNNN.bin (after its sidecar, when there is one); with `report` (the
-    save's reason), print its save report."""
+    save's reason), print its save report. `slow_s` pauses halfway through the write (a
+    kill can land inside it). A failed write (a full disk) leaves no .tmp and raises."""
     began = time.perf_counter()
     directory = run_dir / "checkpoints"
     directory.mkdir(exist_ok=True)
@@ -121,12 +138,20 @@ def save(
     if sidecar is not None:
         write_json(final.with_suffix(".json"), sidecar)
     tmp = final.with_name(final.name + ".tmp")
-    with open(tmp, "wb") as f:
-        written = time.perf_counter()
-        f.write(struct.pack("<ii", step, n_params) + bytes(12 * n_params))
-        f.flush()
-        os.fsync(f.fileno())
-        write_s = time.perf_counter() - written
+    data = struct.pack("<ii", step, n_params) + bytes(12 * n_params)
+    try:
+        with open(tmp, "wb") as f:
+            written = time.perf_counter()
+            f.write(data[: len(data) // 2])
+            f.flush()
+            time.sleep(slow_s)
+            f.write(data[len(data) // 2 :])
+            f.flush()
+            os.fsync(f.fileno())
+            write_s = time.perf_counter() - written
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, final)
     if report is not None:
         size_mb = (8 + 12 * n_params) / 1e6
@@ -140,6 +165,8 @@ def main() -> int:
     parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--format", default="step-line")
     parser.add_argument("--nan-at", type=int, default=None)
+    parser.add_argument("--nan-once", action="store_true")
+    parser.add_argument("--hang-at", type=int, default=None)
     parser.add_argument("--drift-per-seg", type=float, default=0.0)
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--val-nan-at", type=int, default=None)
@@ -151,6 +178,7 @@ def main() -> int:
     parser.add_argument("--bad-data-steps", type=int, default=1)
     parser.add_argument("--bad-loss", type=float, default=15.0)
     parser.add_argument("--save-report", action="store_true")
+    parser.add_argument("--slow-save", type=float, default=0.0)
     parser.add_argument("--arms", default="")
     parser.add_argument("--sample-every", type=int, default=0)
     args = parser.parse_args()
@@ -204,7 +232,10 @@ def main() -> int:
         loss = 5.0 - 0.001 * step + args.drift_per_seg * (seg - 1)
         if bad is not None and bad <= data_step(step, windows) < bad + args.bad_data_steps:
             loss = args.bad_loss
-        text = "nan" if args.nan_at == step else f"{loss:.6f}"
+        nan = args.nan_at == step and not (args.nan_once and Path("nan-once").exists())
+        if nan and args.nan_once:
+            Path("nan-once").touch()
+        text = "nan" if nan else f"{loss:.6f}"
         if args.format == "llmc":
             print(
                 f"step {step:4d}/{args.steps} | train loss {text} | norm 1.0000 | lr 6.00e-04 | "
@@ -227,12 +258,19 @@ def main() -> int:
             bandit.write_state(step)
         if bandit is not None and args.sample_every and step % args.sample_every == 0:
             bandit.write_samples(step)
+        if args.hang_at == step and not Path("hung-once").exists():
+            Path("hung-once").touch()
+            print(f"trainer: injected hang at step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(1)
         if step % args.save_every == 0 or step == args.steps or save_asked:
             reason = "requested" if save_asked else "scheduled"
             save_asked = False
-            save(run_dir, step, args.n_params, reason if args.save_report else None, sidecar)
+            report = reason if args.save_report else None
+            save(run_dir, step, args.n_params, report, sidecar, args.slow_save)
     if stop:
-        save(run_dir, step, args.n_params, "stop" if args.save_report else None, sidecar)
+        report = "stop" if args.save_report else None
+        save(run_dir, step, args.n_params, report, sidecar, args.slow_save)
     return 0
 
 

@@ -7,22 +7,22 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.chaos.harness import StraightRun
+from tests.chaos.harness import SoakPlan, StraightRun
 
 
 @pytest.fixture(scope="session")
 def straight_runs(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Callable[[int, int, int], StraightRun]]:
-    """The uninterrupted reference run for (steps, save_every, seed), started once per
-    session in the background (the tiny trainer uses one core; the soak the other)."""
-    runs: dict[tuple[int, int, int], StraightRun] = {}
+) -> Iterator[Callable[[SoakPlan], StraightRun]]:
+    """The uninterrupted run of a plan's trainer (its steps, save_every, seed), started once
+    per session in the background (the trainer uses one core; the soak the other)."""
+    runs: dict[tuple[str, int, int, int], StraightRun] = {}
 
-    def get(steps: int, save_every: int, seed: int) -> StraightRun:
-        key = (steps, save_every, seed)
+    def get(plan: SoakPlan) -> StraightRun:
+        key = (plan.trainer, plan.steps, plan.save_every, plan.train_seed)
         if key not in runs:
             runs[key] = StraightRun(
-                tmp_path_factory.mktemp(f"straight-{steps}"), steps, save_every, seed
+                tmp_path_factory.mktemp(f"straight-{plan.trainer}-{plan.steps}"), plan
             )
         return runs[key]
 

@@ -1,4 +1,8 @@
-"""The chaos soak: a real daemon supervising the reference trainer through a seeded storm.
+"""The chaos soak: a real daemon supervising a real trainer through a seeded storm.
+
+The trainer is the reference trainer (the slow tier's soaks) or tests/scripted_trainer.py
+with a bandit, slowed saves and one NaN and one hang (the default soak: the daemon's
+invariants are the point there, and the scripted trainer starts in a tenth of a second).
 
 One `Soak` drives one run: it writes the config, optionally puts the checkpoint directory
 on a small tmpfs in a private mount namespace (so a full disk can be staged), starts the
@@ -36,10 +40,11 @@ from tests.support import (
     belongs_to_run,
     kill_quietly,
     reference_run,
+    scripted_argv,
     trainer_argv,
     wait_for,
 )
-from tests.support.procs import argv_of
+from tests.support.procs import argv_of, runs_a_trainer
 from trainwarden.supervisor.contract import checkpoint_name
 from trainwarden.supervisor.errors import CommandRefused, ProtocolError
 from trainwarden.supervisor.protocol import Client
@@ -103,6 +108,33 @@ class SoakPlan:
     stop_timeout_s: float = 4.0
     slow_save_s: float = 0.15
     train_seed: int = 1337
+    trainer: str = "reference"
+    """"reference" (python -m trainwarden.trainer) or "scripted" (tests/scripted_trainer.py)."""
+
+
+SCRIPTED_N_PARAMS = 120_576
+"""The scripted trainer's checkpoints are the size of the reference trainer's tiny ones."""
+
+
+def plain_trainer_argv(plan: SoakPlan, *extra: str) -> list[str]:
+    """The plan's trainer without the wrapper, with `extra` arguments."""
+    if plan.trainer == "scripted":
+        return scripted_argv(
+            *("--steps", str(plan.steps), "--save-every", str(plan.save_every), "--dt", "0.01"),
+            *("--n-params", str(SCRIPTED_N_PARAMS), "--usr1", "save", "--arms", "docs,code,tests"),
+            *extra,
+        )  # fmt: skip
+    return trainer_argv(plan.steps, plan.save_every, *extra, seed=plan.train_seed)
+
+
+def fault_args(plan: SoakPlan, nan_step: int, hang_step: int) -> tuple[str, ...]:
+    """The trainer's own faults: one NaN and one hang (each once), and slowed saves."""
+    if plan.trainer == "scripted":
+        return (
+            *("--nan-at", str(nan_step), "--nan-once", "--hang-at", str(hang_step)),
+            *("--slow-save", str(plan.slow_save_s)),
+        )  # fmt: skip
+    return ("--nan-at-step", str(nan_step), "--hang-at-step", str(hang_step))
 
 
 @dataclass
@@ -149,11 +181,14 @@ def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
 
 
 def trainer_command(plan: SoakPlan, *extra: str) -> list[str]:
-    """The soak's trainer command: the reference trainer, behind the wrapper if the plan
-    says so (the module passed by name, so the wrapper's command line is not a trainer's)."""
-    command = trainer_argv(plan.steps, plan.save_every, *extra, seed=plan.train_seed)
+    """The soak's trainer command: the plan's trainer, behind the wrapper if the plan says
+    so (the reference trainer's module passed by name, so the wrapper's command line is not
+    a trainer's)."""
+    command = plain_trainer_argv(plan, *extra)
     if plan.wrapper is None:
         return command
+    if plan.trainer == "scripted":
+        return [PYTHON, str(WRAPPER), *plan.wrapper, "--", *command]
     assert command[: len(REFERENCE_TRAINER)] == REFERENCE_TRAINER
     module, args = REFERENCE_TRAINER[-1], command[len(REFERENCE_TRAINER) :]
     return [PYTHON, str(WRAPPER), *plan.wrapper, "--python-module", module, "--", *args]
@@ -267,14 +302,14 @@ class StraightRun:
     """`python -m trainwarden.trainer` alone, never interrupted: the bit-exact reference (runs in the
     background from the moment it is asked for, on the other core)."""
 
-    def __init__(self, run_dir: Path, steps: int, save_every: int, seed: int) -> None:
+    def __init__(self, run_dir: Path, plan: SoakPlan) -> None:
         self.run_dir = run_dir
-        self.steps = steps
+        self.steps = plan.steps
         run_dir.mkdir(parents=True, exist_ok=True)
         self.stdout_path = run_dir / "stdout.txt"
         with open(self.stdout_path, "wb") as out:
             self.proc = subprocess.Popen(
-                trainer_argv(steps, save_every, seed=seed),
+                plain_trainer_argv(plan),
                 cwd=run_dir,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -355,7 +390,7 @@ class Soak:
 
     def write_config(self) -> None:
         plan = self.plan
-        faults = ("--nan-at-step", str(self.nan_step), "--hang-at-step", str(self.hang_step))
+        faults = fault_args(plan, self.nan_step, self.hang_step)
         reference_run(
             self.run_dir,
             plan.steps,
@@ -636,9 +671,9 @@ class Soak:
         return fault
 
     def is_trainer(self, pid: int) -> bool:
-        """`pid` is this run's trainer main process: the reference trainer, or the wrapper
-        where it stays the main process."""
-        if belongs_to_run(pid, self.run_dir, reference_trainer=True):
+        """`pid` is this run's trainer main process: the trainer, or the wrapper where it
+        stays the main process."""
+        if belongs_to_run(pid, self.run_dir) and runs_a_trainer(argv_of(pid)):
             return True
         return (
             self.plan.wrapper is not None
@@ -1045,15 +1080,18 @@ def continuation_from_pivot(soak: Soak, base: Path) -> StraightRun:
     run = StraightRun.__new__(StraightRun)
     run.run_dir, run.steps = run_dir, plan.steps
     run.stdout_path = run_dir / "stdout.txt"
+    if plan.trainer == "scripted":
+        # As the daemon starts it after a pivot: the checkpoint and TRAINWARDEN_PIVOT.
+        argv = plain_trainer_argv(plan)
+        env = {**os.environ, "TRAINWARDEN_RESUME": str(resume), "TRAINWARDEN_PIVOT": "1"}
+    else:
+        argv = [*plain_trainer_argv(plan), "--resume", str(resume), "--fresh-bandit"]
+        env = None
     with open(run.stdout_path, "wb") as out:
         run.proc = subprocess.Popen(
-            [
-                *trainer_argv(plan.steps, plan.save_every, seed=plan.train_seed),
-                "--resume",
-                str(resume),
-                "--fresh-bandit",
-            ],
+            argv,
             cwd=run_dir,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

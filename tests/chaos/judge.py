@@ -191,7 +191,7 @@ class Judge:
     def react_trainer_kill(self, fault: Fault) -> None:
         crash = self.after("crash", fault.t - 0.01, pid=fault.detail["pid"])
         if crash is None:
-            fault.problem = "no crash record for the killed trainer"
+            self.react_kill_of_an_ending_trainer(fault)
             return
         spawn = self.after("spawn", crash["t"])
         fault.reaction = {"crash": crash["cause"], "crash_after_s": round(crash["t"] - fault.t, 4)}
@@ -203,6 +203,35 @@ class Judge:
         fault.survived = "SIGKILL" in crash["cause"]
         if not fault.survived:
             fault.problem = f"crash cause {crash['cause']!r} does not name SIGKILL"
+
+    def react_kill_of_an_ending_trainer(self, fault: Fault) -> None:
+        """Our SIGKILL met a trainer the daemon was already ending (a divergence or a spike
+        it had just killed it for, a stop): its exit is journaled as what the daemon did,
+        not as a crash. Accepted when the daemon's own signal to that trainer came first."""
+        pid = fault.detail["pid"]
+        ended = next(
+            (
+                r
+                for r in self.records
+                if r.get("kind") in ("trainer_killed", "trainer_stopped")
+                and r.get("pid") == pid
+                and r.get("t", 0) >= fault.t - 5.0
+            ),
+            None,
+        )
+        signalled = [
+            r for r in self.records
+            if r.get("kind") == "signal" and r.get("pid") == pid and r.get("t", 0) <= fault.t
+        ]  # fmt: skip
+        if ended is None or not signalled:
+            fault.problem = "no crash record for the killed trainer"
+            return
+        spawn = self.after("spawn", ended["t"])
+        fault.reaction = {"already_ending": ended["kind"], "cause": ended.get("cause")}
+        if spawn is None and ended.get("cause") != "pivot":
+            fault.problem = f"no spawn after the {ended['kind']} of the killed trainer"
+            return
+        fault.survived = True
 
     def react_daemon_kill(self, fault: Fault) -> None:
         relaunch = fault.detail.get("relaunch_t", fault.t)

@@ -12,8 +12,9 @@ ignoring SIGUSR1: a save there is answered by a later periodic checkpoint, or re
 ("unsupported") by a daemon that reads the target's signal mask first; a smaller storm,
 no pivot, 1,000 steps.
 
-The fast variants (2,000 steps) run in the default suite; the long one (20,000 steps)
-only with `--run-slow`. TRAINWARDEN_CHAOS_SEED picks another schedule and
+The default suite runs one soak (1,000 steps, every fault kind and all ten invariants,
+beside busy loops: the `loaded` marker); the 2,000-step variants and the long one (20,000
+steps) are the slow tier (`--run-slow`). TRAINWARDEN_CHAOS_SEED picks another schedule and
 TRAINWARDEN_CHAOS_STEPS resizes the long variant (fault counts scale with it).
 """
 
@@ -31,6 +32,24 @@ from tests.chaos.harness import Soak, SoakPlan, StraightRun, continuation_from_p
 from tests.chaos.judge import Judge, describe, write_summary
 
 SEED = int(os.environ.get("TRAINWARDEN_CHAOS_SEED", "20240611"))
+
+SOAK = SoakPlan(
+    steps=1500,
+    save_every=50,
+    seed=SEED,
+    trainer_kills=2,
+    kills_in_write=2,
+    daemon_kills=2,
+    enospc=1,
+    save_pairs=1,
+    stop_starts=1,
+    save_kills=1,
+    wrapper=("--stubborn-every", "3"),
+    stall_timeout_s=5.0,
+    trainer="scripted",
+)
+"""Every fault kind (the daemon twice: a single and a double kill) against the scripted
+trainer with a bandit, one NaN, one hang and slowed saves: the daemon's ten invariants."""
 
 FAST = SoakPlan(
     steps=2000,
@@ -101,9 +120,9 @@ def soak(
     plan: SoakPlan,
     variant: str,
     tmp_path: Path,
-    straight_runs: Callable[[int, int, int], StraightRun],
+    straight_runs: Callable[[SoakPlan], StraightRun],
 ) -> None:
-    straight = straight_runs(plan.steps, plan.save_every, plan.train_seed)
+    straight = straight_runs(plan)
     run = Soak(plan, tmp_path, use_namespace=True)
     started = time.monotonic()
     try:
@@ -133,11 +152,19 @@ def soak(
     )
 
 
+@pytest.mark.loaded
+@pytest.mark.timeout(900)
+def test_chaos_soak(tmp_path: Path, straight_runs):
+    soak(SOAK, "default", tmp_path, straight_runs)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_chaos_soak_fast(tmp_path: Path, straight_runs):
     soak(FAST, "fast", tmp_path, straight_runs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_chaos_soak_fast_no_sigusr1(tmp_path: Path, straight_runs):
     soak(NO_SIGUSR1, "fast-no-sigusr1", tmp_path, straight_runs)

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.procs import argv_of, belongs_to_run, runs_reference_trainer
+from tests.support.procs import argv_of, belongs_to_run, runs_a_trainer
 
 NAME = re.compile(r"^step_(\d{6,})\.bin$")
 HEADER = struct.Struct("<ii")
@@ -130,7 +130,7 @@ def run_processes(run_dir: str) -> list[dict[str, object]]:
             {
                 "pid": pid,
                 "marker": marker,
-                "trainer": runs_reference_trainer(argv),
+                "trainer": runs_a_trainer(argv),
                 "cmdline": b" ".join(argv).decode(errors="replace")[:200],
             }
         )
@@ -292,7 +292,9 @@ class Watcher:
         trainers = [
             int(entry)
             for entry in os.listdir("/proc")
-            if entry.isdigit() and belongs_to_run(int(entry), self.run_path, reference_trainer=True)
+            if entry.isdigit()
+            and runs_a_trainer(argv_of(int(entry)))
+            and belongs_to_run(int(entry), self.run_path)
         ]
         self.proc_scans += 1
         self.max_trainers = max(self.max_trainers, len(trainers))

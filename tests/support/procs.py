@@ -54,6 +54,16 @@ def runs_reference_trainer(argv: list[bytes]) -> bool:
     return any(os.path.basename(a) == REFERENCE_TRAINER_SCRIPT for a in argv[:2])
 
 
+def runs_scripted_trainer(argv: list[bytes]) -> bool:
+    """`python tests/scripted_trainer.py ...`."""
+    return len(argv) > 1 and os.path.basename(argv[1]) == b"scripted_trainer.py"
+
+
+def runs_a_trainer(argv: list[bytes]) -> bool:
+    """The reference trainer or the scripted one."""
+    return runs_reference_trainer(argv) or runs_scripted_trainer(argv)
+
+
 def _inside(path: str, run: str) -> bool:
     return path == run or path.startswith(run + "/")
 
