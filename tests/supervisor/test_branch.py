@@ -18,6 +18,7 @@ from tests.support import (
     journal,
     reference_run,
     running_daemon,
+    scripted_run,
     wait_for,
 )
 from trainwarden.supervisor.store.branch_history import ancestry_key, inherited
@@ -420,7 +421,7 @@ def test_branch_that_replayed_its_branch_step_keeps_its_own(tmp_path: Path):
 
 
 def test_daemon_history_reply_of_a_run_that_is_no_branch(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 20, 10)
+    run_dir = scripted_run(tmp_path / "run", "--steps", "20", "--save-every", "10")
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("finished", timeout=240)
         reply = daemon.request("history", points=100)

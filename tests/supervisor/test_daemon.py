@@ -1,4 +1,6 @@
-"""The daemon against the real reference trainer: real processes, sockets and files."""
+"""The daemon against real trainers, processes, sockets and files: the reference trainer where
+its bytes are the point (bit-exact through SIGKILLs, the config `init` writes), the scripted
+trainer elsewhere."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from tests.support import (
     reference_run,
     refused_start,
     running_daemon,
+    scripted_argv,
+    scripted_run,
     trainer_argv,
     trainer_pid,
     wait_for,
@@ -84,10 +88,9 @@ def test_survives_repeated_sigkill_and_ends_bit_exact(tmp_path: Path, straight_r
 
 
 def test_truncated_newest_checkpoint_is_quarantined_and_previous_resumed(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 40, 10)
-    subprocess.run(
-        trainer_argv(40, 10, "--crash-at-step", "25"), cwd=run_dir, capture_output=True, timeout=120
-    )
+    run_dir = scripted_run(tmp_path / "run", "--steps", "40", "--save-every", "10")
+    # What a run before the daemon left: checkpoints 10 and 20, the newest torn.
+    subprocess.run(scripted_argv("--steps", "20"), cwd=run_dir, check=True, timeout=60)
     assert checkpoints(run_dir) == [10, 20]
     newest = run_dir / "checkpoints" / checkpoint_name(20)
     newest.write_bytes(newest.read_bytes()[:1000])
@@ -122,12 +125,9 @@ def test_instant_crasher_ends_in_crash_loop_with_backoff_in_journal(tmp_path: Pa
 
 
 def test_hang_is_detected_and_restarted(tmp_path: Path):
-    run_dir = reference_run(
+    run_dir = scripted_run(
         tmp_path / "run",
-        60,
-        10,
-        "--hang-at-step",
-        "15",
+        *("--steps", "60", "--save-every", "10", "--hang-at", "15", "--dt", "0.02"),
         restart={"stall_timeout_s": 8.0},
         trainer={"stop_timeout_s": 2.0},
     )
@@ -149,7 +149,9 @@ def test_hang_is_detected_and_restarted(tmp_path: Path):
 
 
 def test_daemon_sigterm_saves_at_the_current_step_and_both_exit_zero(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 100000, 1000)
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "100000000", "--save-every", "1000", "--dt", "0.02"
+    )
     daemon = DaemonProcess(run_dir).start()
     try:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 60, what="a few steps")
@@ -166,7 +168,9 @@ def test_daemon_sigterm_saves_at_the_current_step_and_both_exit_zero(tmp_path: P
 
 
 def test_second_daemon_is_refused_naming_the_holder(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 100000, 1000)
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "100000000", "--save-every", "1000", "--dt", "0.02"
+    )
     with running_daemon(run_dir) as daemon:
         second = subprocess.run(
             [PYTHON, "-m", "trainwarden.supervisor", "daemon", str(run_dir)],
@@ -180,7 +184,9 @@ def test_second_daemon_is_refused_naming_the_holder(tmp_path: Path):
 
 
 def test_leftover_trainer_is_stopped_before_a_new_one_starts(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 100000, 1000)
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "100000000", "--save-every", "1000", "--dt", "0.02"
+    )
     daemon = DaemonProcess(run_dir).start()
     try:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 3, 60, what="steps")
@@ -201,7 +207,7 @@ def test_leftover_trainer_is_stopped_before_a_new_one_starts(tmp_path: Path):
 
 
 def test_stale_tmp_is_removed_at_startup(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 30, 10)
+    run_dir = scripted_run(tmp_path / "run", "--steps", "30", "--save-every", "10")
     (run_dir / "checkpoints").mkdir(parents=True)
     stale = run_dir / "checkpoints" / (checkpoint_name(10) + ".tmp")
     stale.write_bytes(b"x" * 100)

@@ -1,4 +1,5 @@
-"""What systemd does to the daemon, reproduced without systemd: notify, stop, power cut."""
+"""What systemd does to the daemon, reproduced without systemd: notify, stop, power cut.
+The trainer is the scripted one (it saves on SIGTERM): the daemon's side is the point."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.support import (
     journal,
     kill_quietly,
     pid_alive,
-    reference_run,
+    scripted_run,
     trainer_pid,
     wait_for,
 )
@@ -26,6 +27,12 @@ from trainwarden.plugins.formats.andrea_bin import checkpoint_name
 from trainwarden.supervisor.cli import units
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def endless_run(run_dir: Path, save_every: int = 1000) -> Path:
+    return scripted_run(
+        run_dir, "--steps", "100000000", "--save-every", str(save_every), "--dt", "0.02"
+    )  # fmt: skip
 
 
 def datagrams(sock: socket.socket, seconds: float) -> list[tuple[float, str]]:
@@ -41,7 +48,7 @@ def datagrams(sock: socket.socket, seconds: float) -> list[tuple[float, str]]:
 
 
 def test_sd_notify_ready_status_watchdog_stopping(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000)
+    run_dir = endless_run(tmp_path / "run")
     notify_path = tmp_path / "notify.sock"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify_path))
@@ -83,7 +90,7 @@ def test_sd_notify_ready_status_watchdog_stopping(tmp_path: Path):
 
 
 def test_abstract_notify_socket(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000)
+    run_dir = endless_run(tmp_path / "run")
     name = f"trainwarden-test-{os.getpid()}-{time.monotonic_ns()}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind("\0" + name)
@@ -98,7 +105,7 @@ def test_abstract_notify_socket(tmp_path: Path):
 
 def test_systemctl_stop_semantics(tmp_path: Path):
     """KillMode=mixed: SIGTERM to the daemon only, SIGKILL to what is left after TimeoutStopSec."""
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 1000)
+    run_dir = endless_run(tmp_path / "run")
     daemon = DaemonProcess(run_dir).start()
     try:
         wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 60, what="steps")
@@ -125,7 +132,7 @@ def test_systemctl_stop_semantics(tmp_path: Path):
 
 
 def test_power_cut_recovery(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 1_000_000, 10)
+    run_dir = endless_run(tmp_path / "run", 10)
     daemon = DaemonProcess(run_dir).start()
     try:
         wait_for(
@@ -166,7 +173,7 @@ def test_power_cut_recovery(tmp_path: Path):
 
 
 def test_install_unit_dry_run_and_refusal(tmp_path: Path):
-    run_dir = reference_run(tmp_path / "run", 100, 10)
+    run_dir = endless_run(tmp_path / "run", 10)
     dry = subprocess.run(
         [
             PYTHON,
