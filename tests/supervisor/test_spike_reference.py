@@ -1,20 +1,19 @@
 """Loss spikes end to end with the reference trainer: a bad-data region really spikes the
 loss; the daemon detects it within spike_patience steps, rolls back before it, skips the
-data, and the run goes on as one whose data never held the region; SIGKILLed four times
-(the trainer, and the daemon during the rollback) it ends bit for bit as without the kills."""
+data, and the run goes on as one whose data never held the region. (Kills around a
+rollback: tests/supervisor/test_spike_rollback.py with the scripted trainer; the reference
+trainer's bytes through SIGKILLs under skips: tests/trainer/test_skip_data.py.)"""
 
 from __future__ import annotations
 
 import os
-import random
-import signal
 from pathlib import Path
 from statistics import fmean
 
 import orjson
 import pytest
 
-from tests.support import journal, running_daemon, trainer_pid, wait_for
+from tests.support import journal, running_daemon
 from tests.support.runs import reference_run
 
 STEPS, SAVE_EVERY = 650, 50
@@ -121,44 +120,3 @@ def test_the_spike_is_rolled_back_skipped_and_cured(runs: dict[str, Path]):
         orjson.loads(line)["seg"] for line in (handled / ".loss.json").read_bytes().splitlines()
     }
     assert len(segs) >= 2
-
-
-def test_four_sigkills_end_bit_identical(runs: dict[str, Path], tmp_path: Path):
-    seed = random.randrange(1 << 30)
-    rng = random.Random(seed)
-    print(f"kill points seeded with {seed}")
-    run_dir = spike_run(tmp_path / "killed")
-    early, late = rng.randrange(60, BAD_AT - 60), rng.randrange(BAD_AT - 50, STEPS - 60)
-
-    def kill_trainer_at(step: int, after_seg: int, what: str) -> None:
-        """SIGKILL the trainer once a start later than `after_seg` has logged `step`."""
-        wait_for(
-            lambda: (last := last_logged(run_dir)) and last[0] > after_seg and last[1] >= step,
-            600,
-            interval=0.01,
-            what=what,
-        )
-        pid = trainer_pid(run_dir)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-
-    with running_daemon(run_dir) as daemon:
-        kill_trainer_at(early, 0, f"step {early}")
-        # During the rollback: the daemon dies as soon as it has journaled it.
-        wait_for(lambda: kinds(run_dir, "rollback"), 600, interval=0.01, what="the rollback")
-        daemon.kill()
-    seg_at_rollback = last_logged(run_dir)[0]
-    with running_daemon(run_dir) as daemon:
-        to_step = kinds(run_dir, "rollback")[0]["step"]
-        # Right after it: the rolled-back trainer's first step.
-        kill_trainer_at(to_step + 1, seg_at_rollback, "the first step after the rollback")
-        kill_trainer_at(max(late, to_step + 20), seg_at_rollback + 1, f"step {late}")
-        daemon.wait_state("finished", timeout=900)
-        daemon.stop()
-    assert len(kinds(run_dir, "rollback")) == 1
-    crashes = [r for r in kinds(run_dir, "crash") if r.get("returncode") == -signal.SIGKILL]
-    assert len(crashes) == 3  # and the daemon's SIGKILL during the rollback
-    # Every replay after the rollback compared only with losses of its own data timeline.
-    assert not kinds(run_dir, "resume_drift"), kinds(run_dir, "resume_drift")
-    assert kinds(run_dir, "resume_verified")
-    assert final_checkpoint(run_dir) == final_checkpoint(runs["handled"])

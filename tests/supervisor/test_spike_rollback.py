@@ -204,6 +204,48 @@ def test_the_spike_log_survives_a_daemon_sigkill(tmp_path: Path):
     assert all(f"skip_data [{window}]" in said for said in starts_said(run_dir)[1:])
 
 
+def test_kills_around_a_rollback_leave_one_rollback_and_no_drift(tmp_path: Path):
+    """The trainer killed before the spike, the daemon killed as soon as it has journaled
+    the rollback, the rolled-back trainer killed at its first step and again later: one
+    rollback, every replay compared only with losses of its own data timeline (the bad
+    region's losses of the abandoned timeline are never taken for drift), and the run
+    finishes. (The reference trainer's bytes through SIGKILLs under skips are proven in
+    tests/trainer/test_skip_data.py, and through SIGKILLs under the daemon in
+    tests/supervisor/test_daemon.py.)"""
+    run_dir = spiky_run(tmp_path / "run", bad_steps=5, steps=400, extra=("--dt", "0.01"))
+
+    def logged(after_seg: int, step: int) -> bool:
+        rows = [r for r in journal(run_dir) if r["kind"] == "spawn"]
+        status = daemon.ask("status") or {}
+        return len(rows) > after_seg and (status.get("step") or 0) >= step
+
+    def kill_trainer_at(step: int, after_seg: int) -> None:
+        wait_for(lambda: logged(after_seg, step), 60, 0.005, what=f"step {step}")
+        pid = trainer_pid(run_dir)
+        assert pid is not None and belongs_to_run(pid, run_dir)
+        os.kill(pid, signal.SIGKILL)
+
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        kill_trainer_at(BAD_AT - 30, 0)
+        wait_for(lambda: of_kind(run_dir, "rollback"), 60, 0.005, what="the rollback")
+        daemon.kill()
+        starts = len(of_kind(run_dir, "spawn"))
+        daemon.start()
+        (rollback,) = of_kind(run_dir, "rollback")
+        kill_trainer_at(rollback["step"] + 1, starts)
+        kill_trainer_at(BAD_AT + 60, starts + 1)
+        daemon.wait_state("finished", timeout=120)
+    finally:
+        daemon.cleanup()
+    assert len(of_kind(run_dir, "rollback")) == 1
+    crashes = [r for r in of_kind(run_dir, "crash") if r.get("returncode") == -signal.SIGKILL]
+    assert len(crashes) == 3
+    assert not of_kind(run_dir, "resume_drift"), of_kind(run_dir, "resume_drift")
+    assert of_kind(run_dir, "resume_verified")
+
+
 GRAD_TRAINER = """
 import time
 for step in range(1, 100_000):
