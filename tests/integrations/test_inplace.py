@@ -208,13 +208,13 @@ def test_kills_at_random_moments_and_in_torch_save_lose_no_snapshot(tmp_path: Pa
     run_dir = inplace_run(tmp_path / "run", *args)
     ckpt = (run_dir / "checkpoints" / "ckpt.pt").resolve()
     with running_daemon(run_dir) as daemon:
-        in_save = kill_at_random_and_in_saves(run_dir, ckpt, kills=8, seed=19)
+        in_save = kill_at_random_and_in_saves(run_dir, ckpt, kills=5, seed=19)
         daemon.wait_state("finished", timeout=300)
-    assert in_save >= 3, f"only {in_save} kills landed inside torch.save"
+    assert in_save >= 2, f"only {in_save} kills landed inside torch.save"
     # A kill inside torch.save leaves a torn ckpt.pt: journaled, never snapshotted.
     assert records(run_dir, "fixed_write_rejected")
     restored = records(run_dir, "snapshot_restored")
-    assert len(restored) >= 8
+    assert len(restored) >= 5
     assert final_weights(run_dir).keys()
     alone = uninterrupted(tmp_path, *args)
     for key, value in final_weights(run_dir).items():
@@ -387,12 +387,12 @@ def test_kills_while_a_fixed_folder_is_rewritten_lose_no_snapshot(tmp_path: Path
     run_dir = folder_run(tmp_path / "run", *args)
     weights = (run_dir / "checkpoints" / "latest" / "model.safetensors").resolve()
     with running_daemon(run_dir) as daemon:
-        in_save = kill_at_random_and_in_saves(run_dir, weights, kills=6, seed=23)
+        in_save = kill_at_random_and_in_saves(run_dir, weights, kills=5, seed=23)
         daemon.wait_state("finished", timeout=300)
     assert in_save >= 2, f"only {in_save} kills landed inside the folder's save"
     # Every restart put a whole snapshot folder back over the torn one it found.
     restored = records(run_dir, "snapshot_restored")
-    assert len(restored) >= 6
+    assert len(restored) >= 5
     log = (run_dir / "training.log").read_text()
     for record in restored:
         assert f"resumed from step {record['step']}" in log
