@@ -8,9 +8,13 @@ daemon owns, that it keeps supervising (status answers, the trainer is alive). O
 control, pivot, log, checkpoint and sidecar row.
 
 Surfaces:
-    config       RUN/trainwarden.toml given to `python -m trainwarden.supervisor daemon RUN`: exit 2, one
-                 stderr line naming the file; nothing started, nothing touched
-    cli          `python -m trainwarden.supervisor ARGS`: the exit status of the row, one stderr line
+    config       RUN/trainwarden.toml given to `trainwarden daemon RUN`: exit 2, one stderr line
+                 naming the file; nothing started, nothing touched
+    cli          `trainwarden ARGS`: the exit status of the row, one stderr line
+
+The config, cli and socket rows run the command line's main() in process (a config that
+would start a daemon fails its row); a few rows of each also run the real command in a
+subprocess, for the exit status and the one line a user sees.
     control      raw bytes over the live daemon's socket: the error reply ("code: message")
     pivot        the pivot command over the socket with bad caps/floors: refused, nothing
                  changes (no archive, no policy.json, same trainer)
@@ -40,7 +44,8 @@ import stat
 import struct
 import subprocess
 import time
-from collections.abc import Iterator
+import unittest.mock
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +62,7 @@ from tests.support import (
     scripted_run,
     wait_for,
 )
+from trainwarden.supervisor.cli import main
 from trainwarden.supervisor.cli.output import describe_result, format_status, print_event
 from trainwarden.supervisor.protocol import Client
 
@@ -979,6 +985,29 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+def in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """`trainwarden ARGS` run by the command line's own main() in this process, as cli()
+    would report it. A config that got as far as starting a daemon fails the row instead
+    (nothing is started here); the subprocess rows below keep the real command's exit
+    status and output whole."""
+
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError(f"trainwarden {' '.join(args)}: the daemon was about to start")
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        unittest.mock.patch("asyncio.run", started),
+        unittest.mock.patch("trainwarden.supervisor.cli.detach.start_detached", started),
+    ):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def one_line(stderr: str) -> str:
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {stderr[-2000:]}"
@@ -1110,8 +1139,32 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 # ----------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("row", rows("config"))
+REFUSED_WHEN_STARTING = ("state folder links outside", "journal links outside")
+"""Rows the daemon refuses as it starts (it opens its state folder then), not while it
+reads the config: they run only through the real command."""
+REAL_COMMAND_ROWS = ("toml syntax", "unknown key", "alert url not a list", *REFUSED_WHEN_STARTING)
+"""Rows also run through the real command: its exit status and one line as a user sees them."""
+
+
+def config_rows(real_command: bool) -> list[Any]:
+    if real_command:
+        return [r for r in rows("config") if r.values[0].name in REAL_COMMAND_ROWS]
+    return [r for r in rows("config") if r.values[0].name not in REFUSED_WHEN_STARTING]
+
+
+@pytest.mark.parametrize("row", config_rows(real_command=False))
 def test_config(row: Bad, tmp_path: Path):
+    refused_config(row, tmp_path, in_process)
+
+
+@pytest.mark.parametrize("row", config_rows(real_command=True))
+def test_config_through_the_real_command(row: Bad, tmp_path: Path):
+    refused_config(row, tmp_path, cli)
+
+
+def refused_config(
+    row: Bad, tmp_path: Path, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     keep = run_dir / "checkpoints" / "step_000010.bin"
@@ -1129,7 +1182,7 @@ def test_config(row: Bad, tmp_path: Path):
     for name, target in links.items():
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / name).symlink_to(target.replace("{outside}", str(outside)))
-    result = cli("daemon", str(run_dir), timeout=20)
+    result = run("daemon", str(run_dir))
     assert result.returncode == 2, result.stderr
     line = one_line(result.stderr)
     assert row.expect in line, line
@@ -1147,12 +1200,30 @@ def test_config(row: Bad, tmp_path: Path):
 
 @pytest.mark.parametrize("row", rows("cli"))
 def test_cli(row: Bad, tmp_path: Path, live: Live):
+    bad_command_line(row, tmp_path, live, in_process)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        r
+        for r in rows("cli")
+        if r.values[0].name in ("no command", "status, no daemon", "pivot nothing")
+    ],
+)
+def test_cli_through_the_real_command(row: Bad, tmp_path: Path, live: Live):
+    bad_command_line(row, tmp_path, live, cli)
+
+
+def bad_command_line(
+    row: Bad, tmp_path: Path, live: Live, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     places = {"{empty}": str(empty), "{new}": str(tmp_path / "new"), "{live}": str(live.run_dir)}
     before = live.newest_verified()
     pid = live.status()["trainer_pid"]
-    result = cli(*[places.get(a, a) for a in row.input])
+    result = run(*[places.get(a, a) for a in row.input])
     assert result.returncode == row.code, result.stderr
     line = one_line(result.stderr)
     assert row.expect in line, line
@@ -1497,7 +1568,7 @@ def test_socket_place(row: Bad, tmp_path: Path):
     planted = tmp_path / rel
     plant_for_socket(kind, planted)
     before = looks(planted)
-    result = cli("daemon", str(run_dir), timeout=20)
+    result = in_process("daemon", str(run_dir))
     assert result.returncode == 2, result.stderr
     line = one_line(result.stderr)
     assert row.expect in line and "trainwarden.toml" in line and "control.socket" in line, line
