@@ -85,22 +85,37 @@ def spike_rules(cfg: Config) -> core.SpikeRules:
     )
 
 
+class JournalTail(NamedTuple):
+    """What a starting daemon takes from the journal before it decides anything."""
+
+    state: dict[str, Any] | None
+    """The newest persisted state."""
+    clean: bool
+    """Whether the previous daemon exited cleanly."""
+    spawned_seg: int
+    """The segment of the newest trainer start journaled (0: none). Lines the log gained
+    while no daemon read it are that start's, not those of a segment the last state may
+    already have reserved for a start that never happened."""
+
+
 def last_state_record(
     journal_path: Path, quarantine_notes: dict[str, quarantine.Note] | None = None
-) -> tuple[dict[str, Any] | None, bool]:
-    """(the newest persisted state, whether the previous daemon exited cleanly), in one
-    pass over the journal; the same pass fills `quarantine_notes` with why each
-    quarantined checkpoint was set aside."""
+) -> JournalTail:
+    """The journal's tail for a starting daemon, in one pass over the journal; the same
+    pass fills `quarantine_notes` with why each quarantined checkpoint was set aside."""
     state = None
     last_kind = None
+    spawned_seg = 0
     for record in read_records(journal_path):
         last_kind = record.get("kind")
         if last_kind == "state":
             state = record.get("state")
+        elif last_kind == "spawn" and isinstance(record.get("seg"), int):
+            spawned_seg = record["seg"]
         elif quarantine_notes is not None:
             quarantine.remember(quarantine_notes, record)
     clean = last_kind in (None, "daemon_exit")
-    return state, clean
+    return JournalTail(state, clean, spawned_seg)
 
 
 def start_metrics(

@@ -136,7 +136,9 @@ class Daemon:
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
         self._write_pid_file()
-        restored, clean = last_state_record(self.files.journal, self.store.quarantine_notes)
+        restored, clean, spawned_seg = last_state_record(
+            self.files.journal, self.store.quarantine_notes
+        )
         self.journal = Journal(self.files.journal, self.space)
         if self.cfg.alerts.urls or self.cfg.alerts.command:
             # Installed first: the start's own records (an unclean exit's) are alerted too.
@@ -192,7 +194,7 @@ class Daemon:
         if self.fixed is not None:
             self.snapshots = Snapshots(self.fixed, self.store, self.journal)
             self.executor.snapshots = self.snapshots
-        self.hub.load_history(seg=self.state.seg)
+        self.hub.load_history(seg=spawned_seg)
         self.hub.start_follower()
 
         await self._stop_leftovers()

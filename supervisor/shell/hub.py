@@ -296,7 +296,10 @@ class TelemetryHub:
     def _on_lines(self, lines: list[str]) -> None:
         if not self.accepting:
             self._note_stray(lines)
-            self._save_offset()
+            # Counted as stray once: a restarted daemon must not take them for its start's.
+            self._offset_saved_t = time.monotonic()
+            if self.follower is not None and self._offset_fd is not None:
+                self._write_offset()
             return
         parse = self.parser.parse
         rows = []
@@ -339,21 +342,19 @@ class TelemetryHub:
             self.writer.append_many(rows)
             self._note_loss_space()
             self._count_for_cache(len(rows))
-            if self.counts_lines and self.follower is not None and self._offset_fd is not None:
-                # The offset moves with the recorded rows: a restarted daemon must not read
-                # (and count again) lines whose steps .loss.json already holds.
-                self._offset_saved_t = time.monotonic()
-                self._write_offset()
         if evals:
             self.validation.observe(evals, self.seg, time.time())
-        if (reported or evals) and self.follower is not None and self._offset_fd is not None:
-            # What these lines told us is kept in memory or .eval.json: a daemon killed
-            # within the next second must not take them again from the log (a restarted
-            # daemon would show the old start's save as news, or record an evaluation twice).
+        if rows or evals or reported:
+            # The offset moves with what the lines told us (.loss.json's rows, .eval.json,
+            # the newest save): a daemon killed now must not take them again from the log.
+            # A restarted daemon would record the steps a second time as the segment it
+            # knows of (a spike's abandoned losses as the new timeline's, a counting
+            # parser's steps numbered again), or show an old start's save as news.
             self._offset_saved_t = time.monotonic()
-            self._write_offset()
+            if self.follower is not None and self._offset_fd is not None:
+                self._write_offset()
         else:
-            self._save_offset()
+            self._save_offset()  # lines that told us nothing: at most once a second
         self._schedule_publish()
 
     def _note_save_report(self, line: str) -> bool:

@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from tests.support import (
     PYTHON,
     DaemonProcess,
@@ -205,25 +207,34 @@ def test_the_spike_log_survives_a_daemon_sigkill(tmp_path: Path):
 
 
 def test_kills_around_a_rollback_leave_one_rollback_and_no_drift(tmp_path: Path):
-    """The trainer killed before the spike, the daemon killed as soon as it has journaled
-    the rollback, the rolled-back trainer killed at its first step and again later: one
-    rollback, every replay compared only with losses of its own data timeline (the bad
-    region's losses of the abandoned timeline are never taken for drift), and the run
-    finishes. (The reference trainer's bytes through SIGKILLs under skips are proven in
+    """The trainer killed before the spike; the daemon killed as soon as it has journaled
+    the rollback (so the lines of the killed start that it had not yet recorded, and the
+    restart it had decided, are left to the next daemon); that daemon's first start killed
+    at once, the next at its first step, the next later: one rollback, every replay
+    compared only with losses of its own data timeline (the bad region's losses of the
+    abandoned timeline are never taken for drift), and the run finishes. (The reference
+    trainer's bytes through SIGKILLs under skips are proven in
     tests/trainer/test_skip_data.py, and through SIGKILLs under the daemon in
     tests/supervisor/test_daemon.py.)"""
     run_dir = spiky_run(tmp_path / "run", bad_steps=5, steps=400, extra=("--dt", "0.01"))
 
-    def logged(after_seg: int, step: int) -> bool:
-        rows = [r for r in journal(run_dir) if r["kind"] == "spawn"]
-        status = daemon.ask("status") or {}
-        return len(rows) > after_seg and (status.get("step") or 0) >= step
+    def newest_row() -> tuple[int, int]:
+        """(seg, step) of .loss.json's newest row."""
+        lines = (run_dir / ".loss.json").read_bytes().splitlines() or [b'{"seg":0,"step":0}']
+        row = orjson.loads(lines[-1])
+        return row["seg"], row["step"]
+
+    def kill(pid: int) -> None:
+        assert belongs_to_run(pid, run_dir)
+        os.kill(pid, signal.SIGKILL)
 
     def kill_trainer_at(step: int, after_seg: int) -> None:
-        wait_for(lambda: logged(after_seg, step), 60, 0.005, what=f"step {step}")
-        pid = trainer_pid(run_dir)
-        assert pid is not None and belongs_to_run(pid, run_dir)
-        os.kill(pid, signal.SIGKILL)
+        """SIGKILL the trainer once a start later than `after_seg` has logged `step`."""
+        wait_for(
+            lambda: (row := newest_row())[0] > after_seg and row[1] >= step, 60, 0.005,
+            what=f"step {step} of a start after seg {after_seg}",
+        )  # fmt: skip
+        kill(trainer_pid(run_dir) or 0)
 
     daemon = DaemonProcess(run_dir)
     try:
@@ -231,17 +242,19 @@ def test_kills_around_a_rollback_leave_one_rollback_and_no_drift(tmp_path: Path)
         kill_trainer_at(BAD_AT - 30, 0)
         wait_for(lambda: of_kind(run_dir, "rollback"), 60, 0.005, what="the rollback")
         daemon.kill()
-        starts = len(of_kind(run_dir, "spawn"))
-        daemon.start()
         (rollback,) = of_kind(run_dir, "rollback")
-        kill_trainer_at(rollback["step"] + 1, starts)
-        kill_trainer_at(BAD_AT + 60, starts + 1)
+        starts = len(of_kind(run_dir, "trainer_started"))
+        daemon.start()
+        first = wait_for(lambda: of_kind(run_dir, "trainer_started")[starts:], 60, 0.005)[0]
+        kill(first["pid"])
+        kill_trainer_at(rollback["step"] + 1, first["seg"])
+        kill_trainer_at(BAD_AT + 60, first["seg"] + 1)
         daemon.wait_state("finished", timeout=120)
     finally:
         daemon.cleanup()
     assert len(of_kind(run_dir, "rollback")) == 1
     crashes = [r for r in of_kind(run_dir, "crash") if r.get("returncode") == -signal.SIGKILL]
-    assert len(crashes) == 3
+    assert len(crashes) == 4
     assert not of_kind(run_dir, "resume_drift"), of_kind(run_dir, "resume_drift")
     assert of_kind(run_dir, "resume_verified")
 
