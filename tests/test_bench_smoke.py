@@ -40,7 +40,12 @@ def test_one_small_section_of_the_bench_writes_its_report(tmp_path: Path) -> Non
     document = orjson.loads((out / "results.json").read_bytes())
     assert document["mode"] == "quick" and set(document["sections"]) == {"verify"}
     verify = document["sections"]["verify"]["raw"]
-    assert set(verify["page cache"]["mb_per_s"]) == {"verify", "digest", "verify + digest", "raw read"}
+    assert set(verify["page cache"]["mb_per_s"]) == {
+        "verify",
+        "digest",
+        "verify + digest",
+        "raw read",
+    }
     assert all(rate > 0 for rate in verify["page cache"]["mb_per_s"].values())
 
 

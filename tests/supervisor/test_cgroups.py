@@ -85,10 +85,7 @@ def test_a_helper_forked_in_the_trainers_first_instructions_is_inside_its_cgroup
     # moved the trainer after starting it could have done so.
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER.replace("if os.fork() == 0:", "if False:", 1))
-    command = (
-        "setsid env -i /bin/sleep 1000 & echo $! > helper.pid; "
-        f"exec {PYTHON} {script} 20"
-    )
+    command = f"setsid env -i /bin/sleep 1000 & echo $! > helper.pid; exec {PYTHON} {script} 20"
     run_dir = make_run(
         tmp_path / "run",
         ["/bin/sh", "-c", command],

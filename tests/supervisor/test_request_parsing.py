@@ -86,9 +86,7 @@ def test_a_line_over_the_limit_is_refused_unread():
 
 @PROPERTY
 @given(st.sampled_from(ACTING), st.dictionaries(ARG_NAMES, JSON, max_size=4))
-def test_any_arguments_give_the_typed_command_or_a_bad_request(
-    cmd: str, args: dict[str, Any]
-):
+def test_any_arguments_give_the_typed_command_or_a_bad_request(cmd: str, args: dict[str, Any]):
     command = parse_command(cmd, args)
     if isinstance(command, BadRequest):
         assert command.code == "bad_argument" and command.message
