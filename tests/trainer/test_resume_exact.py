@@ -27,8 +27,11 @@ RESET_DATA = {"TRAINER_TEST_RESET_DATA": "1"}
 SLOWLY_PACED = {"TRAINER_TEST_STEP_SLEEP_S": "0.05"}
 
 
-def resume(run_dir: Path, from_path: Path, env: dict[str, str] | None = None) -> dict[int, str]:
-    result = run_trainer(run_dir, *COMMON_ARGS, "--resume", str(from_path), env=env)
+def resume(
+    run_dir: Path, from_path: Path, env: dict[str, str] | None = None, sync_save: bool = False
+) -> dict[int, str]:
+    extra = ("--sync-save",) if sync_save else ()
+    result = run_trainer(run_dir, *COMMON_ARGS, *extra, "--resume", str(from_path), env=env)
     assert result.returncode == 0, result.stderr
     return step_losses(result.stdout)
 
@@ -61,14 +64,16 @@ def test_sigterm_then_resume_is_bit_exact(straight, tmp_path):
 
 
 def test_sigkill_then_resume_from_last_commit_replays_exactly(straight, tmp_path):
-    with live_trainer(tmp_path, *COMMON_ARGS, env=SLOWLY_PACED) as trainer:
+    # With the synchronous save (--sync-save): the background save's resume through
+    # SIGKILLs is proven in test_async_save.py and, under the daemon, test_daemon.py.
+    with live_trainer(tmp_path, *COMMON_ARGS, "--sync-save", env=SLOWLY_PACED) as trainer:
         trainer.read_until("step: 33,")
         trainer.signal(signal.SIGKILL)
         trainer.finish()
     killed = step_losses(trainer.lines)
     committed = max(int(p.stem[5:]) for p in (tmp_path / "checkpoints").glob("step_*.bin"))
 
-    resumed = resume(tmp_path, checkpoint(tmp_path, committed))
+    resumed = resume(tmp_path, checkpoint(tmp_path, committed), sync_save=True)
 
     replayed = [step for step in killed if step > committed]
     assert replayed, "the kill should have come after some unsaved steps"
