@@ -1,5 +1,6 @@
-"""A flood of misbehaving control clients while the reference trainer runs and a NaN is
-planted: supervision goes on (the NaN is acted on, the run resumes from a verified
+"""A flood of misbehaving control clients while a trainer runs (the scripted one, with
+checkpoints the size of the reference trainer's tiny ones) and a NaN is planted, beside busy
+loops on every core (the `loaded` marker): supervision goes on (the NaN is acted on, the run resumes from a verified
 checkpoint), the owner's `status` answers throughout, and the daemon's memory stays
 bounded and returns near its baseline once the clients leave.
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import checkpoints, journal, pid_alive, reference_run, running_daemon, wait_for
+from tests.support import checkpoints, journal, pid_alive, running_daemon, scripted_run, wait_for
 from tests.support.clients import CROWD, Crowd, rss_mb
 
 pytestmark = pytest.mark.timeout(600)
@@ -52,13 +53,12 @@ class NanWatch:
             time.sleep(0.002)
 
 
+@pytest.mark.loaded
 def test_two_hundred_misbehaving_clients_do_not_hold_supervision_off(tmp_path: Path):
-    run_dir = reference_run(
+    run_dir = scripted_run(
         tmp_path / "run",
-        100_000,
-        SAVE_EVERY,
-        "--nan-at-step",
-        str(NAN_STEP),
+        *("--steps", "100000", "--save-every", str(SAVE_EVERY), "--dt", "0.02"),
+        *("--nan-at", str(NAN_STEP), "--nan-once", "--n-params", "120576"),
         control={"max_clients": 256, "slow_client_s": 5.0},
     )
     with running_daemon(run_dir) as daemon:
