@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import importlib
 import signal
 import sys
@@ -38,6 +39,8 @@ from typing import Any
 from trainwarden.integrations.loop import Requests, any_rank, resume_path, under_daemon
 
 INSTALL_HINT = "pip install 'trainwarden[hf]'"
+CLOSE_BARRIER_S = 10.0
+"""How long a rank waits at exit for its peers before it closes its process group."""
 
 
 def _close_process_group() -> None:
@@ -51,6 +54,12 @@ def _close_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return
+    with contextlib.suppress(Exception):
+        # Every rank reaches the end before any tears its group down: a gloo worker whose
+        # peer has already closed the connections can abort in the same teardown. Bounded,
+        # so a rank whose peers died does not wait for them.
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=CLOSE_BARRIER_S))
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 
