@@ -349,7 +349,7 @@ def test_sigkills_one_mid_save_end_bit_identical_to_an_uninterrupted_run(
 
 def test_a_daemon_sigkill_and_restart_keeps_the_loss_history_right(tmp_path: Path, straight: Path):
     # Slow enough that the trainer is still running when the second daemon starts.
-    run_dir = loop_run(tmp_path / "run", "--sleep", "0.3")
+    run_dir = loop_run(tmp_path / "run", "--sleep", "0.15")
     daemon = DaemonProcess(run_dir)
     try:
         daemon.start()

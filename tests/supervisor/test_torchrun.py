@@ -170,7 +170,7 @@ def test_a_killed_agents_workers_are_gone_before_the_next_start_and_their_lines_
 ):
     # Workers that ignore SIGTERM keep training (and logging) until the daemon SIGKILLs them.
     run_dir = torchrun_run(
-        tmp_path / "run", "children", "--ignore-term", stop_timeout_s=3.0, backoff_s=20.0
+        tmp_path / "run", "children", "--ignore-term", stop_timeout_s=3.0, backoff_s=8.0
     )
     workers: list[int] = []
     try:
