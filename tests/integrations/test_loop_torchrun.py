@@ -58,7 +58,8 @@ RANKS = textwrap.dedent(
         if save and rank == 0:
             signals.saved()
     dist.destroy_process_group()
-    print(json.dumps(reads))
+    print(json.dumps(reads), flush=True)
+    os._exit(0)  # past a gloo abort in the interpreter's finalization (see nanogpt_loop.py)
     """
 )
 
