@@ -258,7 +258,7 @@ def test_save_wait_saves_and_training_goes_on_then_stop_saves_and_exits_0(
 # ----------------------------------------------------------------------------- crashes
 
 
-def test_three_sigkills_one_inside_a_save_and_a_daemon_kill_end_bit_identical(
+def test_sigkills_one_inside_a_save_and_a_daemon_kill_end_bit_identical(
     tmp_path: Path, uninterrupted
 ):
     env = {"HF_STEP_SLEEP_S": "0.1", "HF_SLOW_SAVE_STEP": "30"}
@@ -267,9 +267,6 @@ def test_three_sigkills_one_inside_a_save_and_a_daemon_kill_end_bit_identical(
         wait_step(daemon, 5)
         kill_trainer(daemon, run)
         wait_for(lambda: len(spawns(run)) == 2, 120, 0.05, what="the first restart")
-        wait_step(daemon, 15)
-        kill_trainer(daemon, run)
-        wait_for(lambda: len(spawns(run)) == 3, 120, 0.05, what="the second restart")
         in_flight = run / "checkpoints" / "checkpoint-30"
         wait_for(
             lambda: "slow save at step 30" in (run / "training.log").read_text(), 300, 0.02,
@@ -277,7 +274,7 @@ def test_three_sigkills_one_inside_a_save_and_a_daemon_kill_end_bit_identical(
         )  # fmt: skip
         assert in_flight.is_dir() and not (in_flight / "trainer_state.json").exists()
         kill_trainer(daemon, run)
-        wait_for(lambda: len(spawns(run)) == 4, 120, 0.05, what="the third restart")
+        wait_for(lambda: len(spawns(run)) == 3, 120, 0.05, what="the second restart")
         # Then the daemon: the trainer goes on with no daemon watching; its lines wait in
         # the log for the next daemon, which counts every step once.
         wait_step(daemon, 32)
@@ -290,7 +287,7 @@ def test_three_sigkills_one_inside_a_save_and_a_daemon_kill_end_bit_identical(
         daemon.wait_state("finished", timeout=600.0)
 
     resumed = [(s.get("resume") or {}).get("step") for s in spawns(run)]
-    assert resumed[0] is None and resumed[3] == 20, resumed
+    assert resumed[0] is None and resumed[2] == 20, resumed
     recovery = [r for r in journal(run) if r["kind"] == "boot_recovery"][-1]
     lost = recovery["last_logged_step"] - (recovery["resume_step"] or 0)
     assert recovery["last_logged_step"] >= 32 and recovery["steps_lost"] == max(lost, 0)
