@@ -162,7 +162,7 @@ POINTS = [
     "identity:before",
     "identity:after",
 ]
-DELAYS = [0.0, 0.001, 0.003, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.3]
+DELAYS = [0.0, 0.002, 0.005, 0.01, 0.03, 0.08, 0.2]
 
 
 def dying_at(point: str) -> dict[str, str]:
