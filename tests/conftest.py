@@ -5,7 +5,8 @@
   loop per core (tests/support/load.py), and under pytest-xdist in the group `loaded`, so
   no two of them spin at once.
 - `xdist_group(name)`: tests that share an exclusive resource run one after another. A
-  test without one is grouped by its file (module fixtures are then set up once).
+  test that uses a module- or package-scoped fixture is grouped by its module or package
+  (the fixture is set up once); the others go to any worker, the longest files first.
 
 See docs/testing.md.
 """
@@ -47,22 +48,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(skip)
         if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+            group = xdist_group_of(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+    # The longest first, so that none is left to run alone at the end (a stable sort: the
+    # tests of a file keep their order).
+    items.sort(key=lambda item: -LONGEST.get(relative(item), 0))
 
 
 TESTS = Path(__file__).resolve().parent
 
+LONGEST = {
+    "tui/test_demo.py": 90,
+    "integrations/test_inplace.py": 80,
+    "integrations/test_hf.py": 75,
+    "chaos/test_chaos_soak.py": 60,
+    "trainer/test_compile.py": 60,
+    "integrations/test_lightning.py": 50,
+    "supervisor/test_long_history.py": 50,
+    "test_packaging.py": 45,
+    "supervisor/test_containment.py": 30,
+    "integrations/test_loop.py": 30,
+    "supervisor/test_daemon.py": 30,
+    "trainer/test_skip_data.py": 25,
+    "trainer/test_async_save.py": 25,
+    "integrations/test_hf_eval_lines.py": 25,
+}
+"""Seconds the longest test of each slow file took beside a busy loop (docs/testing.md);
+files not named here run after these, in collection order."""
 
-def xdist_group_of(item: pytest.Item) -> str:
+
+def relative(item: pytest.Item) -> str:
+    path = Path(str(item.path))
+    return str(path.relative_to(TESTS)) if path.is_relative_to(TESTS) else str(path)
+
+
+SHARED_SCOPES = ("module", "package")
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
     """The worker-sharing group of a test without an explicit one: `loaded` for the tests
-    that spin busy loops (one at a time), the TUI's shared live run, else its file (so a
-    module-scoped daemon is started once, by the one worker that runs the file)."""
+    that spin busy loops (one at a time); for a test that uses a module- or package-scoped
+    fixture (a daemon, a venv, a reference run started once), its module or package, so
+    one worker sets the fixture up once; else none (the test goes to any worker)."""
     if item.get_closest_marker("loaded"):
         return "loaded"
-    path = Path(str(item.path))
-    if path.parent == TESTS / "tui" and "live" in getattr(item, "fixturenames", ()):
-        return "tests/tui live"
-    return str(path.relative_to(TESTS)) if path.is_relative_to(TESTS) else str(path)
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+    scopes = {d.scope for defs in definitions.values() for d in defs}
+    if "package" in scopes:
+        return str(Path(relative(item)).parent) + " (package)"
+    if "module" in scopes:
+        return relative(item)
+    return None
 
 
 @pytest.fixture(autouse=True)
