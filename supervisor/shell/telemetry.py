@@ -360,24 +360,33 @@ class SaveCadence:
     def __init__(self, total_steps: int | None = None) -> None:
         self.total_steps = total_steps
         self.own: deque[int] = deque(maxlen=OWN_SAVES_KEPT)
-        self.requested = False
-        """A signal asked for a save that has not been committed yet."""
+        self.requested = 0
+        """Saves signals asked for that have not been committed yet (a save asked while an
+        earlier one is still being written is another one to come)."""
 
     def signalled(self, signal: str) -> None:
         if signal in REQUESTING_SIGNALS:
-            self.requested = True
+            self.requested += 1
 
     def started(self) -> None:
         """A new trainer start: a save asked of the previous one is not coming."""
-        self.requested = False
+        self.requested = 0
 
     def committed(self, step: int) -> None:
-        if self.requested:
-            self.requested = False
-            return
         if step <= 0 or step == self.total_steps or step in self.own:
             return
+        # On the cadence, a commit after the signal is an own save that was being written
+        # when the signal came, not the requested one, which is still to come.
+        if self.requested and not self.on_cadence(step):
+            self.requested -= 1
+            return
         self.own.append(step)
+
+    def on_cadence(self, step: int) -> bool:
+        every = self.every
+        if every is None:
+            return False
+        return (step - max(self.own) % every) % every == 0
 
     def replay(self, records: list[dict[str, Any]]) -> None:
         """Learn from the journal's records (oldest first) what a restarted daemon missed."""
@@ -385,13 +394,11 @@ class SaveCadence:
             kind = record.get("kind")
             if kind == "signal" and isinstance(record.get("signal"), str):
                 self.signalled(record["signal"])
-            elif kind == "save_requested":
-                self.requested = True
             elif kind == "spawn":
                 self.started()
             elif kind == "checkpoint" and isinstance(record.get("step"), int):
                 self.committed(record["step"])
-        self.requested = False  # a request in flight at the restart is answered or lost
+        self.requested = 0  # a request in flight at the restart is answered or lost
 
     @property
     def every(self) -> int | None:

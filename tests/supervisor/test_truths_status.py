@@ -38,6 +38,25 @@ def test_a_manual_save_does_not_shift_the_next_checkpoint():
     assert cadence.next_after(451) == 600
 
 
+def test_an_own_save_in_flight_when_a_save_is_asked_does_not_take_the_requests_place():
+    """The signal arrives while the trainer writes its own save at 600: that commit is
+    on the cadence and is not the requested one; the manual save at 613 that follows is."""
+    cadence = SaveCadence(total_steps=5000)
+    for step in (200, 400):
+        cadence.committed(step)
+    cadence.signalled("SIGUSR1")
+    cadence.committed(600)
+    cadence.committed(613)
+    assert cadence.every == 200
+    assert cadence.next_after(613) == 800
+    # Two saves asked before either is written: both commits are the requested ones.
+    cadence.signalled("SIGUSR1")
+    cadence.signalled("SIGUSR1")
+    cadence.committed(615)
+    cadence.committed(616)
+    assert cadence.every == 200 and cadence.next_after(616) == 800
+
+
 def test_the_next_checkpoint_is_never_past_the_total():
     cadence = SaveCadence(total_steps=5050)
     for step in (200, 400, 600):
