@@ -87,6 +87,7 @@ ErrorCode = Literal[
     "superseded",
     "internal",
     "not_a_run",
+    "no_checkpoint",
 ]
 ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)
 """bad_request: not a request at all (bad JSON, no 'cmd', a bad 'id');
@@ -98,7 +99,8 @@ unsupported: the trainer does not catch the signal the command sends (save witho
 SIGUSR1 handler; stop or shutdown without a SIGTERM handler, unless `force`);
 superseded: a waiting save answered by a stop or shutdown that pre-empted it;
 internal: the daemon failed (its log says why); not_a_run: history_of named a path that
-is no run directory."""
+is no run directory; no_checkpoint: a start of a run that had verified checkpoints and has
+none left (`from_scratch` starts over at step 0)."""
 
 # ----------------------------------------------------------------------------- envelopes
 
@@ -184,6 +186,11 @@ class SaveArgs(TypedDict, total=False):
 class StopArgs(TypedDict, total=False):
     force: bool
     """Stop a trainer that does not catch SIGTERM anyway (killed, its unsaved steps lost)."""
+
+
+class StartArgs(TypedDict, total=False):
+    from_scratch: bool
+    """Start over at step 0: only in no_checkpoint, where no verified checkpoint is left."""
 
 
 class PinArgs(TypedDict):

@@ -785,6 +785,18 @@ CATALOGUE: list[Bad] = [
         "unknown arm 'xxx",
         extra={"operator_record_under": 4096},
     ),
+    Bad(
+        "control",
+        "start from_scratch not a bool",
+        request({"id": 26, "cmd": "start", "from_scratch": "yes"}),
+        "bad_argument: 'from_scratch' must be true or false",
+    ),
+    Bad(
+        "control",
+        "start from scratch while running",
+        request({"id": 27, "cmd": "start", "from_scratch": True}),
+        "wrong_state: the run is running",
+    ),
     # ------------------------------------------------------------------ pivot
     Bad("pivot", "cap above 1", {"caps": {"docs": 1.5}}, "cap 1.5 is outside [0, 1]"),
     Bad("pivot", "negative floor", {"floors": {"docs": -0.1}}, "floor -0.1 is outside [0, 1]"),

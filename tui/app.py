@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
-from trainwarden.supervisor.protocol import HALTED, Client, HistoryArgs, encode
+from trainwarden.supervisor.protocol import HALTED, Client, HistoryArgs, Phase, encode
 from trainwarden.tui.messages import (
     Connected,
     Disconnected,
@@ -415,10 +415,35 @@ class TrainwardenApp(App[int]):
         if phase is not None and phase not in HALTED and self.model.connected:
             self.tell(f"the run is {phase}: start works after a stop or a halt", "warning")
             return
+        if phase == Phase.NO_CHECKPOINT:
+            self._confirm_start_over()
+            return
         self.run_worker(self._start(), group="actions")
 
-    async def _start(self) -> None:
-        result = await self.send("start", "start")
+    def _confirm_start_over(self) -> None:
+        """No verified checkpoint is left: starting over at step 0 is asked, never assumed."""
+        reason = clean(
+            str((self.model.state.value or {}).get("detail", {}).get("reason") or ""), 300
+        )
+        body = (
+            f"{reason}\n\nStarting over trains from step 0 with fresh weights: everything the"
+            " run has learnt so far is not used. Put a verified checkpoint back in the"
+            " checkpoint folder instead to resume from it (then press r)."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._start(from_scratch=True), group="actions")
+            else:
+                self.tell("not started: the run waits for a checkpoint or your choice")
+
+        self.push_screen(
+            ConfirmScreen("Start over from step 0?", body, yes_label="Start over"), answered
+        )
+
+    async def _start(self, from_scratch: bool = False) -> None:
+        args = {"from_scratch": True} if from_scratch else {}
+        result = await self.send("start", "start", **args)
         if result is not None:
             resume = result.get("resume_step")
             where = f"step {resume}" if resume is not None else "scratch"

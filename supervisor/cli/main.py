@@ -126,12 +126,17 @@ def build_parser() -> Parser:
         socket=True,
     )
     p.add_argument("--force", action="store_true", help=force_help)
-    add(
+    p = add(
         "start",
-        acting("start"),
+        acting("start", from_scratch=True),
         "start the trainer again after stop or a halt",
         json=True,
         socket=True,
+    )
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="start over at step 0 (only when no verified checkpoint is left: state no_checkpoint)",
     )
     p = add(
         "shutdown",

@@ -178,7 +178,10 @@ def _alert(
         crashes = (*(c for c in watch.crashes if t - c < HOUR_S), t)
         if watch.stall is not None:
             out.append(watch.stall)
-        watch = replace(watch, crashes=crashes, last_cause=str(record.get("cause")), stall=None)
+        cause = str(record.get("cause"))
+        if record.get("last_line"):
+            cause += f" (the trainer's last line: {record['last_line']})"
+        watch = replace(watch, crashes=crashes, last_cause=cause, stall=None)
         if len(crashes) > rules.restarts_per_hour:
             out.append(Alert("restarts", "restarts", "restarting repeatedly",
                              f"{len(crashes)} crashes within an hour; last: {record.get('cause')}",

@@ -23,6 +23,7 @@ from trainwarden.supervisor.core.requests import (
 from trainwarden.supervisor.core.retention import apply_retention, retention_deletions
 from trainwarden.supervisor.core.state import Rules, State, Waiter
 from trainwarden.supervisor.core.transitions import (
+    NO_CHECKPOINT_INSTRUCTION,
     finish_stop,
     reply_error,
     spawn,
@@ -179,16 +180,39 @@ def _tell_stopping(state: State, ev: Operator, rules: Rules, actions: list[Actio
 
 
 def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    assert isinstance(ev.command, Start)
     if state.phase not in HALTED:
         reply_error(
             actions,
             ev.request_id,
             "wrong_state",
-            f"the run is {state.phase}; start works from stopped, finished, crash_loop, diverged or gpu_fault",
+            f"the run is {state.phase}; start works from stopped, finished, crash_loop,"
+            " diverged, gpu_fault or no_checkpoint",
+        )
+        return state
+    if ev.command.from_scratch and (state.checkpoints or state.pending):
+        newest = state.newest.step if state.newest else "being verified"
+        reply_error(
+            actions,
+            ev.request_id,
+            "bad_argument",
+            f"the run has a verified checkpoint (step {newest}): `start` resumes from it;"
+            " starting over from step 0 is only for a run with none left",
+        )
+        return state
+    nothing_left = not state.checkpoints and not state.pending and state.verified_high is not None
+    if not ev.command.from_scratch and nothing_left and state.pivot is None:
+        reply_error(
+            actions,
+            ev.request_id,
+            "no_checkpoint",
+            f"no verified checkpoint is left to resume from (the run had reached step"
+            f" {state.verified_high}): {NO_CHECKPOINT_INSTRUCTION}",
         )
         return state
     state = replace(
         state,
+        from_scratch=ev.command.from_scratch,
         restarts_without_progress=0,
         next_backoff_s=rules.backoff_initial_s,
         divergences=0,

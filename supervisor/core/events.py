@@ -54,6 +54,9 @@ class Startup:
     """The previous daemon did not shut down cleanly (power cut, SIGKILL)."""
     scanned: tuple[Scanned, ...] = ()
     """The checkpoint directory's committed checkpoints, oldest first, each verified."""
+    diverged: tuple[int, float] | None = None
+    """The first non-finite or too high loss (step, loss) among the lines the previous
+    daemon's trainer logged after that daemon died (read now, so never decided on)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,11 @@ class TrainerExited:
     contained: bool = True
     """False: other processes of the start may still run (and commit); a StartContained
     follows once they are gone."""
+    read_resume: bool = False
+    """Evidence that the start read the checkpoint it was given (it opened it, or printed
+    its name): only then can a death before its first step be held against it."""
+    last_line: str | None = None
+    """The start's newest non-blank output line (clipped): what a crash says of itself."""
 
 
 @dataclass(frozen=True)

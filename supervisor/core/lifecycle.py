@@ -32,6 +32,7 @@ from trainwarden.supervisor.core.events import (
 )
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.plausible import implausible_at_startup, largest_gap
+from trainwarden.supervisor.core.progress import diverged_unseen
 from trainwarden.supervisor.core.retention import abandon_changed, apply_retention
 from trainwarden.supervisor.core.state import (
     Ckpt,
@@ -106,7 +107,10 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
     state = replace(state, digests=())
     if verified:
         known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
-        state = replace(state, checkpoints=tuple(known[s] for s in sorted(known)))
+        high = max(max(known), state.verified_high or 0)
+        state = replace(
+            state, checkpoints=tuple(known[s] for s in sorted(known)), verified_high=high
+        )
         state = rollback.at_startup(state, actions)
     gaps = [
         g for g in (state.max_commit_gap, largest_gap([c.step for c in state.checkpoints])) if g
@@ -130,6 +134,8 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
                 },
             )
         )
+    if ev.diverged is not None:
+        state = diverged_unseen(state, *ev.diverged, rules, actions)
     if state.pivot is not None and state.phase not in HALTED:
         return pivot.resume_after_restart(state, ev.t, rules, actions)
     state = apply_retention(state, rules, actions)
@@ -260,7 +266,16 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         state = fail_waiters(state, actions, "wrong_state", "the trainer finished")
         return replace(state, phase=Phase.FINISHED, halt_reason="the trainer finished")
     cause = hang_cause(state) if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
-    return crashed(state, ev.t, rules, actions, cause=cause, exit_fields=exit_fields)
+    return crashed(
+        state,
+        ev.t,
+        rules,
+        actions,
+        cause=cause,
+        exit_fields=exit_fields,
+        read_resume=ev.read_resume,
+        last_line=ev.last_line,
+    )
 
 
 def on_resume_refused(
@@ -290,12 +305,21 @@ def crashed(
     *,
     cause: str,
     exit_fields: dict[str, Any] | None = None,
+    read_resume: bool = False,
+    last_line: str | None = None,
 ) -> State:
-    """The trainer died unasked: blame its checkpoint if it never got past it, then back off
-    (doubling, up to backoff_max_s) or halt after too many restarts without progress."""
+    """The trainer died unasked: blame its checkpoint if it read it (`read_resume`) and
+    never got past it, then back off (doubling, up to backoff_max_s) or halt after too many
+    restarts without progress.
+
+    A start that died before touching its checkpoint (a broken script, a missing program,
+    a start that could not even be made) is the trainer's failure: no checkpoint is
+    suspected for it, and the crash loop it ends in says the trainer's last line."""
     crash = {**(exit_fields or {}), "cause": cause}
     if state.gpu_xid is not None:
         crash["xid"] = state.gpu_xid  # reported by NVML before the trainer died
+    if last_line:
+        crash["last_line"] = last_line
     actions.append(Record("crash", crash))
     state = replace(state, gpu_xid=None)
     state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
@@ -304,7 +328,20 @@ def crashed(
         state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
     halts = state.restarts_without_progress >= rules.max_restarts_without_progress
     suspect = state.resume_step
-    if suspect is not None and (state.last_step is None or state.last_step <= suspect):
+    died_on_it = state.last_step is None or (suspect is not None and state.last_step <= suspect)
+    if suspect is not None and died_on_it and not read_resume:
+        # No sign it ever read the checkpoint: the trainer's own failure, not the file's.
+        actions.append(
+            Record(
+                "trainer_failed_before_resume",
+                {
+                    "step": suspect,
+                    "cause": cause,
+                    **({"last_line": last_line} if last_line else {}),
+                },
+            )
+        )
+    elif suspect is not None and died_on_it:
         count = failures_of(state, suspect) + 1
         state = with_failures(state, suspect, count)
         resumed = suspects.resumed_from(state)
@@ -340,10 +377,13 @@ def crashed(
                 },
             )
         )
+        said = f"; the trainer's last line: {last_line}" if last_line else ""
         return replace(
             state,
             phase=Phase.CRASH_LOOP,
-            halt_reason=f"{state.restarts_without_progress} restarts without progress; last: {cause}",
+            halt_reason=(
+                f"{state.restarts_without_progress} restarts without progress; last: {cause}{said}"
+            ),
         )
     delay = rules.backoff_initial_s if state.next_backoff_s is None else state.next_backoff_s
     actions.append(

@@ -6,6 +6,7 @@
     running --crash--> backoff --backoff elapsed--> starting
     running --hang (no step line for stall_timeout_s)--> stopping --exit--> backoff
     backoff --N restarts without progress--> crash_loop
+    any restart --no verified checkpoint left, though the run had some--> no_checkpoint
     backoff --stop--> stopped
     running --non-finite or too-high loss--> stopping --exit--> starting (rollback)
                                                             \\-> diverged (same divergence again)
@@ -16,6 +17,7 @@
     any --reset-class Xid--> stopping --exit, GPU free--> gpu_fault ([gpu] reset: --reset--> starting)
     any --Xid 79, GPU lost to NVML, second memory Xid--> stopping --exit--> gpu_fault
     stopped | finished | crash_loop | diverged | gpu_fault --start--> starting
+    no_checkpoint --start --from-scratch--> starting (at step 0)
 
 Each transition is made by the pure policy (trainwarden.supervisor.core) for the cause
 named on its arrow; nothing else assigns a phase.
@@ -38,10 +40,18 @@ class Phase(StrEnum):
     DIVERGED = "diverged"
     PIVOTING = "pivoting"
     GPU_FAULT = "gpu_fault"
+    NO_CHECKPOINT = "no_checkpoint"
 
 
 HALTED: frozenset[Phase] = frozenset(
-    {Phase.STOPPED, Phase.FINISHED, Phase.CRASH_LOOP, Phase.DIVERGED, Phase.GPU_FAULT}
+    {
+        Phase.STOPPED,
+        Phase.FINISHED,
+        Phase.CRASH_LOOP,
+        Phase.DIVERGED,
+        Phase.GPU_FAULT,
+        Phase.NO_CHECKPOINT,
+    }
 )
 """Phases in which no trainer runs and none will start until the operator says so."""
 TRAINER_UP: frozenset[Phase] = frozenset(

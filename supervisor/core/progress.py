@@ -26,7 +26,7 @@ from trainwarden.supervisor.core.events import (
     MirrorPointer,
     StepLogged,
 )
-from trainwarden.supervisor.core.phases import Phase
+from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.plausible import implausible_step, with_gap
 from trainwarden.supervisor.core.retention import abandon_changed, apply_retention
 from trainwarden.supervisor.core.state import (
@@ -84,7 +84,11 @@ def on_committed(
         return state
     known_before = state.checkpoints
     others = tuple(c for c in state.checkpoints if c.step != ev.step)
-    state = replace(state, checkpoints=tuple(sorted((*others, ckpt), key=lambda c: c.step)))
+    state = replace(
+        state,
+        checkpoints=tuple(sorted((*others, ckpt), key=lambda c: c.step)),
+        verified_high=max(ev.step, state.verified_high or 0),
+    )
     tell(state, actions, f"checkpoint step {ev.step} committed")
     state = replace(state, last_activity_t=max(state.last_activity_t, ev.t))
     if state.trainer_alive and (state.resume_step is None or ev.step > state.resume_step):
@@ -244,6 +248,59 @@ def _rollback(state: State, step: int, rules: Rules) -> dict[str, Any]:
     if halts_on_divergence(state, rules):
         return {"halts": True}
     return barrier.resume_forecast(state, "rollback_to", before=step)
+
+
+def diverged_unseen(
+    state: State, step: int, loss: float, rules: Rules, actions: list[Action]
+) -> State:
+    """At start-up: the previous daemon's trainer logged a divergent loss at `step` after
+    that daemon died, and went on (saving) until this daemon stopped it. As for a
+    divergence seen live, less the kill: what it wrote at or after `step` is quarantined
+    and the next start rolls back to before it (or the run halts in `diverged` if this is
+    the same divergence again)."""
+    shown = loss if math.isfinite(loss) else str(loss)
+    poisoned = [c for c in state.checkpoints if c.step >= step]
+    for c in poisoned:
+        actions.append(
+            Quarantine(
+                c.step,
+                c.name,
+                f"written at or after divergence at step {step} (logged while no daemon ran)",
+                cause="divergence",
+                cause_step=step,
+            )
+        )
+    state = without_checkpoints(state, {c.step for c in poisoned})
+    recurring = state.divergence_step is not None
+    divergences = state.divergences + 1 if recurring else 1
+    first_bad = min(step, state.divergence_step) if state.divergence_step is not None else step
+    state = replace(state, divergences=divergences, divergence_step=first_bad)
+    actions.append(
+        Record(
+            "divergence",
+            {
+                "step": step,
+                "loss": shown,
+                "max_loss": rules.max_loss,
+                "count": divergences,
+                "quarantined": [c.step for c in poisoned],
+                "caught_up": True,
+                **_rollback(state, step, rules),
+            },
+        )
+    )
+    state = pivot.abort(state, actions, f"the loss diverged at step {step}")
+    if halts_on_divergence(state, rules):
+        actions.append(Record("halt", {"state": "diverged", "step": first_bad}))
+        return replace(
+            state,
+            phase=Phase.DIVERGED,
+            stop_reason=None,
+            halt_reason=f"loss diverged again at step {first_bad}",
+        )
+    if state.phase in HALTED:
+        return state
+    return replace(state, rollback_from=step)
 
 
 def on_mirror_pointer(

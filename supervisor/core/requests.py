@@ -40,6 +40,9 @@ class Stop:
 class Start:
     """Start a halted run again from its newest verified checkpoint."""
 
+    from_scratch: bool = False
+    """Start over at step 0: only for a run with no verified checkpoint left."""
+
 
 @dataclass(frozen=True)
 class Pin:
@@ -130,6 +133,8 @@ def command_args(command: Command) -> dict[str, Any]:
         return {"step": command.step}
     if isinstance(command, Pivot):
         return {"caps": _journaled_table(command.caps), "floors": _journaled_table(command.floors)}
+    if isinstance(command, Start):
+        return {"from_scratch": True} if command.from_scratch else {}
     return {}
 
 
@@ -169,7 +174,10 @@ def parse_command(cmd: str, args: dict[str, Any]) -> Command | BadRequest:
             return BadRequest("bad_argument", "'force' must be true or false")
         return Stop(force) if cmd == "stop" else Shutdown(force)
     if cmd == "start":
-        return Start()
+        from_scratch = args.get("from_scratch", False)
+        if not isinstance(from_scratch, bool):
+            return BadRequest("bad_argument", "'from_scratch' must be true or false")
+        return Start(from_scratch)
     if cmd in ("pin", "unpin"):
         step = args.get("step")
         if step is not None and not (_is_int(step, low=0) and step <= MAX_STEP):

@@ -229,6 +229,11 @@ class State:
     """An XID the trainer may die of, named beside its crash."""
     memory_faults: int = 0
     """GPU memory-error XIDs (48, 63, 64) this run has had: the second halts."""
+    verified_high: int | None = None
+    """The highest step of any checkpoint verified in this run (since a start over): a run
+    that had one never starts from scratch by itself (see transitions.spawn)."""
+    from_scratch: bool = False
+    """The operator asked to start over at step 0 (`start --from-scratch`): the next spawn."""
 
     @property
     def trainer_alive(self) -> bool:
@@ -292,6 +297,7 @@ PERSISTED = (
     "halt_reason",
     "last_pivot_step",
     "memory_faults",
+    "verified_high",
 )
 
 
@@ -336,6 +342,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         pivot=PivotPlan.from_json(data["pivot"]) if data.get("pivot") else None,
         spikes=SpikeLog.from_json(data.get("spikes")),
         memory_faults=int(data.get("memory_faults", 0)),
+        verified_high=_int_or_none(data.get("verified_high")),
     )
 
 
@@ -345,3 +352,7 @@ def _digests(data: Any) -> tuple[tuple[str, str], ...]:
     return tuple(
         sorted((k, v) for k, v in data.items() if isinstance(k, str) and isinstance(v, str))
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

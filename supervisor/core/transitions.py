@@ -18,10 +18,46 @@ from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Detector
 from trainwarden.supervisor.core.state import Rules, State, StopReason, ckpt_json
 
+NO_CHECKPOINT_INSTRUCTION = (
+    "`trainwarden start --from-scratch RUN` starts over at step 0"
+    " (or put a verified checkpoint back in the checkpoint folder and `trainwarden start RUN`)"
+)
+
+
+def no_checkpoint_left(state: State, actions: list[Action]) -> State:
+    """A restart with no verified checkpoint left in a run that had some (quarantined,
+    deleted, set aside): halt and say so, rather than throw the run's progress away."""
+    reason = (
+        f"no verified checkpoint is left to resume from (the run had reached a checkpoint at"
+        f" step {state.verified_high}); starting over is the operator's choice"
+    )
+    actions.append(
+        Record(
+            "halt",
+            {
+                "state": str(Phase.NO_CHECKPOINT),
+                "verified_high": state.verified_high,
+                "reason": reason,
+                "instruction": NO_CHECKPOINT_INSTRUCTION,
+            },
+        )
+    )
+    state = fail_waiters(state, actions, "no_checkpoint", f"{reason}: {NO_CHECKPOINT_INSTRUCTION}")
+    return replace(
+        state,
+        phase=Phase.NO_CHECKPOINT,
+        spawn_due=False,
+        backoff_until=None,
+        stop_reason=None,
+        halt_reason=reason,
+    )
+
 
 def spawn(state: State, t: float, actions: list[Action]) -> State:
-    """Start a trainer from the newest verified checkpoint (none: from scratch), once no
-    checkpoint committed before now is still being verified (see core.barrier)."""
+    """Start a trainer from the newest verified checkpoint, once no checkpoint committed
+    before now is still being verified (see core.barrier). From scratch only for a run that
+    never had a verified checkpoint, or when the operator asked for it; otherwise halt in
+    no_checkpoint."""
     if state.pending or state.containing:
         if not state.spawn_due and state.pending:
             actions.append(
@@ -44,6 +80,12 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
             halt_reason=None,
         )
     resume = state.newest
+    if resume is None and state.verified_high is not None and not state.from_scratch:
+        return no_checkpoint_left(state, actions)
+    if resume is None and state.from_scratch:
+        actions.append(Record("start_from_scratch", {"verified_high": state.verified_high}))
+        state = replace(state, verified_high=None)
+    state = replace(state, from_scratch=False)
     seg = state.seg + 1
     # A checkpoint from before the last pivot carries the old policy's bandit: the trainer
     # must start its bandit fresh under the new policy.json (weights and moments stay).

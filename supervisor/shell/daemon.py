@@ -247,6 +247,7 @@ class Daemon:
                 last_logged_step=self.hub.history_last_step(),
                 unclean=not clean,
                 scanned=scanned,
+                diverged=self.hub.caught_up_divergence,
             )
         )
         # What start-up built (modules, config, plugins, the loss history's index) lives

@@ -17,6 +17,7 @@ from typing import Any
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs.gpu import shared_nvml
+from trainwarden.supervisor.inputs.resume_read import ResumeReadWatch
 from trainwarden.supervisor.shell import gpu_recovery, pivot_files
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.containment import new_marker, start_processes, stop_processes
@@ -29,7 +30,7 @@ from trainwarden.supervisor.shell.process import (
     spawn_failure,
 )
 from trainwarden.supervisor.shell.snapshots import Snapshots
-from trainwarden.supervisor.shell.spawning import trainer_argv, trainer_env
+from trainwarden.supervisor.shell.spawning import resume_path, trainer_argv, trainer_env
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.digest import digest_checkpoint
@@ -94,6 +95,8 @@ class Executor:
         """The ended start's remaining processes being stopped: awaited before any spawn."""
         self.snapshots: Snapshots | None = None
         """An in-place trainer's fixed file: set up for each start (see shell.snapshots)."""
+        self.resume_read: ResumeReadWatch | None = None
+        """Opens of the checkpoint the live start was given (see inputs.resume_read)."""
 
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
@@ -238,11 +241,13 @@ class Executor:
         if action.lr_scale != 1.0:
             intent["lr_scale"] = action.lr_scale
         self.journal.append("spawn", intent, sync=True)
+        resume_file = resume_path(self.cfg, self.store.dir, action)
         self.hub.begin_segment(
             action.seg,
             action.resume.step if action.resume else None,
             pivot=action.pivot,
             timeline=action.timeline,
+            resume_names=(action.resume.name, str(resume_file)) if action.resume else (),
         )
         # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
         # and reach the policy after the spawn they belong to, in their order.
@@ -250,9 +255,12 @@ class Executor:
         procs_fd, no_procs_fd = (
             self.cgroups.open_for_child(marker) if self.cgroups is not None else (None, None)
         )
+        # Made after our own reads of the checkpoint: what opens it from here is the start.
+        self.resume_read = ResumeReadWatch(resume_file) if resume_file is not None else None
         try:
             proc = await spawn(argv, self.cfg.trainer_cwd, env, self.cfg.log_path, procs_fd)
         except OSError as exc:
+            self._close_resume_read()
             failure = spawn_failure(argv, self.cfg.trainer_cwd, env, exc)
             if self.cgroups is not None:
                 with contextlib.suppress(OSError):
@@ -318,6 +326,8 @@ class Executor:
         # before its exit, and its last commits in the watcher's queue: read them first so
         # the policy sees them in order.
         await self.hub.drain_log()
+        read_resume = self._close_resume_read() or self.hub.resume_mentioned
+        last_line = self.hub.start_last_line
         self.hub.end_segment()
         self.drain_commits()
         if self.snapshots is not None:
@@ -327,12 +337,27 @@ class Executor:
             self.drain_commits()
         self.report(
             core.TrainerExited(
-                time.monotonic(), proc.pid, returncode, signal_name(returncode), contained=False
+                time.monotonic(),
+                proc.pid,
+                returncode,
+                signal_name(returncode),
+                contained=False,
+                read_resume=read_resume,
+                last_line=last_line,
             )
         )
         # Created before the policy can act on the exit: a spawn or a shutdown awaits it.
         self.containing = asyncio.get_running_loop().create_task(self._contain(marker))
         self.on_trainer_exit()
+
+    def _close_resume_read(self) -> bool:
+        """Whether the start opened its checkpoint; the watch is closed."""
+        watch, self.resume_read = self.resume_read, None
+        if watch is None:
+            return False
+        opened = watch.opened()
+        watch.close()
+        return opened
 
     async def _contain(self, marker: str) -> None:
         """Stop whatever the ended start left running, journal what that was, and report it

@@ -24,6 +24,7 @@ from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.contract import SAVE_REPORT_PREFIX, SaveReport, parse_save_report
 from trainwarden.supervisor.core.gpu_faults import Throttle, throttle_step
 from trainwarden.supervisor.core.phases import STEPPING, Phase
+from trainwarden.supervisor.core.progress import is_divergent
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
     SIDECAR_READ_MAX_BYTES,
@@ -138,6 +139,13 @@ class TelemetryHub:
         self.last_line: str | None = None
         """The trainer's newest non-blank output line (clipped), for a start that hangs."""
         self.last_line_t: float | None = None
+        self.start_last_line: str | None = None
+        """The current (or last ended) start's newest non-blank line: a crash's cause."""
+        self._resume_names: tuple[str, ...] = ()
+        """The checkpoint the current start was given (name, path), until its first step."""
+        self.resume_mentioned = False
+        """The current start printed its checkpoint's name before its first step: evidence
+        that it read it (see inputs.resume_read)."""
         self.last_step_t: float | None = None
         """Wall time the newest step line was seen (from .loss.json after a restart)."""
         self.last_save: SaveReport | None = None
@@ -159,6 +167,11 @@ class TelemetryHub:
         self.host_sampler: Any = None
         self.accepting = True
         """Lines belong to a start whose main process runs (or the one it just left)."""
+        self.catching_up = True
+        """Lines read before this daemon's first start: the previous daemon's start's, which
+        it did not live to read (its trainer went on while no daemon ran)."""
+        self.caught_up_divergence: tuple[int, float] | None = None
+        """The first of those lines with a non-finite or too high loss (step, loss)."""
         self._stray: dict[str, Any] | None = None
         self._stray_handle: asyncio.TimerHandle | None = None
         self._history_thread = concurrent.futures.ThreadPoolExecutor(
@@ -307,9 +320,11 @@ class TelemetryHub:
         reported = False
         for line in reversed(lines):
             if line.strip():
-                self.last_line = line.rstrip()[:LAST_LINE_CHARS]
+                self.last_line = self.start_last_line = line.rstrip()[:LAST_LINE_CHARS]
                 self.last_line_t = time.time()
                 break
+        if self._resume_names:
+            self._look_for_resume_names(lines)
         for line in lines:
             record = parse(line)
             if record is None:
@@ -322,12 +337,19 @@ class TelemetryHub:
                 continue
             # The policy first: a divergence is acted on before any bookkeeping.
             self.on_step(record.step, record.loss, grad_norm_of(record.extras))
+            if (
+                self.catching_up
+                and self.caught_up_divergence is None
+                and is_divergent(record.loss, self.cfg.telemetry.max_loss)
+            ):
+                self.caught_up_divergence = (record.step, record.loss)
             now = time.time()
             rows.append((record.step, record.loss, record.dt, now, self.seg))
             self.history.add(record.step, record.loss, record.dt, now, self.seg)
             self.monitor.observe_record(record, now)
             self.last_step = record.step
             self.last_step_t = now
+            self._resume_names = ()  # past its first step: what it said no longer matters
             if self.audit is not None:
                 result = self.audit.observe(record.step, record.loss)
                 if result is not None:
@@ -356,6 +378,15 @@ class TelemetryHub:
         else:
             self._save_offset()  # lines that told us nothing: at most once a second
         self._schedule_publish()
+
+    def _look_for_resume_names(self, lines: list[str]) -> None:
+        for line in lines:
+            if self.parser.parse(line) is not None:
+                return  # its first step: later lines say nothing of its start
+            if any(name in line for name in self._resume_names):
+                self.resume_mentioned = True
+                self._resume_names = ()
+                return
 
     def _note_save_report(self, line: str) -> bool:
         """Take a save report line; whether it was one."""
@@ -413,6 +444,7 @@ class TelemetryHub:
         until the next start (a leftover helper's, an orphaned worker's) is stray output,
         journaled, never decided on."""
         self.accepting = False
+        self.catching_up = False
         self.parser_watch.end()
 
     def _parser_matches_nothing(self, notice: dict[str, Any]) -> None:
@@ -449,6 +481,7 @@ class TelemetryHub:
         resume_step: int | None,
         pivot: bool = False,
         timeline: tuple[int, int] | None = None,
+        resume_names: tuple[str, ...] = (),
     ) -> None:
         """A trainer starts: its lines belong to `seg`; audit the steps it replays.
 
@@ -467,6 +500,9 @@ class TelemetryHub:
         self.seg = seg
         self.parser_watch.begin(seg)
         self.audit = None
+        self.start_last_line = None
+        self.resume_mentioned = False
+        self._resume_names = tuple(name for name in resume_names if name)
         if self.counts_lines:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
             self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]

@@ -36,6 +36,7 @@ from tests.support import (
     PYTHON,
     REFERENCE_TRAINER,
     REPO,
+    SCRIPTED_TRAINER,
     DaemonProcess,
     belongs_to_run,
     kill_quietly,
@@ -110,20 +111,29 @@ class SoakPlan:
     train_seed: int = 1337
     trainer: str = "reference"
     """"reference" (python -m trainwarden.trainer) or "scripted" (tests/scripted_trainer.py)."""
+    script_breaks: int = 0
+    """The scripted trainer's script (a copy in the run directory) broken and the trainer
+    killed: its next starts die at once, before reading a checkpoint; repaired after the
+    run halts in crash_loop (or a few failed starts), then started again."""
 
 
 SCRIPTED_N_PARAMS = 120_576
 """The scripted trainer's checkpoints are the size of the reference trainer's tiny ones."""
+BROKEN_SCRIPT = "def broken(:\n"
 
 
-def plain_trainer_argv(plan: SoakPlan, *extra: str) -> list[str]:
-    """The plan's trainer without the wrapper, with `extra` arguments."""
+def plain_trainer_argv(plan: SoakPlan, *extra: str, script: Path | None = None) -> list[str]:
+    """The plan's trainer without the wrapper, with `extra` arguments (`script`: the copy
+    of the scripted trainer the soak breaks and repairs)."""
     if plan.trainer == "scripted":
-        return scripted_argv(
+        argv = scripted_argv(
             *("--steps", str(plan.steps), "--save-every", str(plan.save_every), "--dt", "0.01"),
             *("--n-params", str(SCRIPTED_N_PARAMS), "--usr1", "save", "--arms", "docs,code,tests"),
             *extra,
         )  # fmt: skip
+        if script is not None:
+            argv[1] = str(script)
+        return argv
     return trainer_argv(plan.steps, plan.save_every, *extra, seed=plan.train_seed)
 
 
@@ -164,6 +174,7 @@ def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
     kinds += [Event(0, "save_kill") for _ in range(plan.save_kills)]
     kinds += [Event(0, "corrupt_committed") for _ in range(plan.corruptions)]
     kinds += [Event(0, "plant_future") for _ in range(plan.future_plants)]
+    kinds += [Event(0, "broken_script") for _ in range(plan.script_breaks)]
     kinds += [Event(0, "nan"), Event(0, "hang")]
     rng.shuffle(kinds)
     if plan.pivot:
@@ -180,11 +191,11 @@ def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
     return kinds, nan_step, hang_step
 
 
-def trainer_command(plan: SoakPlan, *extra: str) -> list[str]:
+def trainer_command(plan: SoakPlan, *extra: str, script: Path | None = None) -> list[str]:
     """The soak's trainer command: the plan's trainer, behind the wrapper if the plan says
     so (the reference trainer's module passed by name, so the wrapper's command line is not
     a trainer's)."""
-    command = plain_trainer_argv(plan, *extra)
+    command = plain_trainer_argv(plan, *extra, script=script)
     if plan.wrapper is None:
         return command
     if plan.trainer == "scripted":
@@ -368,6 +379,8 @@ class Soak:
         self.notes: list[str] = []
         self.skipped: list[str] = []
         self.pivot_result: dict[str, Any] | None = None
+        self.script: Path | None = None
+        """The trainer's script the broken_script fault breaks (scripted soaks only)."""
         self.left_after_exit: list[dict[str, Any]] | None = None
         """The run's marked processes alive once the daemon had exited after its shutdown."""
         self.left_later: list[dict[str, Any]] | None = None
@@ -391,13 +404,19 @@ class Soak:
     def write_config(self) -> None:
         plan = self.plan
         faults = fault_args(plan, self.nan_step, self.hang_step)
+        script = None
+        if plan.script_breaks:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            script = self.run_dir / SCRIPTED_TRAINER.name
+            shutil.copy(SCRIPTED_TRAINER, script)
+        self.script = script
         reference_run(
             self.run_dir,
             plan.steps,
             plan.save_every,
             *faults,
             trainer={
-                "command": trainer_command(plan, *faults),
+                "command": trainer_command(plan, *faults, script=script),
                 "env": {"TRAINER_TEST_SLOW_SAVE_S": str(plan.slow_save_s)},
                 "stop_timeout_s": plan.stop_timeout_s,
                 "signal_target": plan.signal_target,
@@ -981,6 +1000,37 @@ class Soak:
             if entry.outcome not in retry or time.monotonic() > end:
                 return entry
             time.sleep(0.05)
+
+    def do_broken_script(self, event: Event, status: dict[str, Any]) -> None:
+        """train.py broken under a running trainer, which then dies: the next starts fail
+        before they can read a checkpoint. Repaired once the run has halted in crash_loop
+        (or after a few failed starts), then started again."""
+        assert self.script is not None
+        good = self.script.read_bytes()
+        pid = status["trainer_pid"]
+        self.script.write_text(BROKEN_SCRIPT)
+        fault = self.kill_trainer(pid, "broken_script", status.get("step"))
+        if fault is None:
+            self.script.write_bytes(good)
+            return
+
+        def failed_enough() -> bool:
+            s = self.status()
+            failures = [
+                r for r in self.journal.read()
+                if r.get("kind") == "crash" and r.get("t", 0) >= fault.t
+                and "SyntaxError" in str(r.get("last_line"))
+            ]  # fmt: skip
+            return (s is not None and s["state"] == "crash_loop") or len(failures) >= 3
+
+        wait_for(failed_enough, 60, 0.05, what="starts failing on the broken script")
+        self.script.write_bytes(good)
+        fault.detail["repaired_t"] = time.time()
+        s = self.status()
+        if s is not None and s["state"] == "crash_loop":
+            fault.detail["halted"] = True
+            self.request("start")
+        self.wait_running()
 
     def do_save_pair(self, event: Event, status: dict[str, Any]) -> None:
         def both(name: str, client: Client) -> None:

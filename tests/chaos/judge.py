@@ -186,6 +186,8 @@ class Judge:
                 self.react_plant(fault)
             elif fault.kind == "enospc":
                 self.react_enospc(fault)
+            elif fault.kind == "broken_script":
+                self.react_broken_script(fault)
         self.react_builtin()
 
     def react_trainer_kill(self, fault: Fault) -> None:
@@ -203,6 +205,42 @@ class Judge:
         fault.survived = "SIGKILL" in crash["cause"]
         if not fault.survived:
             fault.problem = f"crash cause {crash['cause']!r} does not name SIGKILL"
+
+    def react_broken_script(self, fault: Fault) -> None:
+        """Starts that died on the broken script before reading a checkpoint: none is
+        quarantined for them, none starts from scratch, and the run resumes once repaired."""
+        repaired = fault.detail.get("repaired_t", math.inf)
+        failed = [
+            r for r in self.records
+            if r.get("kind") == "crash" and fault.t <= r.get("t", 0) <= repaired
+            and "SyntaxError" in str(r.get("last_line"))
+        ]  # fmt: skip
+        blamed = [
+            r for r in self.records
+            if r.get("kind") in ("quarantine", "fallback") and fault.t <= r.get("t", 0)
+            and "died" in str(r.get("reason"))
+        ]  # fmt: skip
+        fresh = [
+            r for r in self.records
+            if r.get("kind") == "spawn" and r.get("t", 0) >= fault.t and r.get("resume") is None
+        ]  # fmt: skip
+        resumed = self.after("spawn", repaired)
+        fault.reaction = {
+            "failed_starts": len(failed),
+            "halted": bool(fault.detail.get("halted")),
+            "spawn_resume_after_repair": ((resumed or {}).get("resume") or {}).get("step"),
+        }
+        if not failed:
+            fault.problem = "no start failed on the broken script with its SyntaxError"
+        elif blamed:
+            fault.problem = f"a checkpoint was blamed for the script: {blamed[0].get('reason')}"
+        elif fresh:
+            fault.problem = "a start after the break went from scratch"
+        elif resumed is None or resumed.get("resume") is None:
+            fault.problem = "the repaired run did not resume from a checkpoint"
+        else:
+            fault.latency_s = resumed["t"] - fault.t
+            fault.survived = True
 
     def react_kill_of_an_ending_trainer(self, fault: Fault) -> None:
         """Our SIGKILL met a trainer the daemon was already ending (a divergence or a spike
@@ -365,7 +403,11 @@ class Judge:
             if loss_rows:
                 fault.t = min(fault.t, loss_rows[0]["t"])
             kill = None
-            if divergence is not None:
+            if divergence is not None and divergence.get("caught_up"):
+                # Logged while no daemon ran: the next daemon stopped that trainer as a
+                # leftover and read the line at its start; no kill of its own to make.
+                kill = divergence
+            elif divergence is not None:
                 kill = next(
                     (
                         r
@@ -595,14 +637,14 @@ class Judge:
         )
 
     def unexplained_exits(self) -> list[dict[str, Any]]:
-        """Trainer crashes by an exit status that no fault explains (only a full disk makes
-        the trainer exit 1). Reported, not judged: a start resumed from a step older than a
+        """Trainer crashes by an exit status that no fault explains (only a full disk and a
+        broken script make the trainer exit 1). Reported, not judged: a start resumed from a step older than a
         checkpoint its predecessor's orphan committed during containment replays that step
         and rewrites the committed name, which the daemon quarantines mid-save."""
         disks = [
-            (f.t - 1.0, f.detail.get("cleared_t", math.inf) + 5.0)
+            (f.t - 1.0, f.detail.get("cleared_t", f.detail.get("repaired_t", math.inf)) + 5.0)
             for f in self.soak.faults
-            if f.kind == "enospc"
+            if f.kind in ("enospc", "broken_script")
         ]
         return [
             {k: r.get(k) for k in ("t", "pid", "cause", "last_step")}

@@ -47,9 +47,11 @@ SOAK = SoakPlan(
     wrapper=("--stubborn-every", "3"),
     stall_timeout_s=5.0,
     trainer="scripted",
+    script_breaks=2,
 )
 """Every fault kind (the daemon twice: a single and a double kill) against the scripted
-trainer with a bandit, one NaN, one hang and slowed saves: the daemon's ten invariants."""
+trainer with a bandit, one NaN, one hang and slowed saves, and its script broken and
+repaired twice at random moments: the daemon's ten invariants."""
 
 FAST = SoakPlan(
     steps=2000,

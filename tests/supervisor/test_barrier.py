@@ -541,10 +541,12 @@ def test_a_fallback_the_run_halts_after_names_no_resume_step():
     ckpts = tuple(p.Ckpt(s, name(s), 1) for s in (100, 200))
     state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 7)], p.State(checkpoints=ckpts), rules)
     state, _ = run(
-        [p.TrainerExited(1.0, 7, 1), p.Tick(2.5), p.TrainerSpawned(2.6, 8)], state, rules
+        [p.TrainerExited(1.0, 7, 1, read_resume=True), p.Tick(2.5), p.TrainerSpawned(2.6, 8)],
+        state,
+        rules,
     )
     assert state.resume_step == 200
-    state, actions = run([p.TrainerExited(3.0, 8, 1)], state, rules)
+    state, actions = run([p.TrainerExited(3.0, 8, 1, read_resume=True)], state, rules)
     (fallback,) = records(actions, "fallback")
     assert fallback.fields["abandoned"] == 200
     assert fallback.fields["halts"] is True and "resume_step" not in fallback.fields

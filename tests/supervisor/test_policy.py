@@ -99,10 +99,11 @@ def test_checkpoint_the_trainer_dies_on_twice_is_quarantined_and_the_older_one_u
     ckpts = (p.Ckpt(100, "step_000100.bin", 1), p.Ckpt(200, "step_000200.bin", 1))
     state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
     assert state.resume_step == 200
-    state, actions = run([p.TrainerExited(1.0, 1, 1)], state)
+    state, actions = run([p.TrainerExited(1.0, 1, 1, read_resume=True)], state)
     assert not kinds(actions, p.Quarantine)
     state, actions = run(
-        [p.Tick(10.0), p.TrainerSpawned(10.0, 2), p.TrainerExited(11.0, 2, 1)], state
+        [p.Tick(10.0), p.TrainerSpawned(10.0, 2), p.TrainerExited(11.0, 2, 1, read_resume=True)],
+        state,
     )
     (q,) = kinds(actions, p.Quarantine)
     assert q.step == 200
@@ -114,7 +115,7 @@ def test_checkpoint_the_trainer_dies_on_twice_is_quarantined_and_the_older_one_u
 def test_a_step_beyond_the_checkpoint_clears_its_suspicion():
     ckpts = (p.Ckpt(100, "step_000100.bin", 1),)
     state, _ = run(
-        [p.Startup(0.0), p.TrainerSpawned(0.0, 1), p.TrainerExited(1.0, 1, 1)],
+        [p.Startup(0.0), p.TrainerSpawned(0.0, 1), p.TrainerExited(1.0, 1, 1, read_resume=True)],
         p.State(checkpoints=ckpts),
     )
     assert p.failures_of(state, 100) == 1
@@ -122,6 +123,107 @@ def test_a_step_beyond_the_checkpoint_clears_its_suspicion():
     assert p.failures_of(state, 100) == 0
     state, actions = run([p.TrainerExited(7.0, 2, 1)], state)
     assert not kinds(actions, p.Quarantine)
+
+
+def test_deaths_before_the_checkpoint_was_read_are_the_trainers_never_the_checkpoints():
+    """A broken train.py, a missing program: starts that die before reading the checkpoint
+    they were given suspect no checkpoint; the crash loop says the trainer's last line."""
+    ckpts = (p.Ckpt(100, "step_000100.bin", 1), p.Ckpt(200, "step_000200.bin", 1))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
+    said = "SyntaxError: invalid syntax"
+    t, pid = 1.0, 1
+    while state.phase != "crash_loop":
+        state, actions = run([p.TrainerExited(t, pid, 1, last_line=said)], state)
+        assert not kinds(actions, p.Quarantine) and not state.suspects and not state.failures
+        (crash,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "crash"]
+        assert crash.fields["last_line"] == said
+        failed = [
+            a
+            for a in actions
+            if isinstance(a, p.Record) and a.kind == "trainer_failed_before_resume"
+        ]
+        assert failed and failed[0].fields["step"] == 200
+        state, actions = run(
+            [p.Tick(t + 100.0), p.SpawnFailed(t + 100.0, "./train.sh: not found")], state
+        )
+        assert not kinds(actions, p.Quarantine)
+        if state.phase == "crash_loop":
+            break
+        t, pid = t + 200.0, pid + 1
+        state, _ = run([p.Tick(t), p.TrainerSpawned(t, pid)], state)
+        assert state.resume_step == 200
+    assert [c.step for c in state.checkpoints] == [100, 200]
+    assert "./train.sh: not found" in (state.halt_reason or "")
+    # Started again once the cause is fixed: from the newest verified checkpoint.
+    state, actions = run([p.Operator(9_000.0, 7, p.Start())], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 200
+
+
+def test_the_crash_loop_names_the_trainers_last_line():
+    state, _ = started()
+    t, pid = 1.0, 100
+    while state.phase != "crash_loop":
+        state, _ = run([p.TrainerExited(t, pid, 1, last_line="ModuleNotFoundError: torch")], state)
+        t, pid = t + 100.0, pid + 1
+        if state.phase != "crash_loop":
+            state, _ = run([p.Tick(t), p.TrainerSpawned(t, pid)], state)
+    assert "the trainer's last line: ModuleNotFoundError: torch" in (state.halt_reason or "")
+
+
+def test_a_run_that_had_checkpoints_never_starts_from_scratch_by_itself():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 10, 3.0), commit(10, 1.1)], state)
+    assert state.verified_high == 10
+    # Its only checkpoint is set aside (a divergence right after it, say), then a crash.
+    state, _ = run([p.CheckpointChanged(2.0, 10, "step_000010.bin", "weights differ")], state)
+    assert not state.checkpoints
+    state, actions = run([p.TrainerExited(3.0, 100, 1), p.Tick(50.0)], state)
+    assert not kinds(actions, p.Spawn)
+    assert state.phase == "no_checkpoint" and "step 10" in (state.halt_reason or "")
+    (halt,) = [a for a in actions if isinstance(a, p.Record) and a.kind == "halt"]
+    assert (
+        halt.fields["state"] == "no_checkpoint" and "--from-scratch" in halt.fields["instruction"]
+    )
+    # A plain start is refused and says what to do; from scratch is the operator's choice.
+    state, actions = run([p.Operator(60.0, 1, p.Start())], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert not reply.ok and reply.code == "no_checkpoint" and "--from-scratch" in reply.message
+    assert not kinds(actions, p.Spawn)
+    state, actions = run([p.Operator(61.0, 2, p.Start(from_scratch=True))], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is None
+    assert [a for a in actions if isinstance(a, p.Record) and a.kind == "start_from_scratch"]
+    assert state.verified_high is None and not state.from_scratch
+
+
+def test_from_scratch_is_refused_while_a_verified_checkpoint_is_there():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 10, 3.0), commit(10, 1.1)], state)
+    state, _ = run([p.Operator(2.0, 1, p.Stop()), p.TrainerExited(3.0, 100, 0)], state)
+    assert state.phase == "stopped"
+    state, actions = run([p.Operator(4.0, 2, p.Start(from_scratch=True))], state)
+    (reply,) = kinds(actions, p.Reply)
+    assert not reply.ok and reply.code == "bad_argument" and "step 10" in reply.message
+    assert not kinds(actions, p.Spawn)
+
+
+def test_a_run_that_never_had_a_checkpoint_starts_from_scratch_as_before():
+    state, _ = started()
+    state, actions = run(
+        [p.StepLogged(1.0, 5, 3.0), p.TrainerExited(2.0, 100, 1), p.Tick(10.0)], state
+    )
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is None and state.phase == "starting"
+
+
+def test_verified_high_survives_a_daemon_restart():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 10, 3.0), commit(10, 1.1)], state)
+    restored, _ = run([p.Restored(0.0, p.persisted(state))])
+    assert restored.verified_high == 10
+    restored, actions = run([p.Startup(1.0, last_logged_step=12)], restored)
+    assert restored.phase == "no_checkpoint" and not kinds(actions, p.Spawn)
 
 
 def test_stall_sends_sigterm_then_sigkill_then_restarts():
@@ -752,7 +854,7 @@ def test_the_run_halts_in_diverged_once_max_fallbacks_are_spent():
 def test_a_divergence_then_a_death_before_a_step_falls_back_too():
     state = resumed_from_newest((100, 200))
     state, _ = diverge_and_respawn(state, 1.0, 2)
-    state, actions = run([p.TrainerExited(2.0, 2, 1)], state)
+    state, actions = run([p.TrainerExited(2.0, 2, 1, read_resume=True)], state)
     (q,) = kinds(actions, p.Quarantine)
     assert q.step == 200 and "diverged or died 2 times" in q.reason
     assert p.failures_of(state, 200) == 0 and not state.suspects

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from tests.support import (
+    DaemonProcess,
     checkpoints,
     journal,
     journal_kinds,
@@ -61,6 +62,41 @@ def test_nan_kills_at_once_rolls_back_and_trains_on(tmp_path: Path):
     history = LossHistory.load(run_dir / ".loss.json")
     assert [row.step for row in history] == list(range(1, 61))
     assert all(row.seg == 2 for row in history if row.step > 20)
+
+
+def test_a_nan_logged_while_no_daemon_ran_is_acted_on_at_the_next_start(tmp_path: Path):
+    """The daemon is SIGKILLed; its trainer goes on, logs a NaN at step 45 and saves at 50
+    and 60 before the next daemon starts: that daemon reads the NaN among the lines it
+    catches up on, quarantines 50 and 60 (written after it) and resumes from 40."""
+    run_dir = scripted_run(
+        tmp_path / "run",
+        *("--steps", "100000", "--save-every", "10", "--dt", "0.02"),
+        *("--nan-at", "45", "--nan-once"),
+        trainer={"total_steps": 100_000},
+        checkpoints={"keep_last": 5},
+    )
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        wait_for(lambda: checkpoints(run_dir)[-1:] == [20], 60, what="checkpoint 20")
+        daemon.kill()
+        wait_for(lambda: 60 in checkpoints(run_dir), 60, what="the orphan's checkpoint 60")
+        daemon.start()
+        wait_for(
+            lambda: len([r for r in journal(run_dir) if r["kind"] == "spawn"]) == 2,
+            60,
+            what="the second daemon's start",
+        )
+    finally:
+        daemon.cleanup()
+    records = journal(run_dir)
+    divergence = next(r for r in records if r["kind"] == "divergence")
+    assert divergence["step"] == 45 and divergence["loss"] == "nan", divergence
+    assert divergence["caught_up"] is True and set(divergence["quarantined"]) >= {50, 60}
+    spawn = [r for r in records if r["kind"] == "spawn"][-1]
+    assert spawn["resume"]["step"] == 40 and spawn["rollback_from"] == 45, spawn
+    quarantined = {r["step"] for r in records if r["kind"] == "quarantine"}
+    assert {50, 60} <= quarantined
 
 
 def test_recurring_divergence_halts_in_diverged(tmp_path: Path):

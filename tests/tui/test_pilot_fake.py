@@ -251,3 +251,38 @@ async def test_a_checkpoint_name_the_format_does_not_read_is_shown_with_its_fix(
         )
         text = screen_text(app)
         assert "[checkpoints] fixed =" in text and '"ckpt.pt"' in text
+
+
+NO_CHECKPOINT = {
+    "state": "no_checkpoint",
+    "trainer_pid": None,
+    "detail": {
+        "reason": "no verified checkpoint is left to resume from (the run had reached a"
+        " checkpoint at step 12000); starting over is the operator's choice"
+    },
+}
+
+
+@pytest.mark.parametrize("answer", ["n", "y"])
+async def test_with_no_checkpoint_left_start_asks_before_it_starts_over(answer: str):
+    source = StaticSource(
+        status={**status(), **NO_CHECKPOINT},
+        replies={"start": {"state": "starting", "resume_step": None}},
+    )
+    app = TrainwardenApp(source, clock=FrozenClock())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(app, pilot)
+        assert "NO CHECKPOINT" in screen_text(app).splitlines()[0]
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        text = screen_text(app)
+        assert "Start over from step 0?" in text and "no verified checkpoint is left" in text
+        assert source.requests == []  # nothing is sent before the answer
+        await pilot.press(answer)
+        await pilot.pause(0.2)
+        if answer == "n":
+            assert source.requests == []
+            assert app.outcomes[-1].startswith("not started")
+        else:
+            assert source.requests == [("start", {"from_scratch": True})]
+            assert app.outcomes[-1] == "trainer starting from scratch"

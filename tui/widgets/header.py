@@ -25,6 +25,7 @@ STATE_CLASS: dict[str, str] = {
     Phase.CRASH_LOOP: "halted",
     Phase.DIVERGED: "halted",
     Phase.GPU_FAULT: "halted",
+    Phase.NO_CHECKPOINT: "halted",
     Phase.PIVOTING: "pivoting",
 }
 """The badge's style (a component class below) for each phase."""
