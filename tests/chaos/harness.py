@@ -378,6 +378,8 @@ class Soak:
         self.downtimes: list[list[float]] = []
         self.notes: list[str] = []
         self.skipped: list[str] = []
+        self.hang_done = False
+        """The daemon's reaction to the trainer's built-in hang has been seen."""
         self.pivot_result: dict[str, Any] | None = None
         self.script: Path | None = None
         """The trainer's script the broken_script fault breaks (scripted soaks only)."""
@@ -625,6 +627,8 @@ class Soak:
         self.wait_answering()
         step_budget = self.plan.steps / 10.0 + 120.0
         for event in self.schedule:
+            if event.kind == "hang" and self.hang_done:
+                continue
             if event.kind in ("nan", "hang"):
                 if not self.await_builtin(event):
                     break
@@ -633,6 +637,14 @@ class Soak:
             if status is None:
                 self.skipped.append(f"{event.kind}@{event.step}: the run finished first")
                 continue
+            if self.hanging(status):
+                # Run late, this fault would land on the hung trainer and pre-empt the
+                # daemon's reaction to the hang: that reaction first.
+                if not self.settle_hang():
+                    break
+                status = self.wait_running()
+                if status["state"] == "finished":
+                    break
             getattr(self, f"do_{event.kind}")(event, status)
 
         def finished() -> dict[str, Any] | None:
@@ -702,6 +714,10 @@ class Soak:
         )
 
     def kill_trainer(self, pid: int, kind: str, step: int | None, **detail: Any) -> Fault | None:
+        if self.hanging(self.status()):
+            self.settle_hang()
+            self.notes.append(f"{kind}: the trainer had hung; the hang's reaction came first")
+            return None
         if not self.is_trainer(pid):
             self.notes.append(f"{kind}: pid {pid} was no longer our trainer; not killed")
             return None
@@ -836,11 +852,18 @@ class Soak:
         # Not the file the live trainer may still be loading, nor the pivot's pinned one
         # (the continuation reference is copied from it); one of the two newest, so that
         # retention cannot delete it while it is rewritten.
-        candidates = [
-            p
-            for p in self.daemon_verified()
-            if p.name != resumed and (pinned is None or p.name != checkpoint_name(pinned))
-        ][-2:]
+
+        def choices() -> list[Path]:
+            return [
+                p
+                for p in self.daemon_verified()
+                if p.name != resumed and (pinned is None or p.name != checkpoint_name(pinned))
+            ][-2:]
+
+        # Right after a pivot or a rollback the only ones may be those two: the next commit.
+        with contextlib.suppress(AssertionError):
+            wait_for(choices, 30, 0.1, what="a checkpoint to corrupt")
+        candidates = choices()
         if not candidates:
             self.notes.append(f"corrupt_committed@{event.step}: no daemon-verified checkpoint")
             return
@@ -1094,6 +1117,21 @@ class Soak:
             if entry.outcome == "ok":
                 self.pivot_result = {**entry.result, "t": entry.t1}
             self.wait_running()
+
+    def hanging(self, status: dict[str, Any] | None) -> bool:
+        """The trainer has reached its built-in hang and the daemon has not reacted yet."""
+        if self.hang_done or status is None or (status.get("step") or 0) < self.hang_step:
+            return False
+        if self.journal.find("stall", self.started_t) is not None:
+            self.hang_done = True
+            return False
+        return True
+
+    def settle_hang(self) -> bool:
+        """Wait for the daemon's reaction to the hang (see await_builtin)."""
+        hang = next(e for e in self.schedule if e.kind == "hang")
+        self.hang_done = self.await_builtin(hang)
+        return self.hang_done
 
     def await_builtin(self, event: Event) -> bool:
         """NaN and hang fire inside the trainer at their step: wait for the reaction."""

@@ -261,7 +261,7 @@ def test_three_sigkills_one_mid_write_end_bit_identical_with_every_step_once(
     tmp_path: Path, straight_run: tuple[Path, dict[int, float]]
 ):
     straight_dir, straight_losses = straight_run
-    run_dir = lightning_run(tmp_path / "run", TEST_SLOW_SAVE_S="0.5", TEST_STEP_SLEEP_S="0.06")
+    run_dir = lightning_run(tmp_path / "run", TEST_SLOW_SAVE_S="0.5", TEST_STEP_SLEEP_S="0.15")
     kills = 0
     with running_daemon(run_dir) as daemon:
         while kills < 3:
