@@ -702,7 +702,9 @@ def _check_fixed(path: Path, cfg: Config) -> None:
             )
 
 
-FOLDERS_OWNED = frozenset({"the daemon's own folder", "the pivot archive", "the mirror"})
+FOLDERS_OWNED = frozenset(
+    {"the daemon's own folder", "the pivot archive", "the mirror", "the checkpoint folder"}
+)
 
 
 def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
@@ -722,10 +724,45 @@ def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
         files.policy: "the data policy",
         cfg.run_dir / "archive": "the pivot archive",
         cfg.socket_path: "the control socket",
+        cfg.checkpoint_dir: "the checkpoint folder",
     }
     if cfg.mirror.path is not None:
         owned[Path(cfg.mirror.path).expanduser()] = "the mirror"
     return {Path(os.path.realpath(p)): what for p, what in owned.items()}
+
+
+def _check_checkpoint_place(path: Path, cfg: Config) -> None:
+    """The checkpoint folder holds checkpoints only: never the run directory itself, nor
+    the daemon's folder, the pivot archive or the mirror, nor a
+    folder inside one of them (quarantine and deletion act on what it holds)."""
+    from trainwarden.supervisor.store.rundir import RunFiles
+
+    ckpt = Path(os.path.realpath(cfg.checkpoint_dir))
+    run_dir = Path(os.path.realpath(cfg.run_dir))
+    example = 'for example dir = "checkpoints"'
+    if ckpt == run_dir:
+        raise _bad(
+            path,
+            "checkpoints.dir",
+            cfg.checkpoints.dir,
+            f"a folder of checkpoints only, but it names the run directory: {example}",
+        )
+    owned = {
+        RunFiles(cfg.run_dir).state_dir: "the daemon's own folder",
+        cfg.run_dir / "archive": "the pivot archive",
+    }
+    if cfg.mirror.path is not None:
+        owned[Path(cfg.mirror.path).expanduser()] = "the mirror"
+    for folder, what in owned.items():
+        folder = Path(os.path.realpath(folder))
+        if ckpt == folder or folder in ckpt.parents or ckpt in folder.parents:
+            raise _bad(
+                path,
+                "checkpoints.dir",
+                cfg.checkpoints.dir,
+                f"a folder of checkpoints only, but it is or shares a folder with {what}"
+                f" ({folder}): {example}",
+            )
 
 
 def _check_paths(path: Path, cfg: Config) -> None:
@@ -739,6 +776,7 @@ def _check_paths(path: Path, cfg: Config) -> None:
             cfg.checkpoints.dir,
             f"a folder, but {ckpt_dir} is a file: name a folder (or a name not yet taken)",
         )
+    _check_checkpoint_place(path, cfg)
     log = cfg.log_path
     if log.is_dir():
         raise _bad(
@@ -820,6 +858,81 @@ def trainer_program_problem(program: str, cwd: Path, env: dict[str, str] | None 
     return ""
 
 
+PYTHON_PROGRAM = re.compile(r"^python[0-9.]*$")
+SHELL_PROGRAMS = frozenset({"sh", "bash", "dash", "zsh"})
+PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X"})
+"""python's options that take the next item as their value."""
+
+
+def trainer_script(command: list[str]) -> str | None:
+    """The script an interpreter command runs (`python -u train.py ...`: "train.py"), or
+    None: not a python or shell interpreter, or it runs no file (-m, -c, stdin)."""
+    if not command:
+        return None
+    program = Path(command[0]).name
+    python = bool(PYTHON_PROGRAM.match(program))
+    if not python and program not in SHELL_PROGRAMS:
+        return None
+    items = iter(command[1:])
+    for item in items:
+        if item == "-" or item.startswith("-c") or (python and item.startswith("-m")):
+            return None
+        if item == "--":
+            return next(items, None)
+        if item.startswith("-"):
+            if (python and item in PYTHON_VALUE_OPTIONS) or (not python and item in ("-o", "+o")):
+                next(items, None)
+            continue
+        return item
+    return None
+
+
+def trainer_script_problem(command: list[str], cwd: Path) -> str:
+    """Why the script an interpreter command names cannot be run from cwd; "" if it can
+    (or the command names none)."""
+    script = trainer_script(command)
+    if script is None:
+        return ""
+    candidate = Path(script).expanduser()
+    candidate = candidate if candidate.is_absolute() else cwd / candidate
+    if not candidate.exists():
+        where = "" if Path(script).is_absolute() else f" in {cwd}"
+        return f"the script {script} does not exist{where}"
+    if candidate.is_dir() and not (candidate / "__main__.py").is_file():
+        return f"the script {script} is a folder"
+    return ""
+
+
+def check_mirror_owner(cfg: Config) -> None:
+    """Raise ConfigError if `[mirror] path` serves another run; else record this run as its
+    owner (a starting daemon's check, as check_trainer_program)."""
+    if cfg.mirror.path is None:
+        return
+    from trainwarden.supervisor.store.identity import (
+        claim,
+        ensure_run_id,
+        read_owner,
+        read_run_id,
+    )
+
+    mirror = Path(cfg.mirror.path).expanduser()
+    owner = read_owner(mirror)
+    if owner is None:
+        try:
+            # This run's id (made now if need be), recorded as the mirror's owner.
+            owner = claim(mirror, ensure_run_id(cfg.run_dir), cfg.run_dir, cfg.run.name)
+        except OSError:
+            return  # the daemon's own start reports an unwritable run directory
+    elif owner.run_id == read_run_id(cfg.run_dir):
+        return
+    if owner is not None:
+        raise ConfigError(
+            f"{cfg.path}: 'mirror.path' = {cfg.mirror.path!r} is invalid: it is the mirror of"
+            f" {owner.describe()}, and two runs in one mirror evict each other's copies;"
+            " give this run a folder of its own"
+        )
+
+
 def check_trainer_program(cfg: Config) -> None:
     """Raise ConfigError unless the trainer's working directory is a folder and its program
     can be executed there, here and now.
@@ -831,6 +944,7 @@ def check_trainer_program(cfg: Config) -> None:
     command = cfg.trainer.command
     env = {**os.environ, **cfg.trainer.env}
     problem = trainer_program_problem(command[0], cfg.trainer_cwd, env)
+    problem = problem or trainer_script_problem(command, cfg.trainer_cwd)
     if problem:
         raise ConfigError(
             f"{cfg.path}: 'trainer.command' = {json.dumps(command)} is invalid: {problem}; "

@@ -573,6 +573,9 @@ class StatusResult(StateView, Telemetry, CheckpointsView):
     memory and written once space returns."""
     disk_full_files: list[str]
     """The daemon's files (journal, .loss.json, pid file) waiting for space."""
+    snapshot_failing: dict[str, Any] | None
+    """[checkpoints] fixed: why the snapshots of the fixed file fail (`reason`, `since`,
+    `count` in a row); None while they succeed."""
     log: LogStats | None
     val: Validation | None
     """The newest held-out evaluation (None before the first)."""

@@ -289,6 +289,37 @@ CATALOGUE: list[Bad] = [
         "a path inside the run directory",
     ),
     Bad("config", "absolute log", '[run]\nlog = "/tmp/x.log"\n' + TRAINER_OK, "'run.log'"),
+    Bad(
+        "config",
+        "log into a checkpoint",
+        '[run]\nlog = "checkpoints/step_000010.bin"\n' + TRAINER_OK,
+        "it names the checkpoint folder",
+    ),
+    Bad(
+        "config",
+        "log into quarantine",
+        '[run]\nlog = "checkpoints/quarantine/x.log"\n' + TRAINER_OK,
+        "it names the checkpoint folder",
+    ),
+    Bad(
+        "config",
+        "checkpoint dir the run",
+        TRAINER_OK + "[checkpoints]\ndir = '.'\n",
+        "'checkpoints.dir' = '.' is invalid: expected a folder of checkpoints only, but it names"
+        " the run directory",
+    ),
+    Bad(
+        "config",
+        "checkpoint dir the daemon's",
+        TRAINER_OK + "[checkpoints]\ndir = '.trainwarden'\n",
+        "shares a folder with the daemon's own folder",
+    ),
+    Bad(
+        "config",
+        "checkpoint dir in the archive",
+        TRAINER_OK + "[checkpoints]\ndir = 'archive/ckpts'\n",
+        "shares a folder with the pivot archive",
+    ),
     # [trainer] cwd: checked at load, relative to the run directory.
     Bad(
         "config",
@@ -457,6 +488,27 @@ CATALOGUE: list[Bad] = [
         "script not found",
         '[trainer]\ncommand = ["./train.sh"]\n',
         "the program ./train.sh does not exist",
+    ),
+    Bad(
+        "config",
+        "a mirror of another run",
+        TRAINER_OK + '[mirror]\npath = "{mirror}"\n',
+        "it is the mirror of run 'other' (/elsewhere/other)",
+        extra={
+            "mirror_owner": {"run_id": "0" * 32, "run_dir": "/elsewhere/other", "name": "other"}
+        },
+    ),
+    Bad(
+        "config",
+        "python script not found",
+        '[trainer]\ncommand = ["python3", "-u", "missing.py", "--steps", "9"]\n',
+        "the script missing.py does not exist in ",
+    ),
+    Bad(
+        "config",
+        "shell script a folder",
+        '[trainer]\ncommand = ["bash", "-e", "checkpoints"]\n',
+        "the script checkpoints is a folder",
     ),
     Bad(
         "config",
@@ -1181,6 +1233,7 @@ def refused_config(
     (run_dir / "checkpoints").mkdir(parents=True)
     keep = run_dir / "checkpoints" / "step_000010.bin"
     keep.write_bytes(ckpt(10))
+    (run_dir / "train.py").write_text("")  # TRAINER_OK's script: rows are about the rest
     config = run_dir / "trainwarden.toml"
     if row.input == "<directory>":
         config.mkdir()
@@ -1190,6 +1243,12 @@ def refused_config(
     outside = tmp_path / "outside"
     outside.mkdir()
     outside.chmod(0o755)
+    owner = row.extra.get("mirror_owner")
+    if owner is not None:  # a mirror folder another run has claimed
+        mirror = tmp_path / "mirror"
+        mirror.mkdir()
+        (mirror / "owner.json").write_text(json.dumps(owner))
+        config.write_text(config.read_text().replace("{mirror}", str(mirror)))
     links = row.extra.get("links", {})
     for name, target in links.items():
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,12 @@ from typing import Any
 import orjson
 
 from trainwarden.supervisor.cli.output import print_json
-from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
+from trainwarden.supervisor.config import (
+    CONFIG_NAME,
+    Config,
+    load_config,
+    trainer_script_problem,
+)
 from trainwarden.supervisor.contract import POLICY_FILE, normalized_policy, sidecar_path
 from trainwarden.supervisor.core.events import Outcome
 from trainwarden.supervisor.errors import ConfigError, TrainwardenError, UsageError
@@ -142,6 +147,7 @@ def make_branch(
     fmt = registry.checkpoint_format(cfg.checkpoints.format, dict(cfg.checkpoints.options))
     store = CheckpointStore(cfg.checkpoint_dir, fmt)
     chosen = choose_checkpoint(cfg, store, step)
+    files, shared = trainer_files(cfg, src)
     staging = dest.parent / f".{dest.name}.branching"
     if os.path.lexists(staging):
         raise UsageError(f"{staging} is left from an interrupted branch; remove it and try again")
@@ -150,7 +156,19 @@ def make_branch(
     except OSError as exc:
         raise TrainwardenError(f"cannot create {staging}: {exc.strerror or exc}") from None
     try:
-        notes = _write_config(cfg, src, dest, staging, sets)
+        for source in files:
+            target = staging / source.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy_durably(source, target)
+        notes = _write_config(cfg, src, dest, staging, sets, shared)
+        if files:
+            named = ", ".join(str(f.relative_to(src)) for f in files)
+            notes.insert(0, f"copied the files the trainer's command names: {named}")
+        for folder in shared:
+            notes.append(
+                f"the trainer's command names the folder {folder}: the branch uses its"
+                " parent's (not copied)"
+            )
         branch_cfg = _validated(staging, dest)
         how = _copy_checkpoint(store, chosen, branch_cfg.checkpoint_dir)
         _write_policy(cfg, chosen, staging, caps, floors)
@@ -176,6 +194,64 @@ def make_branch(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return info, how, notes
+
+
+# ----------------------------------------------------------------------------- the trainer's files
+
+
+def trainer_files(cfg: Config, src: Path) -> tuple[list[Path], list[Path]]:
+    """The files and folders inside SRC that the trainer's command names (as items, or as
+    the value of `--option=value`), resolved against its working directory: the files are
+    copied into the branch, the folders (data, caches) shared. Refuses in one line when the
+    script an interpreter is to run, or a program named by path, is not there."""
+    root = Path(os.path.realpath(src))
+    owned = {Path(os.path.realpath(p)) for p in (RunFiles(src).state_dir, cfg.checkpoint_dir)}
+    written = {root / CONFIG_NAME, root / POLICY_FILE, root / "branch.json"}
+    command = cfg.trainer.command
+    problem = trainer_script_problem(command, cfg.trainer_cwd)
+    if not problem and (command[0].startswith(("./", "../")) or "/" in command[0]):
+        program = Path(command[0]).expanduser()
+        program = program if program.is_absolute() else cfg.trainer_cwd / program
+        if not os.path.lexists(program):
+            problem = f"the program {command[0]} does not exist in {cfg.trainer_cwd}"
+    if problem:
+        raise UsageError(
+            f"cannot branch {src}: its trainer's command {json.dumps(command)} names what is"
+            f" not there ({problem}); put it back or fix [trainer] command, then branch again"
+        )
+    files: list[Path] = []
+    shared: list[Path] = []
+    for item in command:
+        for text in _path_like(item):
+            path = Path(text).expanduser()
+            path = Path(os.path.realpath(path if path.is_absolute() else cfg.trainer_cwd / path))
+            if root not in path.parents or path in written:
+                continue
+            if any(path == o or o in path.parents for o in owned):
+                continue
+            if path.is_file() and path not in files:
+                files.append(path)
+            elif path.is_dir() and path not in shared:
+                shared.append(path)
+    return files, shared
+
+
+def _sharing(item: str, cfg: Config, shared: list[Path]) -> str | None:
+    """`item` naming one of the `shared` folders by its absolute path (None: it names none)."""
+    prefix, sep, value = item.partition("=") if item.startswith("-") else ("", "", item)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    path = Path(os.path.realpath(path if path.is_absolute() else cfg.trainer_cwd / path))
+    return f"{prefix}{sep}{path}" if path in shared else None
+
+
+def _path_like(item: str) -> list[str]:
+    """What in one command item may name a path: the item, and an option's value."""
+    texts = [item] if item and not item.startswith("-") else []
+    if item.startswith("-") and "=" in item:
+        texts.append(item.partition("=")[2])
+    return [t for t in texts if t and "\0" not in t]
 
 
 # ----------------------------------------------------------------------------- the checkpoint
@@ -287,12 +363,19 @@ def _copy_checkpoint(store: CheckpointStore, chosen: Chosen, target_dir: Path) -
 
 
 def _write_config(
-    cfg: Config, src: Path, dest: Path, staging: Path, sets: dict[str, Any]
+    cfg: Config, src: Path, dest: Path, staging: Path, sets: dict[str, Any], shared: list[Path]
 ) -> list[str]:
-    """The branch's trainwarden.toml: SRC's with paths into SRC moved to DEST, its own name,
-    no inherited mirror or metrics port, and the overrides; returns notes for the user."""
+    """The branch's trainwarden.toml: SRC's with paths into SRC moved to DEST (but the
+    folders the trainer's command names, `shared`, named by SRC's absolute path), its own
+    name, no inherited mirror or metrics port, and the overrides; returns notes."""
     raw = tomllib.loads(cfg.path.read_text(encoding="utf-8"))
+    command = raw.get("trainer", {}).get("command")
     raw = _moved(raw, src, dest)
+    if shared and isinstance(command, list):
+        raw["trainer"]["command"] = [
+            _sharing(item, cfg, shared) or moved
+            for item, moved in zip(command, raw["trainer"]["command"], strict=True)
+        ]
     notes = []
     for table, key in NOT_INHERITED:
         section = raw.get(table, {})

@@ -85,11 +85,16 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from trainwarden.supervisor.config import check_trainer_program, load_config
+    from trainwarden.supervisor.config import (
+        check_mirror_owner,
+        check_trainer_program,
+        load_config,
+    )
 
     run_dir = _run_dir(args)
     cfg = load_config(run_dir)
     check_trainer_program(cfg)
+    check_mirror_owner(cfg)
     if args.detach:
         from trainwarden.supervisor.cli.detach import start_detached
 

@@ -39,6 +39,8 @@ EVENTS: tuple[str, ...] = (
     "resume_drift",
     "hang",
     "unclean_start",
+    "no_step_lines",
+    "snapshot",
 )
 """Every event an alert can be sent for; all are on by default."""
 
@@ -117,6 +119,22 @@ def _alert(
     out: list[Alert] = []
     if kind == "halt":
         out.append(_halted(record, watch, step, t))
+    elif kind == "snapshot_failed" and record.get("first"):
+        out.append(Alert("snapshot", "snapshot_failed", "snapshots failing",
+                         f"the fixed checkpoint {record.get('fixed', '?')} could not be"
+                         f" snapshotted: {record.get('error', '?')}",
+                         "keeps trying at each write (and when space returns); no new"
+                         " checkpoint counts until one succeeds", step, t))  # fmt: skip
+    elif kind == "no_step_lines":
+        out.append(Alert("no_step_lines", "no_step_lines", "no step lines",
+                         str(record.get("hint") or "checkpoints but no step lines"),
+                         "supervising without a loss: no NaN or spike detection", step, t))  # fmt: skip
+    elif kind == "trainer_finished" and record.get("early"):
+        total, at = record.get("total_steps"), record.get("last_step")
+        out.append(Alert("finished", "finished:early", "finished early",
+                         f"the trainer exited 0 at step {at if at is not None else 0} of {total}",
+                         "nothing restarts it: read its output; `trainwarden start RUN`"
+                         " resumes from the newest checkpoint", step, t))  # fmt: skip
     elif kind == "trainer_finished":
         out.append(Alert("finished", "finished", "finished", "the trainer finished on its own",
                          "nothing: the run is done", step, t))  # fmt: skip

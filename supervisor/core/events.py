@@ -54,6 +54,10 @@ class Startup:
     """The previous daemon did not shut down cleanly (power cut, SIGKILL)."""
     scanned: tuple[Scanned, ...] = ()
     """The checkpoint directory's committed checkpoints, oldest first, each verified."""
+    refused: tuple[tuple[str, str, str, int | None], ...] = ()
+    """Checkpoints the journal's newest verdict quarantined (name, reason, cause, the
+    cause's step): one still in the folder (its move failed) is refused again, never
+    counted."""
     diverged: tuple[int, float] | None = None
     """The first non-finite or too high loss (step, loss) among the lines the previous
     daemon's trainer logged after that daemon died (read now, so never decided on)."""
@@ -182,6 +186,9 @@ class TrainerExited:
     its name): only then can a death before its first step be held against it."""
     last_line: str | None = None
     """The start's newest non-blank output line (clipped): what a crash says of itself."""
+    disk_full: bool = False
+    """The disk had no room when it died (its last line says so, the daemon's own writes
+    failed, or the checkpoint folder's free space is below the next checkpoint's size)."""
 
 
 @dataclass(frozen=True)

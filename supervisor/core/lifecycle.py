@@ -48,6 +48,7 @@ from trainwarden.supervisor.core.transitions import (
     fail_waiters,
     finish_stop,
     halts_on_divergence,
+    last_logged,
     reply_error,
     spawn,
     stop_trainer,
@@ -60,13 +61,29 @@ TRAINER_WORKING = frozenset({Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.
 
 def on_restored(state: State, ev: Restored, rules: Rules, actions: list[Action]) -> State:
     restored = restore(ev.persisted or {}, rules)
-    return replace(restored, pinned=restored.pinned | ev.pins)
+    return replace(restored, pinned=restored.pinned | ev.pins, booting=True)
 
 
 def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -> State:
+    state = replace(state, booting=False)
     verified = []
     committed = dict(state.digests)
+    refused = {name: (reason, cause, at) for name, reason, cause, at in ev.refused}
     for found in ev.scanned:
+        verdict = refused.get(found.name)
+        if verdict is not None and found.step is not None:
+            reason, cause, cause_step = verdict
+            actions.append(
+                Quarantine(
+                    found.step,
+                    found.name,
+                    f"{reason} (quarantined before; the move out of the folder had failed)",
+                    retract_mirror=False,
+                    cause=cause,
+                    cause_step=cause_step,
+                )
+            )
+            continue
         if found.outcome is Outcome.VERIFIED and found.step is not None:
             before = committed.get(found.name)
             if before and found.digest and before != found.digest:
@@ -112,6 +129,10 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
             state, checkpoints=tuple(known[s] for s in sorted(known)), verified_high=high
         )
         state = rollback.at_startup(state, actions)
+        for c in verified:
+            state = rollback.at_commit(state, c.step)  # EMAs of the lines caught up
+    if state.caught_up_spike is not None and ev.diverged is None:
+        state = rollback.spiked_unseen(state, state.caught_up_spike, rules, actions)
     gaps = [
         g for g in (state.max_commit_gap, largest_gap([c.step for c in state.checkpoints])) if g
     ]
@@ -134,6 +155,9 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
                 },
             )
         )
+    if state.resumes_after is not None:
+        actions.append(Record("resumed_after_signal", {"signal": state.resumes_after}))
+        state = replace(state, resumes_after=None)
     if ev.diverged is not None:
         state = diverged_unseen(state, *ev.diverged, rules, actions)
     if state.pivot is not None and state.phase not in HALTED:
@@ -218,7 +242,12 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
             gpu_fault=None,
             phase=Phase.STOPPED,
             stop_reason=None,
-            halt_reason="stopped by operator",
+            halt_reason=(
+                f"the daemon was stopped by {state.resumes_after}; the run resumes when the"
+                " daemon starts again"
+                if state.resumes_after
+                else "stopped by operator"
+            ),
             stop_exit=ended,
         )
         if reason == "shutdown":
@@ -262,9 +291,18 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
             halt_reason=f"loss diverged again at step {state.divergence_step}",
         )
     if reason is None and ev.returncode == 0:
+        halt_reason = "the trainer finished"
+        total, last = rules.total_steps, last_logged(state)
+        if total is not None and (last is None or last < total):
+            # Exit 0 long before the planned end: a trainer's bug or a changed config.
+            exit_fields = {**exit_fields, "early": True, "total_steps": total}
+            halt_reason = (
+                f"the trainer exited 0 at step {last if last is not None else 0} of {total}"
+                " ([trainer] total_steps), before the end"
+            )
         actions.append(Record("trainer_finished", exit_fields))
         state = fail_waiters(state, actions, "wrong_state", "the trainer finished")
-        return replace(state, phase=Phase.FINISHED, halt_reason="the trainer finished")
+        return replace(state, phase=Phase.FINISHED, halt_reason=halt_reason)
     cause = hang_cause(state) if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
     return crashed(
         state,
@@ -275,6 +313,7 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         exit_fields=exit_fields,
         read_resume=ev.read_resume,
         last_line=ev.last_line,
+        disk_full=ev.disk_full,
     )
 
 
@@ -307,6 +346,7 @@ def crashed(
     exit_fields: dict[str, Any] | None = None,
     read_resume: bool = False,
     last_line: str | None = None,
+    disk_full: bool = False,
 ) -> State:
     """The trainer died unasked: blame its checkpoint if it read it (`read_resume`) and
     never got past it, then back off (doubling, up to backoff_max_s) or halt after too many
@@ -314,8 +354,13 @@ def crashed(
 
     A start that died before touching its checkpoint (a broken script, a missing program,
     a start that could not even be made) is the trainer's failure: no checkpoint is
-    suspected for it, and the crash loop it ends in says the trainer's last line."""
+    suspected for it, and the crash loop it ends in says the trainer's last line.
+
+    A death on a full disk is not the trainer's nor its checkpoint's: it is not counted
+    towards the crash loop, and the restarts go on every backoff_max_s until space returns."""
     crash = {**(exit_fields or {}), "cause": cause}
+    if disk_full:
+        crash["disk_full"] = True
     if state.gpu_xid is not None:
         crash["xid"] = state.gpu_xid  # reported by NVML before the trainer died
     if last_line:
@@ -326,6 +371,8 @@ def crashed(
     state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
     if state.progress_since_start:
         state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
+    if disk_full:
+        return _wait_for_space(state, t, rules, actions)
     halts = state.restarts_without_progress >= rules.max_restarts_without_progress
     suspect = state.resume_step
     died_on_it = state.last_step is None or (suspect is not None and state.last_step <= suspect)
@@ -411,6 +458,33 @@ def crashed(
     return state
 
 
+def _wait_for_space(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
+    """A crash on a full disk: no checkpoint suspected, no restart counted; the next start
+    in backoff_max_s (it fails the same way until space returns, then goes on)."""
+    delay = rules.backoff_max_s
+    actions.append(
+        Record(
+            "restart_scheduled",
+            {
+                "backoff_s": delay,
+                "attempt": state.restarts_without_progress,
+                "disk_full": True,
+                **barrier.resume_forecast(state, "resume_step"),
+            },
+        )
+    )
+    state = replace(
+        state,
+        phase=Phase.BACKOFF,
+        backoff_until=t + delay,
+        restarts=state.restarts + 1,
+        resume_step=state.newest.step if state.newest else None,
+    )
+    if delay <= 0:
+        return spawn(state, t, actions)
+    return state
+
+
 def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> State:
     t = ev.t
     expired = [w for w in state.waiters if w.deadline <= t]
@@ -485,6 +559,9 @@ def on_dumped(state: State, ev: StacksDumped, rules: Rules, actions: list[Action
 def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list[Action]) -> State:
     actions.append(Record("shutdown", {"signal": ev.signal}))
     state = replace(state, shutdown=True)
+    if state.phase not in HALTED and state.stop_reason not in ("operator", "pivot"):
+        # Not the operator's stop: the next daemon goes on with the run.
+        state = replace(state, resumes_after=ev.signal)
     if state.trainer_alive:
         if state.stop_reason in ("operator", "shutdown", "pivot"):
             return state

@@ -39,6 +39,37 @@ from trainwarden.supervisor.core.state import (
 )
 from trainwarden.supervisor.core.transitions import fail_waiters, halts_on_divergence, tell
 
+SILENT_COMMITS = 3
+"""Commits in a row without a step line that make a `no_step_lines` hint (once a start)."""
+
+
+def _silent_commits(state: State, step: int, actions: list[Action]) -> State:
+    """Count commits with no step line since the previous one: a trainer whose output no
+    longer reaches the log (stdout closed, a parser that matches nothing) keeps saving while
+    the daemon sees no loss, so no NaN or spike can be caught; say so once a start."""
+    if state.last_step is not None and state.last_step != state.step_at_commit:
+        return replace(state, commits_without_steps=0, step_at_commit=state.last_step)
+    count = state.commits_without_steps + 1
+    if count == SILENT_COMMITS:
+        since = f"since step {state.last_step}" if state.last_step is not None else "this start"
+        actions.append(
+            Record(
+                "no_step_lines",
+                {
+                    "commits": count,
+                    "checkpoint_step": step,
+                    "last_step": state.last_step,
+                    "hint": (
+                        f"{count} checkpoints committed (the newest at step {step}) with no"
+                        f" step line {since}: the daemon sees no loss, so NaN and spike"
+                        " detection are off; check that the trainer's output reaches run.log"
+                        " in a form [telemetry] parser reads"
+                    ),
+                },
+            )
+        )
+    return replace(state, commits_without_steps=count, step_at_commit=state.last_step)
+
 
 def is_divergent(loss: float, max_loss: float) -> bool:
     return not math.isfinite(loss) or loss > max_loss
@@ -91,6 +122,8 @@ def on_committed(
     )
     tell(state, actions, f"checkpoint step {ev.step} committed")
     state = replace(state, last_activity_t=max(state.last_activity_t, ev.t))
+    if state.trainer_alive:
+        state = _silent_commits(state, ev.step, actions)
     if state.trainer_alive and (state.resume_step is None or ev.step > state.resume_step):
         state = replace(state, progress_since_start=True)
         if state.restarts_without_progress:
@@ -158,11 +191,17 @@ def _stepped(state: State, step: int, t: float) -> State:
 
 def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
     if not state.trainer_alive or state.stop_reason in ("divergence", "spike"):
+        if state.booting and not state.trainer_alive and rules.spikes.enabled:
+            return rollback.caught_up(state, ev, rules)
         return state
     if is_divergent(ev.loss, rules.max_loss):
         return _diverge(state, ev, rules, actions)
     was_loading = state.last_step is None or (
         state.resume_step is not None and state.last_step <= state.resume_step
+    )
+    # A commit that was ahead of the logged steps is reached: it now counts for retention.
+    reached = bool(state.checkpoints) and (
+        (state.last_step or 0) < state.checkpoints[-1].step <= ev.step
     )
     state = _stepped(state, ev.step, ev.t)
     if state.phase == Phase.STARTING:
@@ -175,6 +214,9 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
         if was_loading:
             # The checkpoint it resumed from is no longer in use: retention may take it now.
             state = apply_retention(state, rules, actions)
+            reached = False
+    if reached:
+        state = apply_retention(state, rules, actions)
     if rules.spikes.enabled and state.stop_reason is None:
         state = rollback.on_step(state, ev, rules, actions)
     return state

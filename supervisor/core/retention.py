@@ -16,10 +16,15 @@ from trainwarden.supervisor.core.state import Ckpt, Rules, State, without_checkp
 def retention_deletions(state: State, rules: Rules) -> list[Ckpt]:
     """Verified checkpoints that retention removes now, oldest first.
 
-    Keeps the newest keep_last unpinned ones, every pinned one, and the one the running
-    trainer resumed from while it has not yet logged a step past it.
+    Keeps the newest keep_last unpinned ones at or below the running trainer's logged step,
+    every one above it, every pinned one, and the one the running trainer resumed from
+    while it has not yet logged a step past it.
     """
     unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
+    if state.trainer_alive and state.last_step is not None:
+        # A commit ahead of the steps the trainer has logged (planted, or from elsewhere)
+        # evicts nothing until the trainer's own steps reach it: keep_last counts the rest.
+        unpinned = [c for c in unpinned if c.step <= state.last_step]
     if len(unpinned) <= rules.keep_last:
         return []
     loading = state.last_step is None or (

@@ -24,6 +24,7 @@ from trainwarden.supervisor.core.actions import Action, Quarantine, Record, Sign
 from trainwarden.supervisor.core.events import StepLogged
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import (
+    Detector,
     Outlier,
     Spike,
     SpikeLog,
@@ -66,6 +67,57 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
     if isinstance(verdict, Spike) and _is_spike(verdict):
         return _spiked(state, verdict, rules, actions)
     return state
+
+
+def caught_up(state: State, ev: StepLogged, rules: Rules) -> State:
+    """A step line the previous daemon's trainer logged after that daemon died, read at
+    start-up: the detector goes on from the newest baseline before it (no warmup: it is no
+    new start), so a spike that began while no daemon ran is found, and the checkpoints it
+    wrote meanwhile get their baselines (see at_commit)."""
+    log = state.spikes
+    if state.caught_up_spike is not None:
+        return state
+    det = log.detector
+    if det.ema is None and det.last_step is None:
+        base = log.baseline(ev.step)
+        if base is not None:
+            det = Detector(
+                base.ema, base.n, base.grad_ema, seen=rules.spikes.warmup, last_step=base.step
+            )
+    det, verdict = observe(det, ev.step, ev.loss, ev.grad_norm, rules.spikes)
+    state = _with_spikes(state, with_detector(log, det))
+    if isinstance(verdict, Spike) and _is_spike(verdict):
+        state = replace(state, caught_up_spike=verdict)
+    return state
+
+
+def spiked_unseen(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> State:
+    """At start-up, a spike found among the lines caught up (see caught_up): as for one seen
+    live, less the kill (that trainer is gone): set aside what came after the rollback's
+    checkpoint and start from it with the spike's data skipped, or halt in diverged."""
+    phase = state.phase
+    decided: list[Action] = []
+    state = _spiked(replace(state, caught_up_spike=None), spike, rules, decided)
+    for action in decided:
+        if isinstance(action, SignalTrainer):
+            continue
+        if isinstance(action, Record) and action.kind == "spike":
+            action = Record("spike", {**action.fields, "caught_up": True})
+        actions.append(action)
+    log = state.spikes
+    if log.halting is not None:
+        actions.append(
+            Record("halt", {"state": "diverged", "cause": "spike", "reason": log.halting})
+        )
+        return replace(
+            state,
+            phase=Phase.DIVERGED,
+            stop_reason=None,
+            halt_reason=log.halting,
+            spikes=replace(log, halting=None),
+        )
+    first = log.rolling_back[0] if log.rolling_back else None
+    return replace(state, phase=phase, stop_reason=None, rollback_from=first)
 
 
 def _is_spike(verdict: Spike | None) -> bool:
@@ -118,8 +170,17 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
         )
         log = replace(log, watch=None, halting=reason)
         return replace(state, phase=Phase.STOPPING, stop_reason="spike", kill_at=None, spikes=log)
-    actions.append(Record("spike", fields))
     target = rollback_target(state.checkpoints, spike.first, sr)
+    if target is None and (state.checkpoints or state.verified_high is not None):
+        # Rolling back would start the run over from step 0 and set aside all it saved.
+        actions.append(Record("spike", {**fields, "halts": True, "rollback_to": None}))
+        reason = (
+            f"the loss spiked at step {spike.first} and no verified checkpoint before it is"
+            " left to roll back to (raise keep_last, or start it again to train on)"
+        )
+        log = replace(log, watch=None, halting=reason)
+        return replace(state, phase=Phase.STOPPING, stop_reason="spike", kill_at=None, spikes=log)
+    actions.append(Record("spike", fields))
     resume_step = target.step if target is not None else 0
     abandoned = [c for c in state.checkpoints if c.step > resume_step]
     rolling = replace(state, spikes=replace(log, rolling_back=(spike.first, resume_step)))

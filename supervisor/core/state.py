@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from trainwarden.supervisor.core.phases import HALTED, Phase
-from trainwarden.supervisor.core.spikes import SpikeLog, SpikeRules
+from trainwarden.supervisor.core.spikes import Spike, SpikeLog, SpikeRules
 
 StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
 PivotStage = Literal["saving", "stopping", "archiving", "writing_policy"]
@@ -215,7 +215,19 @@ class State:
     rollback_from: int | None = None
     """The step of the divergence whose restart has not started a trainer yet."""
     waiters: tuple[Waiter, ...] = ()
+    booting: bool = False
+    """Between Restored and Startup: the step lines decided now are the previous daemon's
+    trainer's, caught up from the log (see rollback.caught_up)."""
+    caught_up_spike: Spike | None = None
+    """A loss spike among those lines, acted on at Startup."""
+    commits_without_steps: int = 0
+    """Checkpoints this start committed in a row with no step line between them."""
+    step_at_commit: int | None = None
+    """The last logged step when this start last committed."""
     shutdown: bool = False
+    resumes_after: str | None = None
+    """The signal (SIGTERM, SIGINT) that shut the daemon down while the run was live: the
+    next daemon goes on with it. None after the operator's stop or shutdown."""
     halt_reason: str | None = None
     pivot: PivotPlan | None = None
     """The pivot in progress, if any (see core.pivot)."""
@@ -298,6 +310,7 @@ PERSISTED = (
     "last_pivot_step",
     "memory_faults",
     "verified_high",
+    "resumes_after",
 )
 
 
@@ -319,6 +332,10 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
     """A fresh State carrying the persisted fields of a previous daemon."""
     phase = data.get("phase", Phase.STARTING)
     halt_reason = data.get("halt_reason")
+    resumes_after = data.get("resumes_after") if phase not in HALTED - {Phase.STOPPED} else None
+    if phase == Phase.STOPPED and resumes_after:
+        # Stopped by a signal (a reboot, systemctl stop), not by the operator: go on.
+        phase, halt_reason = Phase.STARTING, None
     if phase not in HALTED and data.get("gpu_fault"):
         # It died handling a GPU fault: restarting the trainer would run into the fault.
         phase, halt_reason = Phase.GPU_FAULT, data["gpu_fault"]
@@ -343,6 +360,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         spikes=SpikeLog.from_json(data.get("spikes")),
         memory_faults=int(data.get("memory_faults", 0)),
         verified_high=_int_or_none(data.get("verified_high")),
+        resumes_after=resumes_after if isinstance(resumes_after, str) else None,
     )
 
 

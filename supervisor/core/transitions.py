@@ -132,6 +132,8 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         progress_since_start=False,
         poisoned_from=None,
         halt_reason=None,
+        commits_without_steps=0,
+        step_at_commit=None,
     )
 
 

@@ -96,6 +96,10 @@ class JournalTail(NamedTuple):
     """The segment of the newest trainer start journaled (0: none). Lines the log gained
     while no daemon read it are that start's, not those of a segment the last state may
     already have reserved for a start that never happened."""
+    refused: dict[str, quarantine.Note]
+    """Checkpoints whose newest verdict in the journal is a quarantine (not followed by a
+    new commit of that name, nor a deletion): should one still lie in the checkpoint folder
+    (its move failed), the verdict stands."""
 
 
 def last_state_record(
@@ -106,16 +110,21 @@ def last_state_record(
     state = None
     last_kind = None
     spawned_seg = 0
+    refused: dict[str, quarantine.Note] = {}
     for record in read_records(journal_path):
         last_kind = record.get("kind")
         if last_kind == "state":
             state = record.get("state")
         elif last_kind == "spawn" and isinstance(record.get("seg"), int):
             spawned_seg = record["seg"]
-        elif quarantine_notes is not None:
-            quarantine.remember(quarantine_notes, record)
+        elif last_kind in ("checkpoint", "delete") and isinstance(record.get("name"), str):
+            refused.pop(record["name"], None)
+        elif last_kind == "quarantine" and isinstance(record.get("name"), str):
+            refused[record["name"]] = quarantine.note_of(record)
+            if quarantine_notes is not None:
+                quarantine.remember(quarantine_notes, record)
     clean = last_kind in (None, "daemon_exit")
-    return JournalTail(state, clean, spawned_seg)
+    return JournalTail(state, clean, spawned_seg, refused)
 
 
 def start_metrics(

@@ -136,7 +136,7 @@ class Daemon:
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
         self._write_pid_file()
-        restored, clean, spawned_seg = last_state_record(
+        restored, clean, spawned_seg, refused = last_state_record(
             self.files.journal, self.store.quarantine_notes
         )
         self.journal = Journal(self.files.journal, self.space)
@@ -194,6 +194,8 @@ class Daemon:
         if self.fixed is not None:
             self.snapshots = Snapshots(self.fixed, self.store, self.journal)
             self.executor.snapshots = self.snapshots
+            snapshots = self.snapshots
+            self.hub.snapshot_failing = lambda: snapshots.failing
         self.hub.load_history(seg=spawned_seg)
         self.hub.start_follower()
 
@@ -248,6 +250,10 @@ class Daemon:
                 unclean=not clean,
                 scanned=scanned,
                 diverged=self.hub.caught_up_divergence,
+                refused=tuple(
+                    (name, note["reason"], note["cause"], note.get("cause_step"))
+                    for name, note in refused.items()
+                ),
             )
         )
         # What start-up built (modules, config, plugins, the loss history's index) lives

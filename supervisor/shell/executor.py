@@ -39,6 +39,9 @@ from trainwarden.supervisor.store.mirror import Mirror
 from trainwarden.supervisor.store.quarantine import note_of
 from trainwarden.supervisor.store.rundir import RunFiles
 
+NO_SPACE_WORDS = ("No space left on device", "ENOSPC", "Disk quota exceeded")
+"""What a trainer's last line says when it died on a full disk (strerror, errno names)."""
+
 log = logging.getLogger("trainwarden.daemon")
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": signal.SIGKILL}
@@ -344,11 +347,24 @@ class Executor:
                 contained=False,
                 read_resume=read_resume,
                 last_line=last_line,
+                disk_full=self._disk_full(last_line),
             )
         )
         # Created before the policy can act on the exit: a spawn or a shutdown awaits it.
         self.containing = asyncio.get_running_loop().create_task(self._contain(marker))
         self.on_trainer_exit()
+
+    def _disk_full(self, last_line: str | None) -> bool:
+        """Whether the disk had no room when the trainer died: its last line says so, the
+        daemon's own writes are failing, or the checkpoint folder has no byte free."""
+        if last_line is not None and any(word in last_line for word in NO_SPACE_WORDS):
+            return True
+        if self.journal.space.full:
+            return True
+        try:
+            return os.statvfs(self.store.dir).f_bavail == 0
+        except OSError:
+            return False
 
     def _close_resume_read(self) -> bool:
         """Whether the start opened its checkpoint; the watch is closed."""

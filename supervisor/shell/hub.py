@@ -165,6 +165,8 @@ class TelemetryHub:
         self.throttle = Throttle()
         """GPU 0's throttle episode (see core.gpu_faults.throttle_step)."""
         self.host_sampler: Any = None
+        self.snapshot_failing: Callable[[], dict[str, Any] | None] = lambda: None
+        """Why the in-place snapshots fail, if they do ([checkpoints] fixed)."""
         self.accepting = True
         """Lines belong to a start whose main process runs (or the one it just left)."""
         self.catching_up = True
@@ -323,9 +325,11 @@ class TelemetryHub:
                 self.last_line = self.start_last_line = line.rstrip()[:LAST_LINE_CHARS]
                 self.last_line_t = time.time()
                 break
-        if self._resume_names:
-            self._look_for_resume_names(lines)
         for line in lines:
+            if self._resume_names and any(name in line for name in self._resume_names):
+                # Its checkpoint named before its first step: evidence the start read it.
+                self.resume_mentioned = True
+                self._resume_names = ()
             record = parse(line)
             if record is None:
                 # The prefix first: a line that is neither costs one startswith.
@@ -378,15 +382,6 @@ class TelemetryHub:
         else:
             self._save_offset()  # lines that told us nothing: at most once a second
         self._schedule_publish()
-
-    def _look_for_resume_names(self, lines: list[str]) -> None:
-        for line in lines:
-            if self.parser.parse(line) is not None:
-                return  # its first step: later lines say nothing of its start
-            if any(name in line for name in self._resume_names):
-                self.resume_mentioned = True
-                self._resume_names = ()
-                return
 
     def _note_save_report(self, line: str) -> bool:
         """Take a save report line; whether it was one."""
@@ -715,6 +710,7 @@ class TelemetryHub:
         fields["disk_low"] = self.disk_low
         fields["disk_full"] = self.journal.space.full
         fields["disk_full_files"] = sorted(self.journal.space.full_files)
+        fields["snapshot_failing"] = self.snapshot_failing()
         fields["log"] = self.follower.stats_dict() if self.follower else None
         fields["val"] = self.validation.status(time.time())
         return fields

@@ -14,18 +14,24 @@ import asyncio
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from trainwarden.plugins.api import CheckpointFormat
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.fixed_folder import FixedFolder, folder_name, step_reader
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.snapshots import FixedFile, Taken, snapshot_name, step_by_regex
 
 log = logging.getLogger("trainwarden.daemon")
+
+SNAPSHOT_RETRY_S = 5.0
+"""How often a snapshot that failed on a full disk is tried again."""
 
 
 def fixed_file(cfg: Config, store: CheckpointStore) -> FixedFile | None:
@@ -110,6 +116,10 @@ class Snapshots:
         self._again = False
         self._restoring = False
         self._warming: asyncio.Task[None] | None = None
+        self.failing: dict[str, Any] | None = None
+        """Why the last snapshots failed, since when and how many in a row (status
+        `snapshot_failing`); None once one is taken."""
+        self._retry: asyncio.TimerHandle | None = None
 
     @property
     def path(self) -> Path:
@@ -152,10 +162,10 @@ class Snapshots:
         try:
             taken = await asyncio.to_thread(self.fixed.take)
         except Exception as exc:  # a full disk, or a format plugin's bug: never the loop's
-            reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
-            self.journal.append("snapshot_failed", {"fixed": self.fixed.fixed, "error": reason})
-            log.error("snapshot of %s failed: %s", self.fixed.path, reason)
+            self._failed(exc)
             return None
+        if taken.outcome in ("taken", "known"):
+            self._succeeded()
         if taken.outcome == "taken":
             self.journal.append(
                 "snapshot_taken",
@@ -173,10 +183,65 @@ class Snapshots:
             )
         return taken
 
+    def _failed(self, exc: Exception) -> None:
+        """A snapshot failed: journaled; the first of a run of failures alerts (the
+        journal's `snapshot_failed` with `first`), status says why; on a full disk it is
+        tried again every SNAPSHOT_RETRY_S until space returns."""
+        reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
+        first = self.failing is None
+        now = time.time()
+        self.failing = {
+            "reason": reason,
+            "since": self.failing["since"] if self.failing else now,
+            "count": (self.failing["count"] if self.failing else 0) + 1,
+        }
+        self.journal.append(
+            "snapshot_failed", {"fixed": self.fixed.fixed, "error": reason, "first": first}
+        )
+        log.error("snapshot of %s failed: %s", self.fixed.path, reason)
+        if isinstance(exc, OSError) and no_space(exc):
+            self.journal.space.filled(
+                self.fixed.path, exc, "its snapshot is taken again when space returns"
+            )
+            if self._retry is None:
+                self._retry = asyncio.get_running_loop().call_later(
+                    SNAPSHOT_RETRY_S, self._retry_now
+                )
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        self.written()
+
+    def _succeeded(self) -> None:
+        if self.failing is not None:
+            self.journal.append(
+                "snapshot_recovered", {"fixed": self.fixed.fixed, "failed": self.failing["count"]}
+            )
+            self.failing = None
+        self.journal.space.emptied(self.fixed.path, "its snapshot was taken")
+
     async def prepare(self, resume: core.Ckpt | None) -> str | None:
         """Before a start: the snapshot it resumes from at the fixed name, or no fixed file
-        for a fresh start. Why it could not be done, or None."""
+        for a fresh start. Why it could not be done, or None.
+
+        What the fixed file holds is snapshotted first (a write whose snapshot failed, on a
+        full disk say): if that is newer than `resume`, it is not overwritten; the start is
+        refused, and the next one resumes from the new snapshot."""
         await self.settle()
+        if resume is not None and os.path.lexists(self.path):
+            taken = await self.take()
+            newer = (
+                taken is not None
+                and taken.outcome == "taken"
+                and taken.step is not None
+                and taken.step > resume.step
+            )
+            if newer:
+                assert taken is not None
+                return (
+                    f"{self.fixed.fixed} holds step {taken.step}, newer than {resume.name}:"
+                    f" snapshotted as {taken.name} and not overwritten"
+                )
         if resume is None:
             return await self._clear()
         self._restoring = True

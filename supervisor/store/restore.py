@@ -6,8 +6,9 @@ against the pointer and the checkpoint against its format plugin, plus the mirro
 of trainwarden.toml and policy.json. Nothing lands under its final name before every
 file has been copied and checked; the checkpoint's own commit file (the name the format
 recognises) is moved in last. Refused: a daemon running on RUN_DIR, a missing or corrupt
-pointer, a hash mismatch, and a pointer older than the newest checkpoint RUN_DIR already
-has (restoring it would roll the run back).
+pointer, a hash mismatch, a pointer older than the newest checkpoint RUN_DIR already has
+(restoring it would roll the run back), and a mirror that serves another run than RUN_DIR's
+(store.identity); a new RUN_DIR takes the mirror's run id.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from trainwarden.supervisor.config import CONFIG_NAME
 from trainwarden.supervisor.errors import CheckpointInvalid, TrainwardenError, UsageError
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
+from trainwarden.supervisor.store.identity import adopt_run_id, read_owner, read_run_id
 from trainwarden.supervisor.store.mirror import (
     CHECKPOINT_PART,
     RUN_PART,
@@ -116,6 +118,18 @@ def restore(run_dir: Path, mirror: Path, *, config_from: Path | None = None) -> 
         raise TrainwardenError(
             f"cannot restore: {mirror / pointer.dir} (named by latest.json) is missing"
         )
+    owner = read_owner(mirror)
+    own_id = read_run_id(run_dir)
+    # A folder with a run of its own (its id, or at least its config) is that run's.
+    if (
+        owner is not None
+        and own_id != owner.run_id
+        and (own_id is not None or (run_dir / CONFIG_NAME).exists())
+    ):
+        raise UsageError(
+            f"cannot restore: {mirror} is the mirror of {owner.describe()}, not of the run in"
+            f" {run_dir}; restore from this run's own mirror, or into a new folder"
+        )
 
     config_path = run_dir / CONFIG_NAME
     mirrored_config = mirror / pointer.dir / RUN_PART / CONFIG_NAME
@@ -199,6 +213,8 @@ def restore(run_dir: Path, mirror: Path, *, config_from: Path | None = None) -> 
                 f"{CONFIG_NAME} from {'the mirror' if config_source == mirrored_config else config_source}"
             )
         _install_run_file("policy.json", staging / RUN_PART / "policy.json", run_dir, notes)
+        if owner is not None and own_id is None:
+            adopt_run_id(run_dir, owner.run_id)  # the same run, on a new disk
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         os.close(lock_fd)

@@ -101,7 +101,9 @@ class Taken:
     """What became of one write of the fixed file."""
 
     outcome: str
-    """"taken" (a new snapshot), "known" (that step has one already), "rejected", "absent"."""
+    """"taken" (a new snapshot), "known" (that step has one already), "rejected" (it does
+    not verify, or it was written while it was copied: the write's close asks again),
+    "absent"."""
     step: int | None = None
     name: str = ""
     how: str = ""
@@ -162,9 +164,15 @@ class FixedFile:
             if size == 0:
                 return Taken("rejected", reason=f"{self.fixed}: empty file")
             how = copy_durably(self.path, incoming)
+            after = os.stat(self.path)
         except FileNotFoundError:
             return Taken("absent")
         try:
+            if _changed(st, after):
+                # Rewritten in place while it was copied (torch.save truncates and writes
+                # again): the copy may mix two saves and still verify. The write's close
+                # asks for the next snapshot.
+                return Taken("rejected", reason=f"{self.fixed}: changed while it was copied")
             step = self.read_step(incoming)
             name = snapshot_name(self.fixed, step)
             if os.path.lexists(self.dir / name):
@@ -196,14 +204,25 @@ class FixedFile:
 
 
 def empty_folder(folder: Path) -> None:
-    """Remove everything in `folder` (files and folders), then fsync it."""
-    for entry in os.scandir(folder):
-        with contextlib.suppress(FileNotFoundError):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
-    fsync_dir(folder)
+    """Remove everything in `folder` (files and folders), then fsync it. Every removal goes
+    through a descriptor of the folder opened without following a link: `folder` swapped for
+    a link (to a folder outside the run) meanwhile is refused (ELOOP), never emptied."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for entry in os.scandir(fd):
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.name, dir_fd=fd)
+                else:
+                    os.unlink(entry.name, dir_fd=fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    """Whether a file was written or replaced between two stats of it."""
+    return _identity(before) != _identity(after) or before.st_ctime_ns != after.st_ctime_ns
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int]:

@@ -136,6 +136,29 @@ def test_restarts_alert_past_restarts_per_hour_within_an_hour_only():
     assert "4 crashes within an hour; last: exit status 1" in alerts[0].happened
 
 
+def test_failing_snapshots_alert_once_for_a_run_of_failures():
+    failed = [
+        record("snapshot_failed", float(t), fixed="ckpt.pt", error="OSError: x", first=t == 0)
+        for t in range(61)
+    ]
+    alerts = feed(failed)
+    assert [a.event for a in alerts] == ["snapshot"]
+    assert "ckpt.pt could not be snapshotted: OSError: x" in alerts[0].happened
+
+
+def test_an_early_finish_and_commits_without_step_lines_alert():
+    records = [
+        record("trainer_finished", 1.0, early=True, last_step=55, total_steps=100_000),
+        record("no_step_lines", 2.0, hint="3 checkpoints committed ..."),
+    ]
+    alerts = feed(records)
+    assert [(a.event, a.title) for a in alerts] == [
+        ("finished", "finished early"),
+        ("no_step_lines", "no step lines"),
+    ]
+    assert "exited 0 at step 55 of 100000" in alerts[0].happened
+
+
 def test_on_chooses_the_events():
     records = [record("trainer_finished", 1.0), record("disk_full", 2.0, file="x", error="ENOSPC")]
     assert [a.event for a in feed(records)] == ["finished", "disk"]

@@ -15,7 +15,9 @@ import pytest
 
 from tests.support import (
     PYTHON,
+    SCRIPTED_TRAINER,
     journal,
+    make_run,
     reference_run,
     running_daemon,
     scripted_run,
@@ -277,6 +279,67 @@ def test_config_paths_into_the_source_point_into_the_branch(src: Path, tmp_path:
     assert "mirror" not in config.split("\n", 1)[1] and "pinned" not in config
     assert "[mirror] path is not inherited" in done.stdout
     assert "[checkpoints] pinned is not inherited" in done.stdout
+
+
+def test_a_trainer_living_in_the_run_directory_is_copied_into_the_branch(tmp_path: Path):
+    """The README's "your own run" layout: train.py in the run directory, named relatively
+    by the command. The branch gets its own copy and resumes at the branch point."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SCRIPTED_TRAINER, src / "train.py")
+    make_run(
+        src,
+        [PYTHON, "train.py", "--steps", "40", "--save-every", "10", "--dt", "0.01"],
+        restart={"backoff_initial_s": 0.0, "backoff_max_s": 1.0},
+        checkpoints={"keep_last": 5},
+    )
+    with running_daemon(src) as daemon:
+        daemon.wait_state("finished", timeout=120)
+        daemon.stop()
+    dest = tmp_path / "dest"
+    done = branch(src, dest, "--step", 20)
+    assert done.returncode == 0, done.stderr
+    assert "copied the files the trainer's command names: train.py" in done.stdout
+    assert (dest / "train.py").read_bytes() == (src / "train.py").read_bytes()
+    with running_daemon(dest) as daemon:
+        daemon.wait_state("finished", timeout=120)
+        daemon.stop()
+    (spawn,) = [r for r in journal(dest) if r["kind"] == "spawn"]
+    assert spawn["resume"]["step"] == 20
+    assert sorted(losses(dest)) == list(range(21, 41))
+    assert not [r for r in journal(dest) if r["kind"] in ("quarantine", "crash")]
+
+
+def set_command(run_dir: Path, command: list[str]) -> None:
+    """[trainer] command replaced (tests.support.make_run writes it on one line)."""
+    config = run_dir / "trainwarden.toml"
+    line = "command = " + orjson.dumps(command).decode()
+    config.write_text(re.sub(r"(?m)^command = .*$", lambda _: line, config.read_text()))
+
+
+def test_files_the_command_names_are_copied_and_its_folders_shared(src: Path, tmp_path: Path):
+    (src / "train.py").write_text("print('a trainer')\n")
+    (src / "conf").mkdir()
+    (src / "conf" / "a.yaml").write_text("lr: 0.1\n")
+    (src / "data").mkdir()
+    command = ["python3", "train.py", "--data", "data", "--cfg=conf/a.yaml", "--steps", "9"]
+    set_command(src, command)
+    dest = tmp_path / "dest"
+    done = branch(src, dest)
+    assert done.returncode == 0, done.stderr
+    assert "copied the files the trainer's command names: train.py, conf/a.yaml" in done.stdout
+    assert f"names the folder {src / 'data'}: the branch uses its parent's" in done.stdout
+    assert (dest / "conf" / "a.yaml").read_text() == "lr: 0.1\n"
+    assert not (dest / "data").exists()
+    config = (dest / "trainwarden.toml").read_text()
+    assert f'"--data", "{src / "data"}", "--cfg=conf/a.yaml"' in config, config
+
+
+def test_a_branch_whose_trainer_script_is_missing_is_refused(src: Path, tmp_path: Path):
+    set_command(src, ["python3", "-u", "train.py"])
+    one_line_refusal(branch(src, tmp_path / "dest"), 2, "the script train.py does not exist in")
+    assert not (tmp_path / "dest").exists()
+    no_leftovers(tmp_path)
 
 
 def test_unknown_step_is_refused(src: Path, tmp_path: Path):

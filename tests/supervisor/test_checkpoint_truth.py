@@ -120,6 +120,38 @@ def test_changes_made_while_no_daemon_ran_are_caught_at_start_up(tmp_path: Path)
         daemon.request("shutdown", timeout=60)
 
 
+@pytest.mark.timeout(240)
+def test_a_plant_within_max_step_jump_evicts_no_real_checkpoint_until_the_steps_reach_it(
+    tmp_path: Path,
+):
+    """keep_last = 1; a valid checkpoint for step 110 planted while the trainer logs step
+    ~85 (within max_step_jump, so it counts as a commit): retention deletes neither the
+    real 90 nor the real 100 for it as they commit."""
+    run_dir = scripted_run(
+        tmp_path / "run",
+        "--steps", "300", "--save-every", "10", "--n-params", str(N_PARAMS), "--dt", "0.1",
+        checkpoints={"keep_last": 1, "max_step_jump": 100},
+    )  # fmt: skip
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (daemon.status()["step"] or 0) >= 82, 60, what="step 82")
+        planted = run_dir / "checkpoints" / "step_000110.bin"
+        planted.write_bytes(struct.pack("<ii", 110, N_PARAMS) + bytes(12 * N_PARAMS))
+        wait_for(lambda: any(r["step"] == 100 for r in records(run_dir, "checkpoint")), 60)
+        listed = wait_for(
+            lambda: (
+                (s := [c["step"] for c in daemon.request("checkpoints")["checkpoints"]])
+                and 100 in s
+                and s
+            ),
+            30,
+            what="100 listed",
+        )
+        assert listed == [100, 110], listed
+        deleted = [r["step"] for r in records(run_dir, "delete")]
+        assert 100 not in deleted and 110 not in deleted, deleted
+        assert not records(run_dir, "quarantine")
+
+
 SLOW_PROBE = """#!{python}
 # The torch-pt verifier's interpreter, slowed: each torch.load takes {delay} s longer, so
 # verifications lag behind commits as they do for large files on a busy machine.

@@ -193,3 +193,45 @@ def test_steps_held_when_the_daemon_is_killed_are_read_again_from_the_log(
     assert history.load_stats.garbage <= 1 and not history.load_stats.torn_tail
     steps = [row.step for row in history]
     assert steps == list(range(1, STEPS + 1)), "no step lost with the killed daemon"
+
+
+def test_restarts_on_a_full_checkpoint_disk_are_no_crash_loop_and_the_run_resumes(
+    tmp_path: Path, mounts: Mounts
+) -> None:
+    """The checkpoint volume fills: every save fails (the trainer exits 1 on ENOSPC), far
+    more often than max_restarts_without_progress, and the run is not halted; once space
+    returns it goes on from the newest checkpoint and finishes, nothing quarantined."""
+    run_dir = tmp_path / "run"
+    mounts.tmpfs(run_dir / "checkpoints", "1m")
+    scripted_run(
+        run_dir,
+        *("--steps", "60", "--save-every", "10", "--dt", "0.01"),
+        restart={
+            "backoff_initial_s": 0.0,
+            "backoff_max_s": 0.2,
+            "max_restarts_without_progress": 2,
+        },
+    )
+    filler = run_dir / "checkpoints" / "filler"
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        wait_for(lambda: (run_dir / "checkpoints" / "step_000010.bin").exists(), 60, what="10")
+        fill(filler)
+        wait_for(
+            lambda: (
+                sum(r.get("disk_full") is True for r in journal(run_dir) if r["kind"] == "crash")
+                >= 4
+            ),
+            60,
+            what="four crashes on the full disk",
+        )
+        assert daemon.status()["state"] != "crash_loop"
+        filler.unlink()
+        status = daemon.wait_state("finished", timeout=120)
+    finally:
+        daemon.cleanup()
+    records = journal(run_dir)
+    assert not [r for r in records if r["kind"] in ("quarantine", "halt", "fallback")]
+    assert all(r.get("disk_full") for r in records if r["kind"] == "crash")
+    assert status["last_checkpoint_step"] == 60

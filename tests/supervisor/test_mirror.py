@@ -364,3 +364,57 @@ def test_a_failing_mirror_is_journaled_and_the_run_goes_on(tmp_path: Path):
     failures = [r for r in journal(run_dir) if r["kind"] == "mirror_failed"]
     assert failures and "backup" in failures[0]["error"]
     assert checkpoints(run_dir) == [20, 30]
+
+
+@pytest.mark.timeout(180)
+def test_a_mirror_serves_one_run_and_restore_installs_only_that_run(tmp_path: Path):
+    """Run A mirrors into `shared`; run B configured with the same path is refused at
+    start in one line (it would evict A's copies). Restoring into B from A's mirror is
+    refused too; a new folder restored from it becomes run A again (its id), whose daemon
+    the mirror accepts."""
+    import subprocess
+
+    from tests.support import PYTHON, journal, running_daemon, scripted_run, wait_for
+    from trainwarden.supervisor.config import check_mirror_owner, load_config
+    from trainwarden.supervisor.store.identity import read_owner, read_run_id
+
+    shared = tmp_path / "shared"
+
+    def a_run(name: str) -> Path:
+        return scripted_run(
+            tmp_path / name,
+            *("--steps", "20", "--save-every", "10"),
+            run={"name": name},
+            mirror={"path": str(shared)},
+        )
+
+    def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYTHON, "-m", "trainwarden.supervisor", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    a = a_run("a")
+    with running_daemon(a) as daemon:
+        daemon.wait_state("finished", timeout=120)
+        wait_for(lambda: any(r["kind"] == "mirrored" and r["step"] == 20 for r in journal(a)), 60)
+    owner = read_owner(shared)
+    assert owner is not None and owner.run_id == read_run_id(a) and owner.name == "a"
+    b = a_run("b")
+    refused = cli("daemon", b)
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert f"it is the mirror of run 'a' ({os.path.realpath(a)})" in line, line
+    assert read_owner(shared) == owner and not (b / "checkpoints").exists()
+
+    into_b = cli("restore", b, "--from", shared)
+    assert into_b.returncode == 2 and "is the mirror of run 'a'" in into_b.stderr
+    assert not (b / "checkpoints").exists()
+
+    new = tmp_path / "new-machine"
+    restored = cli("restore", new, "--from", shared)
+    assert restored.returncode == 0, restored.stderr
+    assert read_run_id(new) == owner.run_id
+    check_mirror_owner(load_config(new))  # the same run: accepted

@@ -748,6 +748,25 @@ def test_a_commit_far_beyond_the_logged_steps_is_quarantined_and_never_newest():
     assert spawn.resume is not None and spawn.resume.step == 30
 
 
+def test_a_commit_ahead_of_the_logged_steps_evicts_nothing_until_the_steps_reach_it():
+    """Step 110 planted at logged step 87 (within max_step_jump), keep_last 1: the real 90
+    and 100 are kept as they commit; once the trainer logs 110 the plant counts."""
+    rules = replace(RULES, keep_last=1)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100)], rules=rules)
+    state, _ = run(
+        [p.StepLogged(1.0, 80, 3.0), commit(80), p.StepLogged(2.0, 87, 3.0)], state, rules
+    )
+    state, actions = run([commit(110, 2.0)], state, rules)
+    assert not kinds(actions, p.Quarantine) and not kinds(actions, p.Delete)
+    state, actions = run([p.StepLogged(3.0, 90, 3.0), commit(90, 3.0)], state, rules)
+    assert [d.step for d in kinds(actions, p.Delete)] == [80]
+    state, actions = run([p.StepLogged(4.0, 100, 3.0), commit(100, 4.0)], state, rules)
+    assert [d.step for d in kinds(actions, p.Delete)] == [90]
+    assert [c.step for c in state.checkpoints] == [100, 110]
+    state, actions = run([p.StepLogged(5.0, 110, 3.0)], state, rules)
+    assert [d.step for d in kinds(actions, p.Delete)] == [100]
+
+
 def test_the_default_jump_is_ten_gaps_capped_by_the_planned_total():
     state, _ = started()
     state, _ = run([p.StepLogged(1.0, 10, 3.0), commit(10), commit(20)], state)

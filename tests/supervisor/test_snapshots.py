@@ -130,6 +130,112 @@ def test_a_verified_write_becomes_a_committed_snapshot(tmp_path: Path):
     assert fixed.take().outcome == "known"
 
 
+def test_a_fixed_file_rewritten_while_it_is_copied_is_not_snapshotted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """torch.save truncates and writes again: a copy taken meanwhile can hold the old
+    save's beginning and the new one's end and still verify. Any write during the copy
+    refuses it; the write's own close asks for the next snapshot."""
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    save(fixed.path, 600)
+    copy = snapshots.copy_durably
+
+    def copy_then_save(src: Path, dst: Path) -> str:
+        how = copy(src, dst)
+        time.sleep(0.01)
+        save(fixed.path, 700)  # the next save, under way meanwhile
+        return how
+
+    monkeypatch.setattr(snapshots, "copy_durably", copy_then_save)
+    taken = fixed.take()
+    assert taken.outcome == "rejected" and "changed while it was copied" in taken.reason
+    assert store.scan() == ([], []) and os.listdir(store.dir / STAGING) == []
+    monkeypatch.setattr(snapshots, "copy_durably", copy)
+    assert fixed.take().step == 700
+
+
+def test_staging_swapped_for_a_link_during_a_snapshot_empties_nothing_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    save(fixed.path, 600)
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "keep.txt").write_text("mine\n")
+    (outside / "sub" / "also.txt").write_text("mine too\n")
+    copy = snapshots.copy_durably
+
+    def copy_then_swap(src: Path, dst: Path) -> str:
+        how = copy(src, dst)
+        staging = store.dir / STAGING
+        shutil.rmtree(staging)
+        staging.symlink_to(outside)
+        return how
+
+    monkeypatch.setattr(snapshots, "copy_durably", copy_then_swap)
+    with pytest.raises(OSError):
+        fixed.take()
+    assert (outside / "keep.txt").read_text() == "mine\n"
+    assert (outside / "sub" / "also.txt").read_text() == "mine too\n"
+
+
+async def test_a_newer_fixed_file_is_snapshotted_not_overwritten_by_a_restore(tmp_path: Path):
+    """The fixed file holds step 120, whose snapshot failed (a full disk); the next start
+    is to resume from the snapshot of 60. The 120 is snapshotted first and the start is
+    refused rather than put 60 over it; a snapshot that fails on a full disk is retried."""
+    from trainwarden.supervisor.core import policy as core
+    from trainwarden.supervisor.shell import snapshots as shell_snapshots
+    from trainwarden.supervisor.store.journal import Journal
+
+    store = torch_pt_store(tmp_path)
+    fixed = inplace(store)
+    save(fixed.path, 60)
+    assert fixed.take().name == "ckpt_000060.pt"
+    data = save(fixed.path, 120)
+    journal = Journal(tmp_path / "journal.jsonl")
+    shots = shell_snapshots.Snapshots(fixed, store, journal)
+    resume = core.Ckpt(60, "ckpt_000060.pt", 1)
+    refused = await shots.prepare(resume)
+    assert refused is not None and "holds step 120, newer than ckpt_000060.pt" in refused
+    assert fixed.path.read_bytes() == data and (store.dir / "ckpt_000120.pt").exists()
+
+    # A snapshot that fails for want of space: journaled once as the first failure, status
+    # says so, and it is tried again until it succeeds.
+    save(fixed.path, 180)
+    take = FixedFile.take
+    calls = []
+
+    def full_then_fine(self: FixedFile) -> Any:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return take(self)
+
+    original_retry = shell_snapshots.SNAPSHOT_RETRY_S
+    shell_snapshots.SNAPSHOT_RETRY_S = 0.05
+    try:
+        FixedFile.take = full_then_fine  # type: ignore[method-assign]
+        shots.written()
+        await wait(lambda: (store.dir / "ckpt_000180.pt").exists())
+        await shots.settle()
+    finally:
+        FixedFile.take = take  # type: ignore[method-assign]
+        shell_snapshots.SNAPSHOT_RETRY_S = original_retry
+    kinds = [
+        json.loads(line)["kind"] for line in (tmp_path / "journal.jsonl").read_text().splitlines()
+    ]
+    assert kinds.count("snapshot_failed") == 2 and "snapshot_recovered" in kinds
+    firsts = [
+        json.loads(line).get("first")
+        for line in (tmp_path / "journal.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "snapshot_failed"
+    ]
+    assert firsts == [True, False]
+    assert shots.failing is None and not journal.space.full
+
+
 @pytest.mark.parametrize("damage", ["torn", "empty", "no step"])
 def test_a_write_that_does_not_verify_is_never_snapshotted(tmp_path: Path, damage: str):
     store = torch_pt_store(tmp_path)
@@ -197,9 +303,11 @@ def test_a_restore_that_cannot_copy_leaves_the_fixed_file_as_it_was(tmp_path: Pa
 
 
 def run_with(tmp_path: Path, **checkpoints: object) -> Path:
-    return make_run(
+    run_dir = make_run(
         tmp_path / "run", [PYTHON, "train.py"], checkpoints={"format": "torch-pt", **checkpoints}
     )
+    (run_dir / "train.py").write_text("")  # the start checks the script is there
+    return run_dir
 
 
 @pytest.mark.parametrize(
@@ -715,12 +823,15 @@ async def test_a_write_seen_during_a_restore_is_looked_at_after_it(tmp_path: Pat
     taking.written()
     await taking.settle()
     save_folder(fixed.path, 30, n=65)
+    (fixed.path / "trainer_state.json").unlink()  # torn: a kill before its commit file
     assert await taking.prepare(Ckpt(20, "checkpoint-20", 100)) is None
     await asyncio.sleep(0.1)
     await taking.settle()
     journal.close()
     assert overlaps == []
-    assert taken_outcomes == ["taken", "known"]  # looked at after the restore: its own copy
+    # The torn folder looked at before the restore (refused), then the restore's own copy
+    # after it.
+    assert taken_outcomes == ["taken", "rejected", "known"]
 
 
 async def test_a_fresh_start_moves_a_torn_fixed_folder_to_quarantine(tmp_path: Path):

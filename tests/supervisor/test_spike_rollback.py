@@ -187,6 +187,56 @@ def test_a_trainer_without_skip_data_gets_a_plain_rollback_and_the_journal_says_
     assert starts_said(run_dir)[1] == "seg 2, from step 80, skip_data [], lr_scale 1.0"
 
 
+def test_keep_last_1_with_no_checkpoint_before_the_spike_halts_instead_of_starting_over(
+    tmp_path: Path,
+):
+    """keep_last = 1 and bad data from step 100: the only checkpoint left is 100 itself (or
+    one after it), none before the spike. Rolling back would train from step 0 and skip
+    steps 1 to 100 for good: the run halts in diverged and keeps its checkpoint."""
+    # Detected 12 steps (0.6 s) into the bad data: checkpoint 100 is verified by then, and
+    # 90 deleted for it, on a busy machine too.
+    run_dir = spiky_run(
+        tmp_path / "run",
+        bad_steps=100_000,
+        steps=100_000,
+        extra=("--dt", "0.05"),
+        spike_patience=12,
+    )
+    config = run_dir / "trainwarden.toml"
+    config.write_text(config.read_text().replace("keep_last = 3", "keep_last = 1"))
+    with running_daemon(run_dir) as daemon:
+        status = daemon.wait_state("diverged", timeout=60)
+    assert "no verified checkpoint before it is left" in status["detail"]["reason"]
+    (spike,) = of_kind(run_dir, "spike")
+    assert spike["halts"] is True and spike["rollback_to"] is None
+    assert not of_kind(run_dir, "rollback") and not of_kind(run_dir, "quarantine")
+    assert len([r for r in journal(run_dir) if r["kind"] == "spawn"]) == 1
+
+
+def test_a_spike_logged_while_no_daemon_ran_is_found_in_the_lines_caught_up(tmp_path: Path):
+    """The daemon is SIGKILLed before the bad data (steps 100 to 124); its trainer goes on
+    through it and saves inside it. The next daemon resumes after the bad region's last
+    step but the first few, inside a start's warmup: the spike is seen only in the lines it
+    catches up from the log. It must roll back to before step 100 all the same."""
+    run_dir = spiky_run(tmp_path / "run", bad_steps=25, steps=100_000, extra=("--dt", "0.05"))
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        wait_for(lambda: (daemon.status()["step"] or 0) >= 70, 60, what="step 70")
+        daemon.kill()
+        log = run_dir / "training.log"
+        wait_for(lambda: "step: 121," in log.read_text(), 60, what="the orphan at step 121")
+        daemon.start()
+        (spike,) = wait_for(lambda: of_kind(run_dir, "spike"), 60, what="the spike")
+        (rollback,) = wait_for(lambda: of_kind(run_dir, "rollback"), 30, what="the rollback")
+    finally:
+        daemon.cleanup()
+    assert spike["caught_up"] is True and spike["first_step"] == BAD_AT, spike
+    assert rollback["step"] <= BAD_AT - SPIKE_TABLE["rollback_steps"], rollback
+    spawn = [r for r in journal(run_dir) if r["kind"] == "spawn"][-1]
+    assert spawn["resume"]["step"] == rollback["step"] and spawn["rollback_from"] == BAD_AT
+
+
 def test_the_spike_log_survives_a_daemon_sigkill(tmp_path: Path):
     """After a rollback the daemon is SIGKILLed: the next daemon passes the same windows
     and still counts the rollback, so a recurring spike halts after max_rollbacks = 1."""

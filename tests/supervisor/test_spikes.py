@@ -183,6 +183,21 @@ def test_a_spike_kills_rolls_back_past_rollback_steps_and_skips_its_data():
     assert spawn.timeline == (spawn.seg, 41)
 
 
+def test_a_spike_with_no_checkpoint_before_it_halts_rather_than_start_over():
+    """Checkpoints were verified (the run has history) but none is before the spike: a
+    rollback would go to step 0 and set all of them aside. The run halts in diverged."""
+    rules = replace(RULES, keep_last=1, spikes=replace(SPIKES, enabled=True))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100), *steps(1, 10)], rules=rules)
+    state = replace(state, checkpoints=(), verified_high=10)  # e.g. quarantined by hand
+    state, actions = run(steps(11, 13, loss=5.0), state, rules)
+    (spike,) = records(actions, "spike")
+    assert spike["halts"] is True and spike["rollback_to"] is None
+    assert not records(actions, "rollback") and not kinds(actions, p.Quarantine)
+    state, actions = run([p.TrainerExited(14.0, 100, -9)], state, rules)
+    assert state.phase == "diverged" and "no verified checkpoint before it" in state.halt_reason
+    assert not kinds(actions, p.Spawn)
+
+
 def test_every_later_start_passes_the_same_windows_and_scale():
     state, _ = healthy_run()
     state, _ = run([*steps(61, 63, loss=5.0), p.TrainerExited(65.0, 100, -9)], state)

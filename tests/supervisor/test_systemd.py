@@ -131,6 +131,37 @@ def test_systemctl_stop_semantics(tmp_path: Path):
         daemon.cleanup()
 
 
+def test_a_daemon_stopped_by_sigterm_resumes_the_run_at_its_next_start(tmp_path: Path):
+    """A clean reboot: systemd's SIGTERM stops the daemon (the trainer saves and exits); the
+    next daemon resumes the run from that save. Only the operator's stop leaves it stopped."""
+    run_dir = endless_run(tmp_path / "run")
+    daemon = DaemonProcess(run_dir).start()
+    try:
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 5, 60, what="steps")
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+        states = [r for r in journal(run_dir) if r["kind"] == "state"]
+        last = states[-1]["state"]
+        assert last["phase"] == "stopped" and last["resumes_after"] == "SIGTERM", last
+        assert "stopped by SIGTERM" in last["halt_reason"]
+        saved = checkpoints(run_dir)[-1]
+        daemon.start()
+        status = daemon.wait_state("running", timeout=60)
+        spawn = [r for r in journal(run_dir) if r["kind"] == "spawn"][-1]
+        assert spawn["resume"]["step"] == saved, spawn
+        assert any(r["kind"] == "resumed_after_signal" for r in journal(run_dir))
+        # The operator's stop, then SIGTERM: the run stays stopped.
+        daemon.request("stop", wait=True)
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert daemon.wait_exit(60) == 0
+        daemon.start()
+        status = daemon.wait_state("stopped", timeout=60)
+        assert status["detail"]["reason"] == "stopped by operator", status
+        assert status["trainer_pid"] is None
+    finally:
+        daemon.cleanup()
+
+
 def test_power_cut_recovery(tmp_path: Path):
     run_dir = endless_run(tmp_path / "run", 10)
     daemon = DaemonProcess(run_dir).start()

@@ -99,6 +99,54 @@ def test_a_nan_logged_while_no_daemon_ran_is_acted_on_at_the_next_start(tmp_path
     assert {50, 60} <= quarantined
 
 
+def test_a_divergence_quarantine_whose_move_failed_binds_the_next_daemon(tmp_path: Path):
+    """checkpoints/quarantine is a file, so quarantining cannot move anything. A NaN at 45
+    logged while no daemon ran: the next daemon quarantines 50 and 60 (the moves fail, the
+    files stay) and rolls back. The daemon after it must not take 60 for the newest."""
+    run_dir = scripted_run(
+        tmp_path / "run",
+        *("--steps", "100000", "--save-every", "10", "--dt", "0.1"),
+        *("--nan-at", "45", "--nan-once"),
+        trainer={"total_steps": 100_000},
+        checkpoints={"keep_last": 10},
+    )
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "quarantine").write_text("not a folder\n")
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        wait_for(lambda: 20 in checkpoints(run_dir), 60, what="checkpoint 20")
+        daemon.kill()
+        wait_for(lambda: 60 in checkpoints(run_dir), 60, what="the orphan's checkpoint 60")
+        daemon.start()
+        wait_for(
+            lambda: any(r["kind"] == "divergence" for r in journal(run_dir)), 60, what="the NaN"
+        )
+        daemon.request("shutdown", timeout=60)
+        daemon.wait_exit(60)
+        assert {50, 60} <= set(checkpoints(run_dir))  # still there: the moves failed
+        daemon.start()
+        daemon.wait_state("stopped", timeout=60)  # the shutdown was the operator's
+        listed = [c["step"] for c in daemon.request("checkpoints")["checkpoints"]]
+        assert listed and max(listed) < 45, listed
+        daemon.request("start", timeout=60)
+        wait_for(
+            lambda: len([r for r in journal(run_dir) if r["kind"] == "spawn"]) == 3,
+            60,
+            what="the third daemon's start",
+        )
+    finally:
+        daemon.cleanup()
+    spawn = [r for r in journal(run_dir) if r["kind"] == "spawn"][-1]
+    assert spawn["resume"]["step"] < 45, spawn
+    again = [
+        r["step"]
+        for r in journal(run_dir)
+        if r["kind"] == "quarantine" and "the move out of the folder had failed" in r["reason"]
+    ]
+    assert {50, 60} <= set(again), again
+
+
 def test_recurring_divergence_halts_in_diverged(tmp_path: Path):
     run_dir = scripted_run(
         tmp_path / "run",

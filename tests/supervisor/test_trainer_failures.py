@@ -178,3 +178,41 @@ def test_no_verified_checkpoint_left_halts_and_only_an_explicit_choice_starts_ov
         (operator,) = [r for r in records(run_dir, "operator") if r["cmd"] == "start"][-1:]
         assert operator["args"] == {"from_scratch": True}
         assert records(run_dir, "spawn")[-1]["resume"] is None
+
+
+def test_an_exit_0_before_total_steps_is_finished_early_and_alerted(tmp_path: Path):
+    run_dir = make_run(
+        tmp_path / "run",
+        [PYTHON, str(SCRIPTED_TRAINER), "--steps", "55", "--save-every", "10", "--dt", "0.005"],
+        trainer={"stop_timeout_s": 10.0, "total_steps": 100_000},
+        alerts={"command": ["sh", "-c", f"cat >> {tmp_path / 'run' / 'alerts.jsonl'}"]},
+    )
+    with running_daemon(run_dir) as daemon:
+        status = daemon.wait_state("finished", timeout=60)
+        assert status["detail"]["reason"] == (
+            "the trainer exited 0 at step 55 of 100000 ([trainer] total_steps), before the end"
+        )
+        (finished,) = records(run_dir, "trainer_finished")
+        assert finished["early"] is True and finished["total_steps"] == 100_000
+        alert = wait_for(lambda: [a for a in alerts(run_dir) if a.get("event") == "finished"], 30)
+        assert "exited 0 at step 55 of 100000" in alert[0]["happened"], alert
+
+
+def test_commits_without_step_lines_raise_a_hint_and_an_alert(tmp_path: Path):
+    """The trainer's stdout goes nowhere (closed, redirected): its saves keep coming while
+    the daemon reads no loss. After three commits in a row with no step line: the hint."""
+    trainer = f"exec {PYTHON} {SCRIPTED_TRAINER} --steps 100000 --save-every 10 --dt 0.01"
+    run_dir = make_run(
+        tmp_path / "run",
+        ["sh", "-c", trainer + " > /dev/null"],
+        trainer={"stop_timeout_s": 10.0},
+        alerts={"command": ["sh", "-c", f"cat >> {tmp_path / 'run' / 'alerts.jsonl'}"]},
+    )
+    with running_daemon(run_dir):
+        (hint,) = wait_for(lambda: records(run_dir, "no_step_lines"), 60, what="the hint")
+        assert hint["commits"] == 3 and hint["last_step"] is None
+        assert "NaN and spike detection are off" in hint["hint"]
+        alert = wait_for(
+            lambda: [a for a in alerts(run_dir) if a.get("event") == "no_step_lines"], 30
+        )
+        assert "with no step line this start" in alert[0]["happened"]
