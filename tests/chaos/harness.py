@@ -1044,7 +1044,7 @@ class Soak:
                 if r.get("kind") == "crash" and r.get("t", 0) >= fault.t
                 and "SyntaxError" in str(r.get("last_line"))
             ]  # fmt: skip
-            return (s is not None and s["state"] == "crash_loop") or len(failures) >= 3
+            return (s is not None and s["state"] == "crash_loop") or len(failures) >= 2
 
         wait_for(failed_enough, 60, 0.05, what="starts failing on the broken script")
         self.script.write_bytes(good)
