@@ -13,6 +13,8 @@ See docs/testing.md.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,13 @@ import pytest
 
 from tests.support.load import busy_loops
 from tests.support.mounts import mounts  # noqa: F401 (a fixture for every test folder)
+
+# The suite starts hundreds of daemons, CLI commands and trainers. With bytecode written
+# once, each loads the package's compiled modules instead of compiling every one from
+# source again (PYTHONDONTWRITEBYTECODE, set on some machines, would make each process do
+# so, and pytest rewrite every test module in every worker).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
