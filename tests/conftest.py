@@ -72,7 +72,6 @@ LONGEST = {
     "integrations/test_inplace.py": 80,
     "integrations/test_hf.py": 75,
     "chaos/test_chaos_soak.py": 60,
-    "trainer/test_compile.py": 60,
     "integrations/test_lightning.py": 50,
     "supervisor/test_long_history.py": 50,
     "test_packaging.py": 45,

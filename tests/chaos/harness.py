@@ -853,12 +853,13 @@ class Soak:
         # (the continuation reference is copied from it); one of the two newest, so that
         # retention cannot delete it while it is rewritten.
 
+        # Nor the run's last checkpoint: the final weights are judged against the reference.
+        spared = {resumed, checkpoint_name(self.plan.steps)}
+        if pinned is not None:
+            spared.add(checkpoint_name(pinned))
+
         def choices() -> list[Path]:
-            return [
-                p
-                for p in self.daemon_verified()
-                if p.name != resumed and (pinned is None or p.name != checkpoint_name(pinned))
-            ][-2:]
+            return [p for p in self.daemon_verified() if p.name not in spared][-2:]
 
         # Right after a pivot or a rollback the only ones may be those two: the next commit.
         with contextlib.suppress(AssertionError):

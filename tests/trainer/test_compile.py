@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from tests.trainer.trainer_process import checkpoint, read_bin, run_trainer, step_losses
 
 ARGS = ("--preset", "tiny", "--steps", "4", "--save-every", "2", "--device", "cpu", "--compile")
 
 
+@pytest.mark.slow  # inductor compiles C++ twice: about 150 s beside a busy loop
 def test_compiled_training_saves_and_resumes_bit_exactly(tmp_path):
     # A cache of our own: proof that inductor really compiled, and no reuse of another run's.
     cache = tmp_path / "inductor-cache"
