@@ -223,8 +223,7 @@ def trainer_files(cfg: Config, src: Path) -> tuple[list[Path], list[Path]]:
     shared: list[Path] = []
     for item in command:
         for text in _path_like(item):
-            path = Path(text).expanduser()
-            path = Path(os.path.realpath(path if path.is_absolute() else cfg.trainer_cwd / path))
+            path = _resolved(text, cfg)
             if root not in path.parents or path in written:
                 continue
             if any(path == o or o in path.parents for o in owned):
@@ -241,9 +240,14 @@ def _sharing(item: str, cfg: Config, shared: list[Path]) -> str | None:
     prefix, sep, value = item.partition("=") if item.startswith("-") else ("", "", item)
     if not value:
         return None
-    path = Path(value).expanduser()
-    path = Path(os.path.realpath(path if path.is_absolute() else cfg.trainer_cwd / path))
+    path = _resolved(value, cfg)
     return f"{prefix}{sep}{path}" if path in shared else None
+
+
+def _resolved(text: str, cfg: Config) -> Path:
+    """A path the trainer's command names, as the trainer (in its working folder) sees it."""
+    path = Path(text).expanduser()
+    return Path(os.path.realpath(path if path.is_absolute() else cfg.trainer_cwd / path))
 
 
 def _path_like(item: str) -> list[str]:

@@ -222,6 +222,24 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
     return state
 
 
+def _quarantine_poisoned(
+    state: State, step: int, actions: list[Action], said: str = ""
+) -> list[Ckpt]:
+    """Quarantine every checkpoint written at or after a divergence at `step`; those."""
+    poisoned = [c for c in state.checkpoints if c.step >= step]
+    for c in poisoned:
+        actions.append(
+            Quarantine(
+                c.step,
+                c.name,
+                f"written at or after divergence at step {step}{said}",
+                cause="divergence",
+                cause_step=step,
+            )
+        )
+    return poisoned
+
+
 def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -> State:
     loss = ev.loss if math.isfinite(ev.loss) else str(ev.loss)
     actions.append(SignalTrainer("SIGKILL", f"divergence: loss {ev.loss} at step {ev.step}"))
@@ -230,17 +248,7 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
     first_bad: int | None = (
         min(ev.step, state.divergence_step) if state.divergence_step is not None else ev.step
     )
-    poisoned = [c for c in state.checkpoints if c.step >= ev.step]
-    for c in poisoned:
-        actions.append(
-            Quarantine(
-                c.step,
-                c.name,
-                f"written at or after divergence at step {ev.step}",
-                cause="divergence",
-                cause_step=ev.step,
-            )
-        )
+    poisoned = _quarantine_poisoned(state, ev.step, actions)
     resumed = suspects.suspect_of_divergence(state, ev.step, rules)
     state = without_checkpoints(state, {c.step for c in poisoned})
     fallbacks = state.fallbacks
@@ -301,17 +309,7 @@ def diverged_unseen(
     and the next start rolls back to before it (or the run halts in `diverged` if this is
     the same divergence again)."""
     shown = loss if math.isfinite(loss) else str(loss)
-    poisoned = [c for c in state.checkpoints if c.step >= step]
-    for c in poisoned:
-        actions.append(
-            Quarantine(
-                c.step,
-                c.name,
-                f"written at or after divergence at step {step} (logged while no daemon ran)",
-                cause="divergence",
-                cause_step=step,
-            )
-        )
+    poisoned = _quarantine_poisoned(state, step, actions, " (logged while no daemon ran)")
     state = without_checkpoints(state, {c.step for c in poisoned})
     recurring = state.divergence_step is not None
     divergences = state.divergences + 1 if recurring else 1
