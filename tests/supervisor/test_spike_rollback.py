@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,21 @@ def starts_said(run_dir: Path) -> list[str]:
     return re.findall(r"scripted trainer: (seg \d+, from step \d+, .*)", text)
 
 
+def kill_between_saves(pid: int, run_dir: Path, every: int) -> None:
+    """SIGKILL the trainer while its newest logged step is not a saved one, so the restart
+    replays at least one logged step (a kill just after a save would leave none to audit).
+    The trainer is paused (SIGSTOP) while its log is read."""
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        logged = re.findall(r"^step: (\d+),", (run_dir / "training.log").read_text(), re.M)
+        if logged and int(logged[-1]) % every:
+            os.kill(pid, signal.SIGKILL)
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.003)
+    raise AssertionError("the trainer never stood between two saves")
+
+
 def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
     run_dir = spiky_run(tmp_path / "run", bad_steps=5)
     with running_daemon(run_dir) as daemon:
@@ -137,7 +153,7 @@ def test_the_resume_audit_still_flags_a_difference_outside_the_skipped_steps(tmp
         wait_for(lambda: (daemon.status()["step"] or 0) > 300, timeout=60, what="step 300")
         pid = trainer_pid(run_dir)
         assert pid is not None and belongs_to_run(pid, run_dir)
-        os.kill(pid, signal.SIGKILL)
+        kill_between_saves(pid, run_dir, every=10)
         wait_for(lambda: of_kind(run_dir, "resume_drift"), timeout=60, what="resume_drift")
     (drift,) = of_kind(run_dir, "resume_drift")
     assert drift["checkpoint_step"] > 200
