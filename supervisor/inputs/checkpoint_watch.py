@@ -9,8 +9,9 @@ written is not judged until it is closed, so a half-copied file never is.
 
 A write to a name already committed (a file rewritten in place, a file inside a committed
 folder changed) is reported to on_touched: the daemon compares it with the digest taken at
-its commit. The daemon drains the queue (`drain`) before it acts on a trainer's exit or an
-operator's request, so a commit made before either is seen before the decision.
+its commit. The daemon drains the queue (`drain`) before it acts on an operator's request,
+and before it acts on a trainer's exit also waits for the checks those events started in
+worker threads (`settle`), so a commit made before either is seen before the decision.
 
 An in-place trainer's fixed file ([checkpoints] fixed, never a committed name itself) is
 reported to on_fixed when it is closed after a write or a file is renamed onto it; writes
@@ -48,7 +49,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainwarden.supervisor.inputs.inotify import (
     IN_CLOSE_WRITE,
@@ -69,6 +70,8 @@ from trainwarden.supervisor.inputs.inotify import (
 from trainwarden.supervisor.store.checkpoints import QUARANTINE, CheckpointStore, Verdict
 from trainwarden.supervisor.store.digest import Signature, signature_of
 from trainwarden.supervisor.store.snapshots import STAGING
+
+T = TypeVar("T")
 
 log = logging.getLogger("trainwarden.checkpoints")
 
@@ -148,6 +151,7 @@ class CheckpointWatcher:
         self._folders: dict[int, Path] = {}  # watch -> the checkpoint folder it watches
         self._folder_inodes: dict[int, int] = {}  # watch -> that folder's inode
         self._poller: WatchThread | None = None
+        self._checks: set[asyncio.Future[Any]] = set()  # see _check
         self._last_writing = 0.0
         self._attached = False
         self._stopped = False
@@ -186,6 +190,27 @@ class CheckpointWatcher:
         every commit made so far). Scanning without inotify has nothing to drain."""
         if self._inotify is not None and self._attached:
             self._inotify.dispatch(self.on_events)
+
+    async def settle(self) -> None:
+        """drain(), then wait for the checks it started in worker threads (a folder whose
+        committing file was written before its watch came, a rescan after lost events) and
+        drain again, until none is left: every commit made so far has been reported."""
+        self.drain()
+        while self._checks:
+            await asyncio.wait(list(self._checks))
+            self.drain()
+
+    def _check(self, work: Callable[[], T], then: Callable[[asyncio.Future[T]], None]) -> None:
+        """Run `work` in a worker thread, then `then` with its future on the loop; settle()
+        waits for it."""
+        job = self.loop.run_in_executor(None, work)
+        self._checks.add(job)
+
+        def done(future: asyncio.Future[T]) -> None:
+            self._checks.discard(future)
+            then(future)
+
+        job.add_done_callback(done)
 
     # -- inotify, on the loop ----------------------------------------------------
 
@@ -263,8 +288,7 @@ class CheckpointWatcher:
             if self._final(path) is None:
                 self._writing(path)
                 return
-            whole = self.loop.run_in_executor(None, self._arrived_whole, path)
-            whole.add_done_callback(lambda done: self._created(path, done))
+            self._check(lambda: self._arrived_whole(path), lambda done: self._created(path, done))
         elif mask & IN_MODIFY:
             self._writing(path)
 
@@ -371,7 +395,6 @@ class CheckpointWatcher:
             for entry in os.scandir(self.store.dir):
                 if entry.name not in UNWATCHED and entry.is_dir(follow_symlinks=False):
                     self._watch_folder(Path(entry.path))
-        scan = self.loop.run_in_executor(None, self.store.scan)
 
         def report(done: asyncio.Future[tuple[list[str], list[str]]]) -> None:
             if self._stopped or done.cancelled() or done.exception() is not None:
@@ -382,7 +405,7 @@ class CheckpointWatcher:
             if in_flight:
                 self._writing(None)
 
-        scan.add_done_callback(report)
+        self._check(self.store.scan, report)
 
     # -- names the format does not read -------------------------------------------
 

@@ -229,7 +229,7 @@ class Daemon:
         )
         watcher.start()
         self.watcher = watcher
-        self.executor.drain_commits = watcher.drain
+        self.executor.settle_commits = watcher.settle
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         from trainwarden.supervisor.serve.control import ControlServer

@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,10 @@ NO_SPACE_WORDS = ("No space left on device", "ENOSPC", "Disk quota exceeded")
 log = logging.getLogger("trainwarden.daemon")
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGKILL": signal.SIGKILL}
+
+
+async def _nothing() -> None:
+    """settle_commits before a watcher is attached."""
 
 
 def signal_name(returncode: int) -> str | None:
@@ -92,8 +96,8 @@ class Executor:
         """Each start's cgroup, where the daemon may make them (see shell.cgroups)."""
         self.identity_unsaved: TrainerIdentity | None = None
         """The live trainer's identity the disk had no space for (trainer.pid), to save."""
-        self.drain_commits: Callable[[], None] = lambda: None
-        """Have every checkpoint event queued now reported (the watcher's drain)."""
+        self.settle_commits: Callable[[], Awaitable[None]] = _nothing
+        """Have every commit made so far reported (the watcher's settle)."""
         self.containing: asyncio.Task[None] | None = None
         """The ended start's remaining processes being stopped: awaited before any spawn."""
         self.snapshots: Snapshots | None = None
@@ -332,12 +336,12 @@ class Executor:
         read_resume = self._close_resume_read() or self.hub.resume_mentioned
         last_line = self.hub.start_last_line
         self.hub.end_segment()
-        self.drain_commits()
+        await self.settle_commits()
         if self.snapshots is not None:
             # Its last write of the fixed file, snapshotted (or rejected) and the snapshot's
             # commit queued, before the exit is decided on: a restart resumes from it.
             await self.snapshots.settle()
-            self.drain_commits()
+            await self.settle_commits()
         self.report(
             core.TrainerExited(
                 time.monotonic(),
@@ -381,7 +385,7 @@ class Executor:
         try:
             await self._stop_start(marker)
         finally:
-            self.drain_commits()
+            await self.settle_commits()
             self.report(core.StartContained(time.monotonic()))
 
     async def _stop_start(self, marker: str) -> None:

@@ -195,6 +195,33 @@ async def test_a_folder_renamed_in_unfinished_commits_when_finished(folders, tmp
     assert set(w.committed) == {"ckpt-11"}  # by its create (whole already) or its close
 
 
+async def test_settle_reports_a_folder_written_whole_before_its_watch_came(folders):
+    """Under load the loop reads a folder's create after the trainer wrote all of it (its
+    files' events went unwatched): the commit is found by a check in a worker thread, and
+    settle() (before a trainer's exit is decided on) waits for it."""
+    store, w = folders
+    folder = store.dir / "ckpt-12"
+    folder.mkdir()  # the loop runs nothing until the await below
+    (folder / "weights").write_bytes(b"w" * 1000)
+    (folder / "state.json").write_bytes(b"done")
+    w.watcher.drain()
+    assert w.committed == ["ckpt-12"]
+
+
+async def test_settle_waits_for_the_rescan_after_lost_events(tmp_path: Path):
+    store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
+    store.ensure()
+    w = Watching(store)
+    w.watcher.start()
+    try:
+        (store.dir / checkpoint_name(50)).write_bytes(andrea_bin(50))
+        w.watcher.on_events([InotifyEvent(-1, IN_Q_OVERFLOW, 0, b"")])
+        await w.watcher.settle()
+        assert checkpoint_name(50) in w.committed
+    finally:
+        w.watcher.stop()
+
+
 async def test_quarantine_is_not_watched(folders):
     store, w = folders
     store.quarantine_dir.mkdir()
