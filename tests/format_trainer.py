@@ -227,6 +227,8 @@ def daemon_scenario(
             trainer={"stop_timeout_s": 30.0, "total_steps": steps},
             checkpoints={"format": fmt.name, "keep_last": 2},
             restart={"backoff_initial_s": 0.0, "backoff_max_s": 1.0, "stall_timeout_s": 60.0},
+            # The two kept span a spike rollback's reach: retention keeps nothing more.
+            divergence={"rollback_steps": 10},
         )
 
     def units(directory: Path) -> dict[int, list[str]]:

@@ -17,14 +17,10 @@ def retention_deletions(state: State, rules: Rules) -> list[Ckpt]:
     """Verified checkpoints that retention removes now, oldest first.
 
     Keeps the newest keep_last unpinned ones at or below the running trainer's logged step,
-    every one above it, every pinned one, and the one the running trainer resumed from
-    while it has not yet logged a step past it.
+    every one above it, every pinned one, the rollback rungs (see rollback_rungs), and the
+    one the running trainer resumed from while it has not yet logged a step past it.
     """
-    unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
-    if state.trainer_alive and state.last_step is not None:
-        # A commit ahead of the steps the trainer has logged (planted, or from elsewhere)
-        # evicts nothing until the trainer's own steps reach it: keep_last counts the rest.
-        unpinned = [c for c in unpinned if c.step <= state.last_step]
+    unpinned = _counted(state)
     if len(unpinned) <= rules.keep_last:
         return []
     loading = state.last_step is None or (
@@ -32,7 +28,38 @@ def retention_deletions(state: State, rules: Rules) -> list[Ckpt]:
     )
     busy = state.trainer_alive or state.phase == Phase.BACKOFF
     in_use = state.resume_step if busy and loading else None
-    return [c for c in unpinned[: -rules.keep_last] if c.step != in_use]
+    rungs = rollback_rungs(state, unpinned, rules)
+    return [c for c in unpinned[: -rules.keep_last] if c.step != in_use and c.step not in rungs]
+
+
+def _counted(state: State) -> list[Ckpt]:
+    """The unpinned checkpoints keep_last counts, oldest first."""
+    unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
+    if state.trainer_alive and state.last_step is not None:
+        # A commit ahead of the steps the trainer has logged (planted, or from elsewhere)
+        # evicts nothing until the trainer's own steps reach it: keep_last counts the rest.
+        unpinned = [c for c in unpinned if c.step <= state.last_step]
+    return unpinned
+
+
+def rollback_rungs(state: State, unpinned: list[Ckpt], rules: Rules) -> set[int]:
+    """While spike rollback is on, a spike must find a checkpoint at least rollback_steps
+    before it. When none of the newest keep_last (nor a pinned one) is that far before the
+    newest, retention also keeps the newest one that is (the anchor) and the oldest after
+    it, which becomes the next anchor once the newest is rollback_steps past it; with none
+    that far back yet, the oldest, which will be the first. The rollback target so stays
+    between rollback_steps and about twice that behind the newest."""
+    if not rules.spikes.enabled or not unpinned:
+        return set()
+    reach = unpinned[-1].step - rules.spikes.rollback_steps
+    kept = [c.step for c in unpinned[-rules.keep_last :]]
+    if any(step <= reach for step in [*kept, *state.pinned]):
+        return set()
+    far = [c.step for c in unpinned if c.step <= reach]
+    if not far:
+        return {unpinned[0].step}
+    after = [c.step for c in unpinned if c.step > far[-1]]
+    return {far[-1], *after[:1]}
 
 
 def next_to_delete(state: State, rules: Rules) -> int | None:
@@ -40,7 +67,8 @@ def next_to_delete(state: State, rules: Rules) -> int | None:
     unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
     if len(unpinned) < rules.keep_last:
         return None
-    return unpinned[0].step
+    rungs = rollback_rungs(state, unpinned, rules)
+    return next((c.step for c in unpinned if c.step not in rungs), None)
 
 
 def apply_retention(state: State, rules: Rules, actions: list[Action]) -> State:

@@ -176,7 +176,7 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
         actions.append(Record("spike", {**fields, "halts": True, "rollback_to": None}))
         reason = (
             f"the loss spiked at step {spike.first} and no verified checkpoint before it is"
-            " left to roll back to (raise keep_last, or start it again to train on)"
+            " left to roll back to (start it again to train on)"
         )
         log = replace(log, watch=None, halting=reason)
         return replace(state, phase=Phase.STOPPING, stop_reason="spike", kill_at=None, spikes=log)

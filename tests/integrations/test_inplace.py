@@ -107,6 +107,9 @@ def in_place_run(
             "stall_timeout_s": 120.0,
         },
         telemetry={"parser": parser},
+        # Saves every 10 steps: the newest two span a spike rollback's reach, so retention
+        # keeps keep_last snapshots and no more.
+        divergence={"rollback_steps": 10},
     )
 
 

@@ -131,6 +131,7 @@ def test_a_plant_within_max_step_jump_evicts_no_real_checkpoint_until_the_steps_
         tmp_path / "run",
         "--steps", "300", "--save-every", "10", "--n-params", str(N_PARAMS), "--dt", "0.1",
         checkpoints={"keep_last": 1, "max_step_jump": 100},
+        divergence={"spikes": False},  # keep_last alone, no rollback rungs (test_spikes)
     )  # fmt: skip
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (daemon.status()["step"] or 0) >= 82, 60, what="step 82")

@@ -34,10 +34,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def endless_run(run_dir: Path) -> Path:
-    """An endless scripted run saving every 1,000 steps and on SIGUSR1, keep_last 3."""
+    """An endless scripted run saving every 1,000 steps and on SIGUSR1, keep_last 3 (no spike
+    handling: saves a few steps apart keep no checkpoint for a rollback, see test_spikes)."""
     return scripted_run(
         run_dir, "--steps", "100000000", "--save-every", "1000", "--dt", "0.02", "--usr1", "save",
-        checkpoints={"keep_last": 3},
+        checkpoints={"keep_last": 3}, divergence={"spikes": False},
     )  # fmt: skip
 
 

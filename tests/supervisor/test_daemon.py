@@ -51,7 +51,11 @@ def final_bytes(run_dir: Path, step: int) -> bytes:
 
 def test_survives_repeated_sigkill_and_ends_bit_exact(tmp_path: Path, straight_run: Path):
     run_dir = reference_run(
-        tmp_path / "run", 120, 20, trainer={"env": {"TRAINER_TEST_SLOW_SAVE_S": "0.3"}}
+        tmp_path / "run",
+        120,
+        20,
+        trainer={"env": {"TRAINER_TEST_SLOW_SAVE_S": "0.3"}},
+        divergence={"rollback_steps": 20},  # keep_last 3 spans it: exactly three are kept
     )
     rng = random.Random(7)
     kills = 0

@@ -358,6 +358,7 @@ def test_a_failing_mirror_is_journaled_and_the_run_goes_on(tmp_path: Path):
         run={"name": "mirrored"},
         checkpoints={"keep_last": 2},
         mirror={"path": str(blocker / "backup")},
+        divergence={"rollback_steps": 10},  # the two kept span it: retention keeps two
     )
     with running_daemon(run_dir) as daemon:
         daemon.wait_state("finished", timeout=120)

@@ -22,6 +22,8 @@ RULES = p.Rules(
     max_loss=20.0,
     divergence_retries=1,
     dump_timeout_s=0.0,  # a hang's SIGTERM at once; the dump before it: test_hang_dump.py
+    # Retention keeps keep_last only; the checkpoints a spike rollback needs: test_spikes.py.
+    spikes=p.SpikeRules(enabled=False),
 )
 
 

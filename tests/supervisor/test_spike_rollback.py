@@ -48,17 +48,19 @@ def spiky_run(
     supports: list[str] | None = None,
     steps: int = 200,
     extra: tuple[str, ...] = (),
+    keep_last: int = 3,
+    bad_at: int = BAD_AT,
     **divergence: Any,
 ) -> Path:
     return scripted_run(
         run_dir,
         *("--steps", str(steps), "--save-every", "10", "--dt", "0.005", *extra),
-        *("--bad-data-at", str(BAD_AT), "--bad-data-steps", str(bad_steps)),
+        *("--bad-data-at", str(bad_at), "--bad-data-steps", str(bad_steps)),
         trainer={
             "stop_timeout_s": 10.0,
             "supports": ["skip_data", "lr_scale"] if supports is None else supports,
         },
-        checkpoints={"keep_last": 3},
+        checkpoints={"keep_last": keep_last},
         divergence={**SPIKE_TABLE, **divergence},
     )
 
@@ -142,6 +144,23 @@ def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
     assert not of_kind(run_dir, "resume_drift")
 
 
+def test_with_keep_last_1_the_spike_still_rolls_back_rollback_steps(tmp_path: Path):
+    """keep_last = 1 alone would keep only step 100, saved in the bad data: retention keeps
+    the checkpoints a rollback needs, and the spike rolls back to step 80 as with more."""
+    run_dir = spiky_run(tmp_path / "run", bad_steps=5, keep_last=1)
+    with running_daemon(run_dir) as daemon:
+        daemon.wait_state("finished", timeout=120)
+    (rollback,) = of_kind(run_dir, "rollback")
+    assert rollback["step"] == 80 and rollback["checkpoint"] == "step_000080.bin"
+    spawns = of_kind(run_dir, "spawn")
+    assert spawns[1]["resume"]["step"] == 80
+    (outcome,) = of_kind(run_dir, "spike_outcome")
+    assert outcome["outcome"] == "cured"
+    # Retention went on: at the end, keep_last plus at most the two rungs.
+    left = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.bin"))
+    assert "step_000200.bin" in left and len(left) <= 3, left
+
+
 def test_the_resume_audit_still_flags_a_difference_outside_the_skipped_steps(tmp_path: Path):
     """After the rollback, a crash restart replays steps logged with the same windows:
     those are compared, and the trainer's drift (--drift-per-seg) is flagged."""
@@ -203,29 +222,29 @@ def test_a_trainer_without_skip_data_gets_a_plain_rollback_and_the_journal_says_
     assert starts_said(run_dir)[1] == "seg 2, from step 80, skip_data [], lr_scale 1.0"
 
 
-def test_keep_last_1_with_no_checkpoint_before_the_spike_halts_instead_of_starting_over(
+def test_a_spike_in_the_data_before_the_first_checkpoint_halts_instead_of_starting_over(
     tmp_path: Path,
 ):
-    """keep_last = 1 and bad data from step 100: the only checkpoint left is 100 itself (or
-    one after it), none before the spike. Rolling back would train from step 0 and skip
-    steps 1 to 100 for good: the run halts in diverged and keeps its checkpoint."""
-    # Detected 12 steps (0.6 s) into the bad data: checkpoint 100 is verified by then, and
-    # 90 deleted for it, on a busy machine too.
+    """Bad data from step 8, the first save at step 10: the only checkpoints are after the
+    spike's first step. Rolling back would train from step 0 and skip steps 1 to 8 for
+    good: the run halts in diverged and keeps its checkpoints."""
+    # Detected 12 steps (0.6 s) into the bad data: checkpoint 10 is verified by then.
     run_dir = spiky_run(
         tmp_path / "run",
         bad_steps=100_000,
         steps=100_000,
         extra=("--dt", "0.05"),
+        bad_at=8,
         spike_patience=12,
     )
-    config = run_dir / "trainwarden.toml"
-    config.write_text(config.read_text().replace("keep_last = 3", "keep_last = 1"))
     with running_daemon(run_dir) as daemon:
         status = daemon.wait_state("diverged", timeout=60)
     assert "no verified checkpoint before it is left" in status["detail"]["reason"]
     (spike,) = of_kind(run_dir, "spike")
+    assert spike["first_step"] == 8
     assert spike["halts"] is True and spike["rollback_to"] is None
     assert not of_kind(run_dir, "rollback") and not of_kind(run_dir, "quarantine")
+    assert (run_dir / "checkpoints" / "step_000010.bin").is_file()
     assert len([r for r in journal(run_dir) if r["kind"] == "spawn"]) == 1
 
 

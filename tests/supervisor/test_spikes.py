@@ -198,6 +198,58 @@ def test_a_spike_with_no_checkpoint_before_it_halts_rather_than_start_over():
     assert not kinds(actions, p.Spawn)
 
 
+def test_with_keep_last_1_retention_keeps_a_checkpoint_rollback_steps_back_for_a_spike():
+    """keep_last=1 alone would leave only the newest checkpoint, after the spike's first
+    step: retention keeps the newest one at least rollback_steps (20) before the newest,
+    and the oldest after it, so the spike rolls back to a real checkpoint."""
+    rules = replace(RULES, keep_last=1)
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100)], rules=rules)
+    kept_at = {}
+    for last in range(10, 201, 10):
+        state, _ = run(steps(last - 9, last), state, rules)
+        kept_at[last] = [c.step for c in state.checkpoints]
+    # The oldest waits until it is 20 back; then the anchor moves up with the newest.
+    assert kept_at[20] == [10, 20] and kept_at[30] == [10, 20, 30]
+    assert kept_at[40] == [20, 30, 40] and kept_at[200] == [180, 190, 200]
+    for last, kept in kept_at.items():
+        # Never more than keep_last + 2; one at least 20 back once there was one to keep.
+        assert len(kept) <= 3 and (last < 30 or min(kept) <= last - 20), (last, kept)
+        assert last - min(kept) <= 2 * 20 + 10, (last, kept)
+    state, actions = run(steps(201, 203, loss=5.0), state, rules)
+    (rollback,) = records(actions, "rollback")
+    assert rollback["step"] <= 201 - 20 and rollback["step"] in kept_at[200]
+    state, actions = run([p.TrainerExited(204.0, 100, -9, "SIGKILL")], state, rules)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == rollback["step"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, 400), min_size=1, max_size=40, unique=True).map(sorted),
+    st.integers(1, 4),
+    st.integers(1, 60),
+)
+def test_retention_never_drops_the_last_checkpoint_rollback_steps_back(saves, keep_last, back):
+    """Whatever the save steps: once a checkpoint at least rollback_steps before the newest
+    was verified, one stays; never more than keep_last + 2 are kept."""
+    rules = replace(RULES, keep_last=keep_last, spikes=replace(SPIKES, rollback_steps=back))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100)], rules=rules)
+    for step in saves:
+        before = [c.step for c in state.checkpoints]
+        state, _ = run(steps(step, step, every=step), state, rules)
+        kept = [c.step for c in state.checkpoints]
+        reach = step - back
+        if any(s <= reach for s in before):
+            assert any(s <= reach for s in kept), (before, step, kept)
+        assert len(kept) <= keep_last + 2, kept
+
+
+def test_with_spikes_off_retention_keeps_keep_last_only():
+    rules = replace(RULES, keep_last=1, spikes=replace(SPIKES, enabled=False))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100), *steps(1, 100)], rules=rules)
+    assert [c.step for c in state.checkpoints] == [100]
+
+
 def test_every_later_start_passes_the_same_windows_and_scale():
     state, _ = healthy_run()
     state, _ = run([*steps(61, 63, loss=5.0), p.TrainerExited(65.0, 100, -9)], state)
