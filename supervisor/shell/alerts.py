@@ -1,6 +1,9 @@
 """Alerts sent while nobody watches: the journal observed, alerts chosen by core.alerts,
-sent through apprise (one URL at a time, so each gets its own result) and `[alerts]
-command`, in a worker thread that never holds the loop up.
+sent to each apprise URL and to `[alerts] command` from a thread per target that never
+holds the loop up (nor the other targets). Each try runs as a helper process
+(shell.helpers): a URL's send in a process of its own (shell.alert_send), the command as
+itself; each ends, with its whole process group, at `timeout_s`, and only the tail of what
+it prints is kept.
 
 URLs carry tokens and passwords: only their masked form (`mask_url`) is journaled or
 printed, and whatever apprise or a command says back is scrubbed of them first.
@@ -15,8 +18,9 @@ import logging
 import queue
 import re
 import socket
-import subprocess
+import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,13 +30,20 @@ import orjson
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import alerts as core
+from trainwarden.supervisor.shell.alert_send import RESULT
+from trainwarden.supervisor.shell.helpers import KEEP_BYTES, Ran, run_helper
 from trainwarden.supervisor.store.journal import Journal
 
 QUEUE_MAX = 100
-"""Alerts waiting to be sent, at most; past it the newest are dropped (and counted)."""
+"""Alerts waiting to be sent to one target, at most; past it the newest are dropped (and
+counted)."""
+SEND_KEEP_BYTES = 16384
+"""Of a URL send's output, the tail kept: its result line and what apprise said."""
 CLOSE_GRACE_S = 5.0
 """How long a stopping daemon waits for alerts still being sent."""
 RETRY_PAUSE_S = 2.0
+HELPER_END_S = 0.5
+"""After the grace, how long a closing daemon waits for each target's helper to be ended."""
 HOST_SHOWN = frozenset({"json", "jsons", "xml", "xmls", "form", "forms", "mailto", "mailtos"})
 """Schemes whose host is a server's name (shown masked), not a token or a topic."""
 OWN_KINDS = frozenset({"alert_sent", "alert_failed"})
@@ -75,17 +86,6 @@ class Outcome:
     attempts: int = 1
 
 
-class _Said(logging.Handler):
-    """What apprise logs during one send (its only account of why a send failed)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def alert_payload(cfg: Config, alert: core.Alert, host: str) -> dict[str, Any]:
     """The alert as the command gets it on stdin, and the parts of its message."""
     title = f"trainwarden {cfg.run.name}: {alert.title}"
@@ -116,7 +116,8 @@ def alert_payload(cfg: Config, alert: core.Alert, host: str) -> dict[str, Any]:
 
 
 class Sender:
-    """Sends one alert to every configured URL and the command; never raises."""
+    """Sends an alert to one target (a URL, or the command) within a total deadline per
+    try, in a process group of its own killed at that deadline; never raises."""
 
     def __init__(self, cfg: Config, stop: threading.Event | None = None) -> None:
         self.cfg = cfg
@@ -124,72 +125,100 @@ class Sender:
         self.stop = stop or threading.Event()
         self.host = socket.gethostname()
 
-    def deliver(self, alert: core.Alert) -> list[Outcome]:
-        payload = alert_payload(self.cfg, alert, self.host)
-        outcomes = [
-            self._tried(mask_url(url), functools.partial(self._send_url, url, payload))
-            for url in self.urls
+    def targets(self) -> list[tuple[str, Callable[[dict[str, Any]], str | None]]]:
+        """(masked name, send) for each configured URL and the command."""
+        targets: list[tuple[str, Callable[[dict[str, Any]], str | None]]] = [
+            (mask_url(url), functools.partial(self._send_url, url)) for url in self.urls
         ]
         if self.cfg.alerts.command:
-            outcomes.append(self._tried("command", functools.partial(self._run_command, payload)))
-        return outcomes
+            targets.append(("command", self._run_command))
+        return targets
 
-    def _tried(self, target: str, send: Callable[[], str | None]) -> Outcome:
+    def deliver(self, alert: core.Alert) -> list[Outcome]:
+        """To every target, one after the other (`alert-test`; the daemon sends to each
+        target from its own thread)."""
+        payload = alert_payload(self.cfg, alert, self.host)
+        return [self.tried(name, send, payload) for name, send in self.targets()]
+
+    def tried(
+        self, target: str, send: Callable[[dict[str, Any]], str | None], payload: dict[str, Any]
+    ) -> Outcome:
         attempts = 0
         error: str | None = None
         tries = self.cfg.alerts.retries + 1
         for attempts in range(1, tries + 1):
             try:
-                error = send()
-            except Exception as exc:  # a plugin's bug must not end the sending thread
+                error = send(payload)
+            except Exception as exc:  # a bug of ours must not end the sending thread
                 error = f"{type(exc).__name__}: {exc}"
             if error is None or attempts == tries or self.stop.wait(RETRY_PAUSE_S * attempts):
                 break
         return Outcome(target, None if error is None else scrub(error, self.urls), attempts)
 
-    def _send_url(self, url: str, payload: dict[str, Any]) -> str | None:
-        import apprise
-
-        said = _Said()
-        _apprise_log.addHandler(said)
+    def _helper(self, argv: list[str], data: bytes, keep: int, with_stdout: bool) -> Ran | str:
+        """The helper's run, or why it did not finish."""
+        timeout = self.cfg.alerts.timeout_s
         try:
-            plugin = apprise.Apprise.instantiate(url)
-            if plugin is None:
-                why = "; ".join(said.lines) or "check its scheme and fields"
-                return f"not a URL apprise can use ({why})"
-            timeout = self.cfg.alerts.timeout_s
-            plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout
-            ok = plugin.notify(body=payload["body"], title=payload["title"])
-        finally:
-            _apprise_log.removeHandler(said)
-        if ok:
+            ran = run_helper(
+                argv, deadline_s=timeout, stdin=data, cwd=self.cfg.run_dir, keep=keep,
+                with_stdout=with_stdout, stop=self.stop,
+            )  # fmt: skip
+        except OSError as exc:
+            return f"cannot run {argv[0]}: {exc.strerror or exc}"
+        if ran.returncode is None:
+            return f"no answer within timeout_s = {timeout:g} s (ended)"
+        return ran
+
+    def _send_url(self, url: str, payload: dict[str, Any]) -> str | None:
+        request = {
+            "url": url,
+            "title": payload["title"],
+            "body": payload["body"],
+            "timeout_s": self.cfg.alerts.timeout_s,
+        }
+        argv = [sys.executable, "-m", "trainwarden.supervisor.shell.alert_send"]
+        ran = self._helper(argv, orjson.dumps(request), SEND_KEEP_BYTES, with_stdout=True)
+        if isinstance(ran, str):
+            return ran
+        lines = ran.tail.decode(errors="replace").splitlines()
+        said = next((line for line in reversed(lines) if line.startswith(RESULT)), None)
+        if said is None:
+            last = next((line for line in reversed(lines) if line.strip()), "")
+            return f"the send ended without a result (exit {ran.returncode}): {last[:200]}"
+        result = orjson.loads(said.removeprefix(RESULT))
+        if result["ok"]:
             return None
-        return "; ".join(said.lines) or "apprise reported a failure"
+        return "; ".join(result["said"]) or "apprise reported a failure"
 
     def _run_command(self, payload: dict[str, Any]) -> str | None:
         argv = self.cfg.alerts.command
-        try:
-            done = subprocess.run(
-                argv,
-                input=orjson.dumps(payload),
-                capture_output=True,
-                timeout=self.cfg.alerts.timeout_s,
-                cwd=self.cfg.run_dir,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return f"{argv[0]} did not exit within timeout_s = {self.cfg.alerts.timeout_s:g} s"
-        except OSError as exc:
-            return f"cannot run {argv[0]}: {exc.strerror or exc}"
-        if done.returncode != 0:
-            said = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-            return f"{argv[0]} exited {done.returncode}: {said[0][:200]}"
+        ran = self._helper(argv, orjson.dumps(payload), KEEP_BYTES, with_stdout=False)
+        if isinstance(ran, str):
+            return ran.replace("no answer within", f"{argv[0]} did not exit within", 1)
+        if ran.returncode != 0:
+            said = ran.tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            return f"{argv[0]} exited {ran.returncode}: {said[0][:200]}"
         return None
 
 
+class Lane:
+    """One target's queue and the thread that sends to it: a target that is slow or down
+    delays only its own alerts."""
+
+    def __init__(
+        self, target: str, send: Callable[[dict[str, Any]], str | None], work: Callable[..., None]
+    ) -> None:
+        self.target = target
+        self.send = send
+        self.todo: queue.Queue[core.Alert | None] = queue.Queue(QUEUE_MAX)
+        self.dropped = 0
+        self.thread = threading.Thread(target=work, args=(self,), name="alerts", daemon=True)
+
+
 class Alerter:
-    """The daemon's alerts: `observe` is a journal listener (any thread); sending and its
-    journaling happen off the loop; `close` waits a little for sends in flight."""
+    """The daemon's alerts: `observe` is a journal listener (any thread); each target is
+    sent to from its own thread (Lane), its outcomes journaled on the loop; `close` waits a
+    little for sends in flight."""
 
     def __init__(
         self,
@@ -210,12 +239,11 @@ class Alerter:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.sender = Sender(cfg, self.stop)
-        self.todo: queue.Queue[core.Alert | None] = queue.Queue(QUEUE_MAX)
         self.done: deque[tuple[core.Alert, Outcome, int]] = deque()
-        self.dropped = 0
         self.closed = False
-        self.thread = threading.Thread(target=self._work, name="alerts", daemon=True)
-        self.thread.start()
+        self.lanes = [Lane(name, send, self._work) for name, send in self.sender.targets()]
+        for lane in self.lanes:
+            lane.thread.start()
         journal.listeners.append(self.observe)
 
     def observe(self, record: dict[str, Any]) -> None:
@@ -228,16 +256,19 @@ class Alerter:
                 log.exception("no alert could be made of a %s record", record.get("kind"))
                 return
             for alert in alerts:
-                try:
-                    self.todo.put_nowait(alert)
-                except queue.Full:
-                    self.dropped += 1
+                for lane in self.lanes:
+                    try:
+                        lane.todo.put_nowait(alert)
+                    except queue.Full:
+                        lane.dropped += 1
 
-    def _work(self) -> None:
-        while (alert := self.todo.get()) is not None:
-            dropped, self.dropped = self.dropped, 0
-            for outcome in self.sender.deliver(alert):
-                self.done.append((alert, outcome, dropped))
+    def _work(self, lane: Lane) -> None:
+        while (alert := lane.todo.get()) is not None:
+            with self.lock:
+                dropped, lane.dropped = lane.dropped, 0
+            payload = alert_payload(self.sender.cfg, alert, self.sender.host)
+            outcome = self.sender.tried(lane.target, lane.send, payload)
+            self.done.append((alert, outcome, dropped))
             with contextlib.suppress(RuntimeError):  # the loop is closed: close() journals
                 self.loop.call_soon_threadsafe(self._journal_done)
 
@@ -260,10 +291,15 @@ class Alerter:
         """Stop taking alerts and wait up to `grace` s for those queued (any thread)."""
         with contextlib.suppress(ValueError):
             self.journal.listeners.remove(self.observe)
-        with contextlib.suppress(queue.Full):
-            self.todo.put_nowait(None)
-        self.thread.join(grace)
-        self.stop.set()  # a retry still waiting gives up
+        for lane in self.lanes:
+            with contextlib.suppress(queue.Full):
+                lane.todo.put_nowait(None)
+        deadline = time.monotonic() + grace
+        for lane in self.lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()))
+        self.stop.set()  # a retry still waiting gives up, a helper still running is ended
+        for lane in self.lanes:
+            lane.thread.join(HELPER_END_S)
 
     def close(self, grace: float = CLOSE_GRACE_S) -> None:
         """drain(grace), then journal what came of the sends; nothing is journaled after."""

@@ -5,18 +5,30 @@ every file and log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import orjson
+import psutil
 import pytest
 
-from tests.support import PYTHON, journal, make_run, running_daemon, scripted_run, wait_for
+from tests.support import (
+    PYTHON,
+    journal,
+    make_run,
+    pid_alive,
+    running_daemon,
+    scripted_run,
+    wait_for,
+)
 from trainwarden.supervisor.config import load_config
 from trainwarden.supervisor.core.alerts import Alert, AlertRules, Watch, observe
 from trainwarden.supervisor.shell.alerts import Alerter, Sender, mask_url, scrub
@@ -436,3 +448,137 @@ def test_alert_test_prints_each_urls_result(tmp_path: Path, inbox: Inbox):
     make_run(run_dir, ["true"])
     done = alert_test(run_dir)
     assert done.returncode == 2 and "[alerts] has neither urls nor command" in done.stderr
+
+
+# ----------------------------------------------------------------------------- hostile targets
+
+
+class Hostile:
+    """A loopback HTTP endpoint that misbehaves after reading the request: `trickle` sends
+    a byte every 2 s for ever; `flood` streams an endless response as fast as it can."""
+
+    def __init__(self, how: str) -> None:
+        self.stop = threading.Event()
+        hostile = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                chunk = b"x" * (1 << 16) if how == "flood" else b" "
+                with contextlib.suppress(OSError):
+                    while not hostile.stop.is_set():
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        if how == "trickle":
+                            hostile.stop.wait(2.0)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"json://127.0.0.1:{self.server.server_address[1]}/{TOKEN}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def sender_for(tmp_path: Path, **alerts: Any) -> Sender:
+    run_dir = make_run(tmp_path / "run", ["true"], alerts={"retries": 0, **alerts})
+    return Sender(load_config(run_dir, check_plugins=False))
+
+
+TEST_ALERT = Alert("test", "test", "t", "h", "d", None, 0.0)
+
+
+def delivered_with_growth(sender: Sender) -> tuple[list[Any], int]:
+    """The outcomes of sending TEST_ALERT, and by how much this process's RSS rose above
+    where it was, at most, while it was sent (sampled every 5 ms)."""
+    me = psutil.Process()
+    before = me.memory_info().rss
+    peak = before
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.005):
+            peak = max(peak, me.memory_info().rss)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        outcomes = sender.deliver(TEST_ALERT)
+    finally:
+        done.set()
+        sampler.join()
+    return outcomes, peak - before
+
+
+def test_a_trickling_endpoint_is_given_up_at_timeout_s_and_delays_no_other_target(
+    tmp_path: Path, inbox: Inbox
+):
+    """timeout_s bounds the whole send, not each read; the good URL and the command are
+    sent from their own threads and arrive while the trickling one still hangs."""
+    slow = Hostile("trickle")
+    marker = tmp_path / "command-ran"
+    run_dir = make_run(
+        tmp_path / "run", ["true"],
+        alerts={"urls": [slow.url, inbox.url], "timeout_s": 4.0, "retries": 0,
+                "command": ["sh", "-c", f"cat > {marker}"]},
+    )  # fmt: skip
+    journal_file = Journal(tmp_path / "journal.jsonl")
+    loop = asyncio.new_event_loop()
+    alerter = Alerter(load_config(run_dir, check_plugins=False), journal_file, loop, lambda: 7)
+    try:
+        started = time.monotonic()
+        journal_file.append("halt", {"state": "crash_loop", "reason": "exit 3"})
+        wait_for(lambda: inbox.received and marker.exists(), 3.5, what="the good targets")
+        assert time.monotonic() - started < 3.5  # before the slow one's deadline
+    finally:
+        alerter.close(grace=6.0)
+        slow.close()
+        loop.close()
+    assert "crash_loop" in orjson.loads(marker.read_bytes())["title"]
+    outcomes = {r["target"]: r for r in read_records(tmp_path / "journal.jsonl") if "target" in r}
+    assert outcomes[mask_url(inbox.url)]["kind"] == "alert_sent"
+    assert outcomes["command"]["kind"] == "alert_sent"
+    failed = outcomes[mask_url(slow.url)]
+    assert failed["kind"] == "alert_failed"
+    assert failed["error"] == "no answer within timeout_s = 4 s (ended)"
+
+
+def test_an_endless_response_costs_the_daemon_no_memory(tmp_path: Path):
+    flood = Hostile("flood")
+    try:
+        sender = sender_for(tmp_path, urls=[flood.url], timeout_s=5.0)
+        (outcome,), grown = delivered_with_growth(sender)
+    finally:
+        flood.close()
+    assert outcome.error is not None, outcome
+    assert grown < 20 << 20, f"the daemon grew by {grown >> 20} MiB"
+
+
+def test_a_loud_command_is_kept_to_its_tail_and_a_timed_out_one_ends_with_its_children(
+    tmp_path: Path,
+):
+    loud = ["sh", "-c", "head -c 300000000 /dev/zero; echo the-last-word >&2; exit 3"]
+    sender = sender_for(tmp_path, command=loud, timeout_s=60.0)
+    (outcome,), grown = delivered_with_growth(sender)
+    assert grown < 20 << 20, f"the daemon grew by {grown >> 20} MiB"
+    assert outcome.error == "sh exited 3: the-last-word"
+
+    pids = tmp_path / "pids"
+    lingering = ["sh", "-c", f"sleep 900 & echo $! > {pids}; sleep 900"]
+    sender = sender_for(tmp_path, command=lingering, timeout_s=1.0)
+    started = time.monotonic()
+    (outcome,) = sender.deliver(TEST_ALERT)
+    assert time.monotonic() - started < 5.0
+    assert outcome.error == "sh did not exit within timeout_s = 1 s (ended)"
+    child = int(pids.read_text())
+    wait_for(lambda: not pid_alive(child), 10, what="the command's child ended")

@@ -37,7 +37,13 @@ def test_xid_79_halts_in_gpu_fault_and_alerts_the_owner(tmp_path: Path, inbox: I
         assert len(gpu) == 1 and len(halted) == 1, inbox.titles()
         assert "79" in gpu[0]["message"] and "reboot" in halted[0]["message"].lower()
         assert f"trainwarden tui {run_dir}" in halted[0]["message"]
-        sent = kinds_of(run_dir, "alert_sent")
-        assert {r["event"] for r in sent} >= {"gpu_fault", "halted"}
+        # Journaled once each send's process has reported back, after the inbox has it.
+        wait_for(
+            lambda: (
+                {r["event"] for r in kinds_of(run_dir, "alert_sent")} >= {"gpu_fault", "halted"}
+            ),
+            30,
+            what="both sends journaled",
+        )
         daemon.stop()
     assert_no_secret(run_dir)
