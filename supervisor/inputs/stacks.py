@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,7 @@ def _py_spy_all(py_spy: str, pids: list[int], deadline: float) -> dict[int, tupl
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=env,
+                    start_new_session=True,  # its group is ended with it on a timeout
                 )
             except OSError as exc:
                 results[pid] = ("", f"cannot run {py_spy}: {exc.strerror or exc}")
@@ -125,7 +127,8 @@ def _py_spy_all(py_spy: str, pids: list[int], deadline: float) -> dict[int, tupl
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 results[pid] = ("", "py-spy did not finish in time")
                 continue

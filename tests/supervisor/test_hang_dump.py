@@ -16,6 +16,9 @@ from tests.support.procs import pid_alive
 from tests.support.runs import PYTHON, journal, make_run
 from tests.support.wait import wait_for
 from trainwarden.supervisor.core import policy as p
+from trainwarden.supervisor.inputs.stacks import capture
+from trainwarden.supervisor.store.hangs import dump_path, hangs_dir, write_dump
+from trainwarden.supervisor.store.rundir import RunFiles
 
 RULES = p.Rules(stall_timeout_s=60.0, stop_timeout_s=10.0, dump_timeout_s=5.0)
 
@@ -254,3 +257,35 @@ def test_dump_command_with_no_trainer_running_is_refused_in_one_line(tmp_path: P
             "trainwarden: refused (wrong_state): no trainer is running: there are no stacks to dump"
         )
         assert first(run_dir, "hang_dump") is None
+
+
+def test_a_py_spy_that_overruns_is_ended_with_what_it_started(tmp_path: Path):
+    fake = tmp_path / "py-spy"
+    child = tmp_path / "child.pid"
+    fake.write_text(f"#!/bin/sh\nsleep 900 &\necho $! > {child}\nsleep 900\n")
+    fake.chmod(0o755)
+    dump = capture([os.getpid()], str(fake), 1.0, "no py-spy")
+    assert dump.processes[0].error == "py-spy did not finish in time"
+    left = int(child.read_text())
+    wait_for(lambda: not pid_alive(left), 10, what="the py-spy's own child ended")
+
+
+def test_the_dumps_kept_are_the_newest_twenty_within_32_mib(tmp_path: Path):
+    files = RunFiles(tmp_path)
+    files.state_dir.mkdir()
+    written = []
+    for n in range(25):
+        path = dump_path(files, 1_000_000.0 + n, n)
+        write_dump(path, f"dump {n}\n")
+        written.append(path.name)
+    left = sorted(p.name for p in hangs_dir(files).iterdir())
+    assert left == sorted(written[-20:])
+    # Large ones (cut at 4 MiB each): the newest stay, as many as fit in 32 MiB together.
+    big = "x" * (5 * 1024 * 1024)
+    newest = []
+    for n in range(25, 35):
+        newest.append(dump_path(files, 1_000_000.0 + n, n))
+        write_dump(newest[-1], big)
+    left = sorted(p.name for p in hangs_dir(files).iterdir())
+    assert left == sorted(p.name for p in newest[-8:])
+    assert sum(p.stat().st_size for p in hangs_dir(files).iterdir()) <= 32 * 1024 * 1024
