@@ -204,7 +204,7 @@ async def test_settle_reports_a_folder_written_whole_before_its_watch_came(folde
     folder.mkdir()  # the loop runs nothing until the await below
     (folder / "weights").write_bytes(b"w" * 1000)
     (folder / "state.json").write_bytes(b"done")
-    w.watcher.drain()
+    await w.watcher.settle()
     assert w.committed == ["ckpt-12"]
 
 

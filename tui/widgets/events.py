@@ -170,7 +170,11 @@ class EventsPanel(Vertical):
         yield table
 
     def on_resize(self) -> None:
-        # The details were fitted to the old width: fit them again.
+        self._refit()
+
+    def _refit(self) -> None:
+        """The rows were fitted to another width (an older size, or one read before the
+        layout settled): fit them again."""
         if self.model is not None and self.column_widths() != self.shown_widths:
             self.show(self.model)
 
@@ -217,3 +221,5 @@ class EventsPanel(Vertical):
         table = self.query_one(DataTable)
         if sync_rows(table, rows.items(), COLUMNS):
             table.sort("time", key=lambda cell: cell.order, reverse=True)
+        # A size read while the layout was still changing is checked again once it is drawn.
+        self.call_after_refresh(self._refit)
