@@ -31,6 +31,11 @@ CONFIG_NAME = "trainwarden.toml"
 
 RUN_NAME_MAX = 200
 """Longest run.name accepted, in characters: it heads every status line and TUI screen."""
+MAX_COUNT = 2**31 - 1
+"""The largest integer a key may hold (a step's bound, contract.MAX_STEP), but for BIG_KEYS."""
+BIG_KEYS = {"telemetry.n_params": 2**53, "telemetry.tokens_per_step": 2**53}
+MAX_SECONDS = 1e7
+"""The longest time a `*_s` key may give (about 115 days)."""
 
 
 @dataclass(frozen=True)
@@ -537,6 +542,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     _check_counts(path, cfg)
     _check_paths(path, cfg)
     _check_finite(path, cfg)
+    _check_magnitudes(path, cfg)
     _check_divergence(path, cfg)
     _check_alerts(path, cfg)
 
@@ -611,6 +617,41 @@ def _check_finite(path: Path, cfg: Config) -> None:
             value = getattr(values, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise _bad(path, f"{table}.{f.name}", value, "a finite number")
+
+
+def _check_magnitudes(path: Path, cfg: Config) -> None:
+    """No count beyond MAX_COUNT (a step, a window, a number of checkpoints: beyond it
+    nothing a run does can reach it) and no time beyond MAX_SECONDS: a bound so far out
+    is a mistake, and one of 1e308 s would overflow every deadline computed from it."""
+    for table in TABLES:
+        values = getattr(cfg, table)
+        for f in dataclasses.fields(values):
+            key, value = f"{table}.{f.name}", getattr(values, f.name)
+            held = value.values() if isinstance(value, dict) else value
+            for number in held if isinstance(held, list | type({}.values())) else [held]:
+                if isinstance(number, bool) or not isinstance(number, int | float):
+                    continue
+                limit = BIG_KEYS.get(key, MAX_COUNT)
+                if isinstance(number, int) and abs(number) > limit:
+                    raise _bad(path, key, _shown(number), f"an integer of at most {limit:,}")
+                if f.name.endswith("_s") and abs(number) > MAX_SECONDS:
+                    expected = f"a number of seconds up to {MAX_SECONDS:,.0f} (about 115 days)"
+                    raise _bad(path, key, number, expected)
+
+
+def _shown(number: int) -> int | str:
+    """A number as an error shows it: a long one by its length."""
+    text = str(number)
+    return number if len(text) <= 30 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def too_long(exc: ValueError) -> str:
+    """The one line for a TOML number Python refuses to convert (past 4,300 digits)."""
+    if "digits" in str(exc):
+        return (
+            "not valid TOML: an integer of more than 4,300 digits; give a value in the key's range"
+        )
+    return f"not valid TOML: {exc}"
 
 
 def _bad(path: Path, key: str, value: Any, expected: str) -> ConfigError:
@@ -984,6 +1025,10 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     run_dir = Path(run_dir).resolve()
     path = run_dir / CONFIG_NAME
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read for ever
+            raise ConfigError(
+                f"{path}: cannot read the config: not a regular file; it must be a TOML file"
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(
@@ -995,6 +1040,8 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{path}: {too_long(exc)}") from None
     tables: dict[str, Any] = {}
     for table, value in raw.items():
         if table not in TABLES:

@@ -578,6 +578,33 @@ CATALOGUE: list[Bad] = [
     ),
     Bad(
         "config",
+        "integer of 5,000 digits",
+        TRAINER_OK + "[checkpoints]\nkeep_last = " + "9" * 5000 + "\n",
+        "not valid TOML: an integer of more than 4,300 digits",
+    ),
+    Bad(
+        "config",
+        "keep_last beyond int64",
+        TRAINER_OK + "[checkpoints]\nkeep_last = 99999999999999999999\n",
+        "'checkpoints.keep_last' = 99999999999999999999 is invalid: expected an integer of at"
+        " most 2,147,483,647",
+    ),
+    Bad(
+        "config",
+        "spike_window 2^63-1",
+        TRAINER_OK + "[divergence]\nspike_window = 9223372036854775807\n",
+        "'divergence.spike_window' = 9223372036854775807 is invalid",
+    ),
+    Bad(
+        "config",
+        "backoff of 1e308 s",
+        TRAINER_OK + "[restart]\nbackoff_initial_s = 1e308\nbackoff_max_s = 1e308\n",
+        "'restart.backoff_initial_s' = 1e+308 is invalid: expected a number of seconds up to"
+        " 10,000,000",
+    ),
+    Bad("config", "config a FIFO", "<fifo>", "not a regular file"),
+    Bad(
+        "config",
         "infinite max_loss",
         TRAINER_OK + "[telemetry]\nmax_loss = inf\n",
         "'telemetry.max_loss' = inf is invalid: expected a finite number",
@@ -1237,6 +1264,8 @@ def refused_config(
     config = run_dir / "trainwarden.toml"
     if row.input == "<directory>":
         config.mkdir()
+    elif row.input == "<fifo>":
+        os.mkfifo(config)  # reading it would block for ever
     else:
         data = row.input if isinstance(row.input, bytes) else row.input.encode()
         config.write_bytes(data)

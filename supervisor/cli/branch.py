@@ -37,6 +37,7 @@ from trainwarden.supervisor.config import (
     CONFIG_NAME,
     Config,
     load_config,
+    too_long,
     trainer_script_problem,
 )
 from trainwarden.supervisor.contract import POLICY_FILE, normalized_policy, sidecar_path
@@ -118,9 +119,19 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
         if key in FIXED_KEYS:
             raise UsageError(f"--set {key}: a branch keeps its parent's checkpoint format")
         try:
-            out[key] = tomllib.loads(f"value = {text}")["value"]
+            parsed = tomllib.loads(f"value = {text}")
         except tomllib.TOMLDecodeError:
             out[key] = text
+            continue
+        except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+            raise UsageError(f"--set {key}: {too_long(exc)}") from None
+        if list(parsed) != ["value"]:
+            raise UsageError(
+                f"--set {key}: the value must be one TOML value, not more lines or tables"
+                f" (it also sets {', '.join(k for k in parsed if k != 'value')}); give one"
+                " --set per key"
+            )
+        out[key] = parsed["value"]
     return out
 
 

@@ -491,3 +491,17 @@ def test_daemon_history_reply_of_a_run_that_is_no_branch(tmp_path: Path):
         daemon.stop()
     assert reply["branch_step"] is None and reply["ancestors"] == []
     assert reply["step"][0] == 1
+
+
+def test_a_set_value_is_one_toml_value_and_a_huge_integer_is_one_line():
+    from trainwarden.supervisor.cli.branch import parse_sets
+    from trainwarden.supervisor.errors import UsageError
+
+    assert parse_sets(["restart.stall_timeout_s=300", "run.name=plain text"]) == {
+        "restart.stall_timeout_s": 300,
+        "run.name": "plain text",
+    }
+    with pytest.raises(UsageError, match=r"one TOML value.*also sets trainer"):
+        parse_sets(['run.name="x"\n[trainer]\ncommand = ["evil"]'])
+    with pytest.raises(UsageError, match="more than 4,300 digits"):
+        parse_sets(["checkpoints.keep_last=" + "9" * 5000])
