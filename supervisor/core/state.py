@@ -174,6 +174,9 @@ class State:
     stop_exit: str | None = None
     """How a trainer stopped on request ended ("exited 0", "killed after 10 s"), until
     the stop's replies are given."""
+    stop_from: int | None = None
+    """The newest checkpoint's step (-1: none) when the stop's SIGTERM was sent: a newer
+    one is the trainer's save on it."""
     backoff_until: float | None = None
     next_backoff_s: float | None = None
     """Delay before the next restart; None means backoff_initial_s."""

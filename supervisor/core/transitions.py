@@ -128,6 +128,7 @@ def spawn(state: State, t: float, actions: list[Action]) -> State:
         kill_at=None,
         dump_until=None,
         stop_exit=None,
+        stop_from=None,
         backoff_until=None,
         progress_since_start=False,
         poisoned_from=None,
@@ -154,6 +155,7 @@ def stop_trainer(
         stop_reason=reason,
         kill_at=t + rules.stop_timeout_s,
         dump_until=None,
+        stop_from=state.newest.step if state.newest else -1,
     )
 
 
@@ -182,6 +184,10 @@ def stop_result(state: State) -> dict[str, Any]:
         outcome, message = "not_running", f"no trainer was running; {newest_where}"
     elif ended.startswith("killed after"):
         outcome, message = "killed", f"{ended} (steps lost: {lost}); {newest_where}"
+    elif lost == 0 and ended.startswith("killed by") and not saved_on_stop(state):
+        # The signal ended it (no handler): whatever it had saved before, it saved nothing.
+        outcome = "exited_without_saving"
+        message = f"{ended} without saving; nothing lost: its last step is the {where}"
     elif lost == 0:
         outcome, message = "saved", f"saved and exited ({ended}); {where}"
     else:
@@ -194,6 +200,12 @@ def stop_result(state: State) -> dict[str, Any]:
         "exit": ended,
         "message": message,
     }
+
+
+def saved_on_stop(state: State) -> bool:
+    """A checkpoint newer than the one there when the stop's SIGTERM went out."""
+    newest = state.newest.step if state.newest else -1
+    return state.stop_from is None or newest > state.stop_from
 
 
 def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> State:
@@ -216,7 +228,7 @@ def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> S
     state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
     if state.shutdown:
         actions.append(Exit(0))
-    return replace(state, stop_due=False, stop_exit=None)
+    return replace(state, stop_due=False, stop_exit=None, stop_from=None)
 
 
 def tell(state: State, actions: list[Action], message: str, kind: str = "stop") -> None:

@@ -103,6 +103,24 @@ def test_stop_needs_no_force_when_nothing_would_be_lost():
     assert signals(actions) == ["SIGTERM"]
 
 
+def test_a_trainer_the_sigterm_killed_is_never_said_to_have_saved():
+    """Nothing lost (its last step is checkpointed) but it died of the SIGTERM: it saved
+    nothing, and the reply says so; one that saved first and then died of it did save."""
+    state, _ = decide([ask(p.Stop(force=True), handles=frozenset())], running(last_step=40))
+    _, actions = decide([p.TrainerExited(3.0, 100, -15, "SIGTERM")], state)
+    (reply,) = of(actions, p.Reply)
+    assert reply.result["outcome"] == "exited_without_saving" and reply.result["steps_lost"] == 0
+    assert reply.result["message"].startswith("killed by SIGTERM without saving; nothing lost")
+    assert "saved" not in reply.result["message"].replace("without saving", "")
+
+    state, _ = decide([ask(p.Stop())], running(last_step=40))
+    state, _ = decide([p.StepLogged(2.5, 41, 2.0)], state)
+    state, _ = decide([p.CheckpointCommitted(2.6, 41, "step_000041.bin", 1)], state)
+    _, actions = decide([p.TrainerExited(3.0, 100, -15, "SIGTERM")], state)
+    (reply,) = of(actions, p.Reply)
+    assert reply.result["outcome"] == "saved"
+
+
 def test_stop_streams_progress_and_reports_a_save_at_the_last_step():
     state, actions = decide([ask(p.Stop(), rid=7)], running())
     progress = [a.message for a in of(actions, p.Progress) if a.request_id == 7]
