@@ -16,7 +16,9 @@ checkpoint cannot be exported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import errno
 import json
 import os
 import struct
@@ -333,6 +335,17 @@ def export_hf_trainer(path: Path, out: Path, dtype_name: str) -> dict[str, Any]:
 
 
 EXPORTERS = {"andrea-bin": export_andrea_bin, "hf-trainer": export_hf_trainer}
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+"""Errors only writing causes: the export's folder is to blame, not the checkpoint."""
+
+
+def _where(exc: OSError, out: Path, checkpoint: Path) -> str:
+    """An OSError's one line, naming the side it happened on."""
+    if exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    if exc.errno in WRITE_ERRORS:
+        return f"{out}: {exc.strerror} while writing the export; free space there or choose another --out"
+    return f"{checkpoint}: {exc.strerror}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -342,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     args = parser.parse_args(argv)
+    made = not args.out.exists()
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -359,13 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for leftover in (args.out / name, args.out / f"{name}.tmp"):
                 if leftover.is_file():
                     leftover.unlink()
+        if made:
+            with contextlib.suppress(OSError):  # not empty: something else is there now
+                args.out.rmdir()
         if isinstance(exc, TrainerError):
             print(f"trainwarden export: {exc}", file=sys.stderr)
             return exc.exit_code
-        print(
-            f"trainwarden export: {exc.filename or args.checkpoint}: {exc.strerror}",
-            file=sys.stderr,
-        )
+        print(f"trainwarden export: {_where(exc, args.out, args.checkpoint)}", file=sys.stderr)
         return 1
     print(json.dumps(report))
     return 0

@@ -194,3 +194,16 @@ def test_an_export_that_fails_midway_removes_what_it_wrote(trained: Path, tmp_pa
     assert done.returncode == 1, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "config.json.tmp" in done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["config.json.tmp"]  # the weights are gone
+
+
+def test_an_export_to_a_full_volume_names_that_volume_and_leaves_no_folder(
+    trained: Path, tmp_path: Path, mounts
+):
+    full = mounts.tmpfs(tmp_path / "full", "64k")
+    out = full / "export"
+    done = cli("export", str(trained), "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "No space left on device" in line and str(full) in line, line
+    assert trained.name not in line  # the checkpoint is not to blame
+    assert not out.exists() and list(full.iterdir()) == []
