@@ -138,8 +138,18 @@ def _py_spy_all(py_spy: str, pids: list[int], deadline: float) -> dict[int, tupl
     return results
 
 
+PTRACE_DENIED = (
+    "py-spy: permission denied attaching to the process (the daemon's user may not ptrace"
+    " it: run the daemon as the trainer's user with kernel.yama.ptrace_scope 0 or 1, or give"
+    " py-spy CAP_SYS_PTRACE)"
+)
+
+
 def _py_spy_error(text: str) -> str:
-    """py-spy's own reason, one line: its `Error:` line and the first cause under it."""
+    """py-spy's own reason, one line: its `Error:` line and the first cause under it (a
+    denied attach said in the daemon's terms, not as py-spy's advice to rerun it by sudo)."""
+    if "permission denied" in text.lower():
+        return PTRACE_DENIED
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     error = next((line for line in lines if line.startswith("Error:")), None)
     if error is None:

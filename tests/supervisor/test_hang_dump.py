@@ -289,3 +289,15 @@ def test_the_dumps_kept_are_the_newest_twenty_within_32_mib(tmp_path: Path):
     left = sorted(p.name for p in hangs_dir(files).iterdir())
     assert left == sorted(p.name for p in newest[-8:])
     assert sum(p.stat().st_size for p in hangs_dir(files).iterdir()) <= 32 * 1024 * 1024
+
+
+def test_a_denied_attach_is_said_as_the_cause_not_as_py_spys_sudo_advice(tmp_path: Path):
+    fake = tmp_path / "py-spy"
+    fake.write_text(
+        "#!/bin/sh\necho 'Error: Permission Denied: Try running again with elevated permissions"
+        ' by going \'"\'"\'sudo env "PATH=$PATH" !!\'"\'"\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    (process,) = capture([os.getpid()], str(fake), 10.0, "no py-spy").processes
+    assert process.error is not None and "sudo" not in process.error
+    assert "permission denied" in process.error and "ptrace" in process.error
