@@ -60,13 +60,13 @@ class StackDump:
 
     @property
     def top_frames(self) -> list[str]:
-        """The innermost frames of the main thread of the first worker (the leaf of the tree:
-        torchrun's agent only waits on its workers) py-spy could read."""
-        for process in reversed(self.processes):
-            frames = process.main_frames
-            if frames:
-                return frames[:TOP_FRAMES]
-        return []
+        """The innermost frames of the trainer's main thread: the main process's (its data
+        loader workers and other children idle meanwhile), unless that is a launcher only
+        waiting on its workers (torchrun's agent): then the first worker's. Failing those,
+        the first process py-spy could read."""
+        readable = [frames for p in self.processes if (frames := p.main_frames)]
+        workers = [frames for frames in readable if not _launcher(frames)]
+        return (workers or readable or [[]])[0][:TOP_FRAMES]
 
     @property
     def error(self) -> str | None:
@@ -75,6 +75,14 @@ class StackDump:
             return None
         errors = sorted({p.error for p in self.processes if p.error})
         return "; ".join(errors) or "no process to dump"
+
+
+LAUNCHER_FILES = ("torch/distributed/elastic/", "torch/distributed/run.py")
+"""Where a launcher's main thread waits on its workers (torchrun's elastic agent)."""
+
+
+def _launcher(frames: list[str]) -> bool:
+    return any(place in frame for frame in frames for place in LAUNCHER_FILES)
 
 
 def find_py_spy(configured: str | None) -> str | None:

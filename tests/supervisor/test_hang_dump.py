@@ -16,7 +16,7 @@ from tests.support.procs import pid_alive
 from tests.support.runs import PYTHON, journal, make_run
 from tests.support.wait import wait_for
 from trainwarden.supervisor.core import policy as p
-from trainwarden.supervisor.inputs.stacks import capture
+from trainwarden.supervisor.inputs.stacks import ProcessStacks, StackDump, capture
 from trainwarden.supervisor.store.hangs import dump_path, hangs_dir, write_dump
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -301,3 +301,22 @@ def test_a_denied_attach_is_said_as_the_cause_not_as_py_spys_sudo_advice(tmp_pat
     (process,) = capture([os.getpid()], str(fake), 10.0, "no py-spy").processes
     assert process.error is not None and "sudo" not in process.error
     assert "permission denied" in process.error and "ptrace" in process.error
+
+
+def stacks(pid: int, *frames: str) -> ProcessStacks:
+    """A process whose main thread py-spy found in `frames` (innermost first)."""
+    text = f'Thread {pid} (idle): "MainThread"\n' + "".join(f"    {f}\n" for f in frames)
+    return ProcessStacks(pid, text, None, "")
+
+
+def test_the_top_frames_are_the_main_process_not_an_idle_data_loader_child():
+    main = stacks(100, "hang_here (train.py:12)", "<module> (train.py:40)")
+    children = [stacks(200 + n, "<module> (worker.py:3)") for n in range(3)]
+    assert StackDump((main, *children)).top_frames[0] == "hang_here (train.py:12)"
+    # A launcher only waits on its workers: the first worker's frames are the trainer's.
+    agent = stacks(100, "_monitor (torch/distributed/elastic/agent/server/api.py:9)")
+    worker = stacks(200, "allreduce (train.py:55)")
+    assert StackDump((agent, worker)).top_frames == ["allreduce (train.py:55)"]
+    # The main process unreadable: the first that is.
+    unreadable = ProcessStacks(100, "", "py-spy did not finish in time", "")
+    assert StackDump((unreadable, worker)).top_frames == ["allreduce (train.py:55)"]
