@@ -2,9 +2,10 @@
 
 Both speak the framing of wire.py and raise the errors of errors.py: DaemonNotRunning
 when nobody answers (or we may not use the socket), UntrustedServer when the uid that
-serves the socket (SO_PEERCRED) is not ours, root's or the socket folder's owner's (the
-daemon binds only in a folder of its own user, socket_place.py), CommandRefused with the daemon's
-error code, ProtocolError for a broken or closed connection. What a reply holds is
+serves the socket (SO_PEERCRED) is not ours or root's, nor one the operator named as the
+daemon's user (--daemon-user, [control] daemon_user) serving from a folder only its owner
+may write to (whoever owns the folder proves nothing: a user who made it first does),
+CommandRefused with the daemon's error code, ProtocolError for a broken or closed connection. What a reply holds is
 described by the types in trainwarden.supervisor.protocol, which re-exports these
 clients; this module imports only wire.py and the errors, so it sits below protocol.py.
 """
@@ -16,6 +17,7 @@ import contextlib
 import grp
 import itertools
 import os
+import pwd
 import socket
 import stat
 import time
@@ -28,6 +30,7 @@ from trainwarden.supervisor.errors import (
     DaemonNotRunning,
     ProtocolError,
     UntrustedServer,
+    UsageError,
 )
 from trainwarden.supervisor.wire import MAX_LINE, connect_path, decode, encode, peer_uid
 
@@ -85,24 +88,53 @@ def _denied_by(socket_path: Path) -> str:
     )
 
 
-def _check_server(socket_path: Path, sock: socket.socket, folder_fd: int | None) -> None:
-    """UntrustedServer unless the socket is served by us, root, or its folder's owner."""
+def _check_server(
+    socket_path: Path, sock: socket.socket, folder_fd: int | None, daemon_uid: int | None
+) -> None:
+    """UntrustedServer unless the socket is served by us, root, or `daemon_uid` (the user
+    the operator named as the daemon's) from a folder only its owner can write to."""
     served_by = peer_uid(sock)
     if served_by in (os.getuid(), 0):
         return
+    me = os.getuid()
+    if daemon_uid is None or served_by != daemon_uid:
+        raise UntrustedServer(
+            f"{socket_path} is served by uid {served_by} ({_user(served_by)}), not by you"
+            f" (uid {me}) or root; nothing was sent. If that user runs the daemon, name it:"
+            f" --daemon-user {_user(served_by)} (or [control] daemon_user in the run's config)"
+        )
     try:
-        owner = (
-            os.fstat(folder_fd) if folder_fd is not None else os.stat(socket_path.parent)
-        ).st_uid
-    except OSError:
-        owner = None
-    if served_by == owner:
-        return
-    raise UntrustedServer(
-        f"{socket_path} is served by uid {served_by}, not by you (uid {os.getuid()}), root or "
-        f"its folder's owner (uid {owner}): another user may have taken the daemon's place; "
-        "nothing was sent"
-    )
+        st = os.fstat(folder_fd) if folder_fd is not None else os.stat(socket_path.parent)
+    except OSError as exc:
+        raise UntrustedServer(
+            f"{socket_path}: cannot check its folder ({exc}); nothing was sent"
+        ) from None
+    if st.st_uid not in (daemon_uid, 0) or stat.S_IMODE(st.st_mode) & 0o022:
+        raise UntrustedServer(
+            f"{socket_path}: its folder (owner uid {st.st_uid}, mode"
+            f" {stat.S_IMODE(st.st_mode):04o}) may be written by others than"
+            f" {_user(daemon_uid)}, so anyone could have put that socket there; nothing was sent"
+        )
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def daemon_uid_of(name: str | int | None) -> int | None:
+    """The uid of a --daemon-user / [control] daemon_user (a name or a number); UsageError
+    for an unknown name."""
+    if name is None or isinstance(name, int):
+        return name
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise UsageError(f"--daemon-user {name}: no such user on this machine") from None
 
 
 def _close(fd: int | None) -> None:
@@ -113,7 +145,9 @@ def _close(fd: int | None) -> None:
 class Client:
     """A blocking client for the CLI: one request, one reply."""
 
-    def __init__(self, socket_path: Path, timeout: float | None = 30.0) -> None:
+    def __init__(
+        self, socket_path: Path, timeout: float | None = 30.0, daemon_uid: int | None = None
+    ) -> None:
         self.socket_path = socket_path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
@@ -121,7 +155,7 @@ class Client:
         try:
             address, fd = connect_path(socket_path)  # a long path opens its folder: may fail too
             self._connect(address, timeout)
-            _check_server(socket_path, self.sock, fd)
+            _check_server(socket_path, self.sock, fd, daemon_uid)
         except UntrustedServer:
             self.sock.close()
             raise
@@ -209,8 +243,9 @@ def result_of(message: dict[str, Any]) -> Any:
 class AsyncClient:
     """An asyncio client for the TUI: requests and pushed topic messages on one connection."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, daemon_uid: int | None = None) -> None:
         self.socket_path = socket_path
+        self.daemon_uid = daemon_uid
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.ids = itertools.count(1)
@@ -228,7 +263,8 @@ class AsyncClient:
                 limit=MAX_LINE + 1,  # the limit counts the newline
             )
             try:
-                _check_server(self.socket_path, self.writer.get_extra_info("socket"), fd)
+                sock = self.writer.get_extra_info("socket")
+                _check_server(self.socket_path, sock, fd, self.daemon_uid)
             except UntrustedServer:
                 self.writer.close()
                 self.reader = self.writer = None

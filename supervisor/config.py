@@ -190,6 +190,10 @@ class ControlConfig:
     again of its own, so others can never lock it out (over either limit: a `busy` reply)."""
     slow_client_s: float = 10.0
     """Seconds a client may leave its replies and pushes unread before it is dropped."""
+    daemon_user: str | int | None = None
+    """For clients of another user: the user (name or uid) the daemon runs as. A client
+    trusts a socket served by itself or root, and by this user only when named here or
+    with --daemon-user."""
 
 
 @dataclass(frozen=True)

@@ -606,12 +606,14 @@ class TrainwardenApp(App[int]):
         self.exit(0)
 
 
-def daemon_unreachable(socket_path: Path, wait_s: float = STARTUP_WAIT_S) -> str | None:
+def daemon_unreachable(
+    socket_path: Path, wait_s: float = STARTUP_WAIT_S, daemon_uid: int | None = None
+) -> str | None:
     """Why nobody answers on `socket_path` (None: a daemon does), trying for `wait_s`."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with Client(socket_path, timeout=5.0) as client:
+            with Client(socket_path, timeout=5.0, daemon_uid=daemon_uid) as client:
                 client.sock.sendall(encode({"id": 1, "cmd": "hello"}))
                 message = client.read_message()
             if message.get("ok"):
@@ -634,6 +636,7 @@ def main(
     log_path: Path | None = None,
     quit_means: str = QUIT_LEAVES_RUN,
     compare: str | None = None,
+    daemon_uid: int | None = None,
 ) -> int:
     """Run the TUI on the daemon at `socket_path`; the exit status.
 
@@ -641,13 +644,14 @@ def main(
     directory); without it the log screen is offered only when the socket lies inside
     the run directory the daemon reports. `compare`: another run to overlay on the loss
     chart, as the daemon finds it (an absolute path, or a folder beside the run).
+    `daemon_uid`: the daemon's user when not ours or root (see client._check_server).
     """
-    problem = daemon_unreachable(socket_path)
+    problem = daemon_unreachable(socket_path, daemon_uid=daemon_uid)
     if problem is not None:
         print(f"trainwarden tui: {problem}", file=sys.stderr)
         return 1
     app = TrainwardenApp(
-        DaemonSource(socket_path, log_path),
+        DaemonSource(socket_path, log_path, daemon_uid),
         read_only=read_only,
         quit_means=quit_means,
         compare=compare,

@@ -90,8 +90,11 @@ def local_log_path(socket_path: Path, hello: dict[str, Any]) -> Path | None:
 
 
 class DaemonSource:
-    def __init__(self, socket_path: Path, log_path: Path | None = None) -> None:
+    def __init__(
+        self, socket_path: Path, log_path: Path | None = None, daemon_uid: int | None = None
+    ) -> None:
         self.socket_path = socket_path
+        self.daemon_uid = daemon_uid
         self.log_path = log_path
         self._log_path_given = log_path is not None
         self._history_wanted = asyncio.Event()
@@ -100,7 +103,7 @@ class DaemonSource:
         self._history_wanted.set()
 
     async def _open(self) -> AsyncClient:
-        client = AsyncClient(self.socket_path)
+        client = AsyncClient(self.socket_path, self.daemon_uid)
         try:
             await asyncio.wait_for(client.connect(), CONNECT_TIMEOUT_S)
         except BaseException:

@@ -39,25 +39,36 @@ def _run_dir(args: argparse.Namespace) -> Path:
     return Path(args.run_dir).expanduser().resolve()
 
 
-def _socket_path(run_dir: Path) -> Path:
+def _run_config(run_dir: Path) -> Any:
+    """RUN's config, or None when it has none (a socket at the default place is tried)."""
     from trainwarden.supervisor.config import CONFIG_NAME, load_config
 
     if (run_dir / CONFIG_NAME).exists():
-        return load_config(run_dir, check_plugins=False).socket_path
-    return run_dir / ".trainwarden" / "control.sock"
+        return load_config(run_dir, check_plugins=False)
+    return None
 
 
-def _daemon_socket(args: argparse.Namespace) -> Path:
-    """--socket when given (a forwarded socket: no run directory needed), else RUN's."""
+def _daemon_target(args: argparse.Namespace) -> tuple[Path, int | None, Any]:
+    """The socket to reach (--socket when given: a forwarded one needs no run directory;
+    else RUN's), the uid the operator named as the daemon's (--daemon-user, else RUN's
+    [control] daemon_user), and RUN's config when read."""
+    from trainwarden.supervisor.client import daemon_uid_of
+
+    named = getattr(args, "daemon_user", None)
     if getattr(args, "socket", None):
-        return Path(args.socket).expanduser()
-    return _socket_path(_run_dir(args))
+        return Path(args.socket).expanduser(), daemon_uid_of(named), None
+    run_dir = _run_dir(args)
+    cfg = _run_config(run_dir)
+    if cfg is None:
+        return run_dir / ".trainwarden" / "control.sock", daemon_uid_of(named), None
+    return cfg.socket_path, daemon_uid_of(named or cfg.control.daemon_user), cfg
 
 
 def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
     from trainwarden.supervisor.protocol import Client
 
-    return Client(_daemon_socket(args), timeout=timeout)
+    socket_path, daemon_uid, _ = _daemon_target(args)
+    return Client(socket_path, timeout=timeout, daemon_uid=daemon_uid)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -307,21 +318,19 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from trainwarden.supervisor.config import CONFIG_NAME, load_config
     from trainwarden.tui.app import main as tui_main
 
     compare = args.compare
     if compare is not None and Path(compare).expanduser().exists():
         # A path on this machine; one that is not is the daemon's to find (over SSH).
         compare = str(Path(compare).expanduser().resolve())
-    if args.socket:
-        return tui_main(_daemon_socket(args), read_only=args.read_only, compare=compare)
-    run_dir = _run_dir(args)
-    if not (run_dir / CONFIG_NAME).exists():
-        return tui_main(_socket_path(run_dir), read_only=args.read_only, compare=compare)
-    cfg = load_config(run_dir, check_plugins=False)
+    socket_path, daemon_uid, cfg = _daemon_target(args)
     return tui_main(
-        cfg.socket_path, read_only=args.read_only, log_path=cfg.log_path, compare=compare
+        socket_path,
+        read_only=args.read_only,
+        log_path=cfg.log_path if cfg is not None else None,
+        compare=compare,
+        daemon_uid=daemon_uid,
     )
 
 

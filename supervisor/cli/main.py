@@ -63,6 +63,12 @@ def build_parser() -> Parser:
                 help="the daemon's control socket instead of RUN's (e.g. forwarded with ssh -L);"
                 " RUN may then be left out",
             )
+            p.add_argument(
+                "--daemon-user",
+                metavar="USER",
+                help="the user the daemon runs as, when not you or root: only then is a socket"
+                " it serves trusted (from a folder only its owner may write to)",
+            )
         p.set_defaults(func=func)
         return p
 
@@ -342,7 +348,7 @@ def _export(args: argparse.Namespace) -> int:
     return cmd_export(args)
 
 
-VALUE_OPTIONS = ("--socket",)
+VALUE_OPTIONS = ("--socket", "--daemon-user")
 """Options of pin and unpin whose value is the next word (not a positional)."""
 
 

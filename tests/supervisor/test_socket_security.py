@@ -144,6 +144,44 @@ def test_the_cli_refuses_a_socket_another_user_serves(tmp_path: Path, shared_dir
     assert heard.read_bytes() == b"", "a request reached the squatter"
 
 
+@needs_users
+def test_a_folder_the_squatter_made_first_proves_nothing(tmp_path: Path, shared_dir: Path):
+    """The squatter makes `tunnels` (0777) before the owner's `mkdir -p` and serves the
+    socket from it: owning the folder is no credential. Only a user named as the daemon's
+    is trusted, and then not from a folder others may write to."""
+    with throwaway_user() as squatter:
+        tunnels = shared_dir / "tunnels"
+
+        def make_it_first() -> None:
+            tunnels.mkdir()
+            os.chmod(tunnels, 0o777)
+
+        assert as_user(squatter, make_it_first)[0] == 0
+        sock = tunnels / "run.sock"
+        heard = shared_dir / "heard"
+        heard.touch()
+        os.chmod(heard, 0o666)
+        pid = spawn_as(squatter, lambda ready: squat(sock, heard, ready))
+        try:
+            cli = [PYTHON, "-m", "trainwarden.supervisor", "stop", "--socket", str(sock)]
+            plain = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+            named = subprocess.run(
+                [*cli, "--daemon-user", squatter.name], capture_output=True, text=True, timeout=60
+            )
+            with pytest.raises(UntrustedServer, match="--daemon-user"):
+                asyncio.run(AsyncClient(sock).connect())
+            with pytest.raises(UntrustedServer, match="written by others"):
+                Client(sock, daemon_uid=squatter.uid)
+        finally:
+            reap(pid)
+    for done in (plain, named):
+        assert done.returncode != 0 and "saved" not in done.stdout, done.stdout
+        (line,) = done.stderr.strip().splitlines()
+        assert f"uid {squatter.uid}" in line or "written by others" in line, line
+    assert "--daemon-user" in plain.stderr and "written by others" in named.stderr
+    assert heard.read_bytes() == b"", "a request reached the squatter"
+
+
 @pytest.fixture
 def group_run(open_base: Path) -> Iterator[tuple[Path, User, User]]:
     """A daemon whose allow_uids lists one throwaway user of a throwaway group; another
