@@ -438,9 +438,12 @@ class ControlServer:
         start = _int_arg(args, "start", None, 0, MAX_STEP)
         end = _int_arg(args, "end", None, 0, MAX_STEP)
         points = _int_arg(args, "points", 200, 1, 100_000)
+        # The daemon's own user and root could read any run themselves; another allowed
+        # user gets only what it could (runseries.resolve_for_peer).
+        peer = None if conn.uid in (os.getuid(), 0) else (-1 if conn.uid is None else conn.uid)
         try:
             return await self.daemon.history_of_query(
-                run, start, end, min(points, HISTORY_MAX_POINTS)
+                run, start, end, min(points, HISTORY_MAX_POINTS), peer
             )
         except NotARun as exc:
             raise CommandError("not_a_run", str(exc)) from None

@@ -38,10 +38,11 @@ class Supervised(Protocol):
         ...
 
     async def history_of_query(
-        self, run: str, start: int | None, end: int | None, points: int
+        self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
     ) -> Any:
         """Another run's history from its files (off the event loop); NotARun for a path
-        that is no run directory."""
+        that is no run directory, or for `peer` (a client of another user) one that is not
+        related to this run or that user may not read."""
         ...
 
     async def related_runs(self) -> list[dict[str, Any]]:

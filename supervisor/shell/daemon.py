@@ -573,10 +573,10 @@ class Daemon:
         return await self.hub.history_query(start, end, points)
 
     async def history_of_query(
-        self, run: str, start: int | None, end: int | None, points: int
+        self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
     ) -> Any:
         assert self.hub is not None
-        return await self.hub.history_of_query(run, start, end, points)
+        return await self.hub.history_of_query(run, start, end, points, peer)
 
     async def related_runs(self) -> list[dict[str, Any]]:
         assert self.hub is not None

@@ -551,13 +551,18 @@ class TelemetryHub:
         return result
 
     async def history_of_query(
-        self, run: str, start: int | None, end: int | None, points: int
+        self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
     ) -> dict[str, Any]:
         """Another run's history, read from its files in the history thread (read only:
-        its own daemon, if any, owns them)."""
+        its own daemon, if any, owns them). For `peer`, a client of another user than the
+        daemon's (or root), only a related run that user may read (resolve_for_peer)."""
 
         def answer() -> dict[str, Any]:
-            path = runseries.resolve_run(self.files.run_dir, run)
+            run_dir = self.files.run_dir
+            if peer is None:
+                path = runseries.resolve_run(run_dir, run)
+            else:
+                path = runseries.resolve_for_peer(run_dir, run, peer)
             return runseries.decimated(runseries.read_run_series(path), start, end, points)
 
         return await self.loop.run_in_executor(self._history_thread, answer)

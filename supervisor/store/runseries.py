@@ -7,6 +7,7 @@ not even the loss cache (a valid one is used when the run's daemon left it)."""
 from __future__ import annotations
 
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,47 @@ def resolve_run(run_dir: Path, name: str) -> Path:
     if not found:
         raise NotARun(f"{name}: not a run directory (no {', '.join(RUN_MARKS)} in it)")
     return path
+
+
+def resolve_for_peer(run_dir: Path, name: str, uid: int) -> Path:
+    """resolve_run for a client of another user: only a run related to `run_dir` (see
+    related_runs) whose loss history `uid` could read itself; NotARun otherwise, the same
+    for a path that is no run at all, so the daemon tells nobody what is where."""
+    refusal = NotARun(
+        f"{name}: no run related to this one that uid {uid} may read (another user may ask"
+        " only for this run's parent, branches and siblings, as their files allow)"
+    )
+    try:
+        path = resolve_run(run_dir, name)
+    except NotARun:
+        raise refusal from None
+    related = {Path(r["path"]) for r in related_runs(run_dir)}
+    if path not in related or not readable_by(path / ".loss.json", uid):
+        raise refusal
+    return path
+
+
+def readable_by(path: Path, uid: int) -> bool:
+    """Whether `uid` (with its groups) may read `path`, each folder on the way searchable:
+    the file modes as the kernel would judge them for that user (no ACLs)."""
+    try:
+        user = pwd.getpwuid(uid)
+        groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+    except KeyError:
+        groups = set()
+
+    def may(st: os.stat_result, bits: int) -> bool:
+        if st.st_uid == uid:
+            return bool(st.st_mode & (bits << 6))
+        if st.st_gid in groups:
+            return bool(st.st_mode & (bits << 3))
+        return bool(st.st_mode & bits)
+
+    try:
+        folders = [*reversed(path.parents)]
+        return all(may(os.stat(f), 1) for f in folders) and may(os.stat(path), 4)
+    except OSError:
+        return False
 
 
 def decimated(series: RunSeries, start: int | None, end: int | None, points: int) -> dict[str, Any]:

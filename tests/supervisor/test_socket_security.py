@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import PYTHON, DaemonProcess, running_daemon, scripted_run
+from tests.support import PYTHON, DaemonProcess, histories, running_daemon, scripted_run
 from tests.support.users import (
     User,
     as_user,
@@ -275,6 +275,63 @@ def test_a_refused_client_reads_its_refusal_and_a_clean_end(group_run: tuple[Pat
         assert reply["ok"] is False and reply["error"]["code"] == "forbidden", reply
     with Client(sock) as client:
         assert client.request("status")["state"] == "running"
+
+
+def history_of_as(user: User, sock: Path, run: str) -> dict[str, Any]:
+    """`history_of run` asked by `user`: the reply's result, or its error."""
+
+    def ask() -> int:
+        with Client(sock) as client:
+            client.sock.sendall(
+                (
+                    json.dumps({"id": 1, "cmd": "history_of", "run": run, "points": 5}) + "\n"
+                ).encode()
+            )
+            print(json.dumps(client.read_message()))
+        return 0
+
+    code, out, err = as_user(user, ask)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def loss_run(path: Path, mode: int) -> Path:
+    """A run folder holding a few logged losses, its loss file of `mode`."""
+    histories.make_run(path, {s: 5.0 - s / 100 for s in range(1, 6)})
+    os.chmod(path / ".loss.json", mode)
+    return path
+
+
+@needs_users
+def test_history_of_gives_another_user_only_related_runs_it_may_read(
+    group_run: tuple[Path, User, User], open_base: Path
+):
+    """An allowed user of another uid: a sibling it may read, yes; a sibling private to the
+    daemon's user, an unrelated run elsewhere, or no run at all: the same refusal, so the
+    daemon neither hands out what the user could not read nor says what is where."""
+    run_dir, allowed, _other = group_run
+    sock = run_dir / ".trainwarden" / "control.sock"
+    loss_run(open_base / "open-sibling", 0o644)
+    loss_run(open_base / "private-sibling", 0o600)
+    elsewhere = Path(tempfile.mkdtemp(prefix="tw-elsewhere-", dir="/tmp"))
+    try:
+        os.chmod(elsewhere, 0o755)
+        unrelated = loss_run(elsewhere / "run", 0o644)
+        assert history_of_as(allowed, sock, "open-sibling")["ok"]
+        refused = [
+            history_of_as(allowed, sock, name)
+            for name in ("private-sibling", str(unrelated), str(open_base / "no-such-run"))
+        ]
+        # The daemon's own user (here root) still reads them all.
+        with Client(sock) as client:
+            assert client.request("history_of", run="private-sibling", points=5)["step"]
+            assert client.request("history_of", run=str(unrelated), points=5)["step"]
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+    errors = [r["error"] for r in refused]
+    assert all(not r["ok"] for r in refused) and {e["code"] for e in errors} == {"not_a_run"}
+    assert all("no run related to this one" in e["message"] for e in errors), errors
+    assert "5.0" not in json.dumps(refused)
 
 
 class Bare:
