@@ -16,8 +16,9 @@ import contextlib
 import logging
 import select
 import socket
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from trainwarden.supervisor.errors import ProtocolError
@@ -48,6 +49,8 @@ ACCEPT_BATCH = 8
 LISTEN_BACKLOG = 512
 """Connections the kernel queues for us before it refuses newcomers (EAGAIN)."""
 TOO_LARGE = b"\0too large"
+FIRST_REQUEST_S = 30.0
+"""A connection's first request must have come whole this soon after it connected."""
 """What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
 
 
@@ -70,6 +73,16 @@ async def hang_up_after(
         sock.shutdown(socket.SHUT_RD)
     while await asyncio.wait_for(reader.read(1 << 16), 5.0):
         pass
+
+
+def evictable(connections: Iterable[Connection], owner: int) -> Connection | None:
+    """At the limit, the owner's connection a newcomer of the owner's takes the place of:
+    the longest idle of its own with no request being answered, preferring one that has
+    subscribed to nothing (a TUI stays attached while a silent socket is there to go)."""
+    idle = [c for c in connections if c.uid == owner and not c.closed and not c.working]
+    if not idle:
+        return None
+    return min(idle, key=lambda c: (bool(c.topics), c.idle_since))
 
 
 def admission(
@@ -220,6 +233,10 @@ class Connection:
         """Request lines read ahead; None: no more (EOF or a read error)."""
         self.gone = asyncio.Event()
         """The client hung up (or the connection closed): nobody reads a reply any more."""
+        self.working = False
+        """A request of it is being answered."""
+        self.idle_since = time.monotonic()
+        """When it connected or its last request was answered."""
 
     def unsent_bytes(self) -> int:
         transport = self.writer.transport
@@ -317,11 +334,21 @@ async def read_line(reader: asyncio.StreamReader) -> bytes:
 
 
 async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
-    """Queue the connection's request lines; at its end, None (and `gone` if it hung up)."""
+    """Queue the connection's request lines; at its end, None (and `gone` if it hung up).
+    A connection whose first request has not come whole within FIRST_REQUEST_S is ended:
+    silent or trickling connections hold no slot for long."""
+    first = True
     try:
         while True:
             try:
-                line = await read_line(reader)
+                if first:
+                    line = await asyncio.wait_for(read_line(reader), FIRST_REQUEST_S)
+                    first = False
+                else:
+                    line = await read_line(reader)
+            except TimeoutError:
+                conn.drop("no request")
+                return
             except (ConnectionError, OSError):
                 conn.gone.set()
                 return

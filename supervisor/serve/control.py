@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, get_args
 
@@ -38,6 +39,7 @@ from trainwarden.supervisor.serve.connection import (
     admission,
     bounded_line,
     error_reply,
+    evictable,
     hang_up_after,
     hung_up,
     parse_request,
@@ -206,6 +208,13 @@ class ControlServer:
                 conn.close()
                 self.connections.discard(conn)
             refusal = self._admission(uid)
+        if refusal is not None and refusal[0] == "busy" and uid == self.owner:
+            # The daemon's own user is never locked out by its own idle connections.
+            idlest = evictable(self.connections, self.owner)
+            if idlest is not None:
+                idlest.drop("evicted")
+                self.connections.discard(idlest)
+                refusal = self._admission(uid)
         if refusal is not None:
             code, why = refusal
             with contextlib.suppress(Exception):
@@ -233,6 +242,7 @@ class ControlServer:
                         error_reply(None, "too_large", f"line exceeds {MAX_LINE} bytes")
                     )
                     break
+                conn.working = True
                 request = self._parse(conn, line)
                 if request is not None:
                     if not await self._take_turn(conn, request[1], answered == 0):
@@ -248,6 +258,8 @@ class ControlServer:
                             await asyncio.shield(answer)
                         finally:
                             self.answering.discard(answer)
+                conn.working = False
+                conn.idle_since = time.monotonic()
                 # A client that sends without reading waits for its replies to go out
                 # (its pump drops it after slow_client_s); one that reads still yields
                 # between requests (and waits its turn), so pipelining cannot hold a
