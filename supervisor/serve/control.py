@@ -52,7 +52,7 @@ from trainwarden.supervisor.serve.supervised import Supervised
 from trainwarden.supervisor.serve.turns import Turns
 from trainwarden.supervisor.socket_place import SocketPlace, check_socket_place, resolve_group
 from trainwarden.supervisor.store.journal import tail_records
-from trainwarden.supervisor.store.runseries import NotARun
+from trainwarden.supervisor.store.runseries import NotARun, OthersBusy
 
 log = logging.getLogger("trainwarden.control")
 
@@ -459,9 +459,14 @@ class ControlServer:
             )
         except NotARun as exc:
             raise CommandError("not_a_run", str(exc)) from None
+        except OthersBusy as exc:
+            raise CommandError("busy", str(exc)) from None
 
     async def cmd_related_runs(self, conn: Connection, args: dict[str, Any]) -> Any:
-        return {"runs": await self.daemon.related_runs()}
+        try:
+            return {"runs": await self.daemon.related_runs()}
+        except OthersBusy as exc:
+            raise CommandError("busy", str(exc)) from None
 
     async def cmd_dump(self, conn: Connection, args: dict[str, Any]) -> Any:
         result = await self.daemon.dump_stacks()

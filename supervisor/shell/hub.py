@@ -6,14 +6,16 @@ the trainer's bandit and sample files, and the topics they are published on.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -68,6 +70,11 @@ CACHE_REFRESH_ROWS = 1_000_000
 a crash parses at most about this many lines."""
 SPAWN_LOOKBACK_RECORDS = 5000
 """Journal records searched back for the current segment's spawn at a daemon restart."""
+OTHERS_WAITING = 4
+"""Reads of other runs' histories that may wait at once; more are refused `busy`."""
+OTHERS_CACHED = 4
+"""Other runs whose parsed histories are kept (while their loss files are unchanged)."""
+T = TypeVar("T")
 UNRECOGNISED_SHOWN = 20
 """Unrecognised names status lists at most (the newest; the journal has every one)."""
 LAST_LINE_CHARS = 300
@@ -180,6 +187,8 @@ class TelemetryHub:
             max_workers=1, thread_name_prefix="history"
         )
         """History queries and cache rebuilds, one at a time, off the event loop."""
+        self._others = OtherRuns()
+        """Other runs' histories (history_of, related_runs): their own thread and bounds."""
         self._inherited: tuple[AncestryKey, Inherited] | None = None
         """A branch's ancestors' history, by what it was read for (history thread only)."""
         self._rows_since_cache = 0
@@ -553,23 +562,24 @@ class TelemetryHub:
     async def history_of_query(
         self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
     ) -> dict[str, Any]:
-        """Another run's history, read from its files in the history thread (read only:
-        its own daemon, if any, owns them). For `peer`, a client of another user than the
-        daemon's (or root), only a related run that user may read (resolve_for_peer)."""
+        """Another run's history, read from its files (read only: its own daemon, if any,
+        owns them) in the other runs' thread, never this run's history thread. For `peer`,
+        a client of another user than the daemon's (or root), only a related run that user
+        may read (resolve_for_peer)."""
+        run_dir = self.files.run_dir
 
         def answer() -> dict[str, Any]:
-            run_dir = self.files.run_dir
             if peer is None:
                 path = runseries.resolve_run(run_dir, run)
             else:
                 path = runseries.resolve_for_peer(run_dir, run, peer)
-            return runseries.decimated(runseries.read_run_series(path), start, end, points)
+            return runseries.decimated(self._others.series(path), start, end, points)
 
-        return await self.loop.run_in_executor(self._history_thread, answer)
+        return await self._others.run(self.loop, answer)
 
     async def related_runs(self) -> list[dict[str, Any]]:
-        return await self.loop.run_in_executor(
-            self._history_thread, runseries.related_runs, self.files.run_dir
+        return await self._others.run(
+            self.loop, functools.partial(runseries.related_runs, self.files.run_dir)
         )
 
     def _ancestry(self, own_first: int | None) -> Inherited:
@@ -820,6 +830,7 @@ class TelemetryHub:
             self._sampler_task.cancel()
         # A cache rebuild under way finishes (its manifest rename is what makes it count).
         self._history_thread.shutdown(wait=False, cancel_futures=True)
+        self._others.close()
         if self.follower is not None:
             self.follower.read_new()
             self.follower.stop()
@@ -835,3 +846,51 @@ class TelemetryHub:
         if self.writer is not None:
             self.writer.close()
         self.validation.close()
+
+
+class OtherRuns:
+    """Reading other runs' histories for clients (history_of, related_runs), bounded so
+    that no number of them delays this run's own history or its supervision: one thread
+    of their own, at most OTHERS_WAITING queries waiting (more are refused `busy`), and
+    the newest OTHERS_CACHED runs' parsed series kept while their loss files are
+    unchanged, so asking again costs no parse."""
+
+    def __init__(self) -> None:
+        self.thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="history-of"
+        )
+        self.waiting = 0
+        self.cache: collections.OrderedDict[tuple[Path, Any], runseries.RunSeries] = (
+            collections.OrderedDict()
+        )
+
+    async def run(self, loop: asyncio.AbstractEventLoop, work: Callable[[], T]) -> T:
+        if self.waiting >= OTHERS_WAITING:
+            raise runseries.OthersBusy(
+                f"{self.waiting} reads of other runs are already waiting; ask again shortly"
+            )
+        self.waiting += 1
+        try:
+            return await loop.run_in_executor(self.thread, work)
+        finally:
+            self.waiting -= 1
+
+    def series(self, path: Path) -> runseries.RunSeries:
+        """In the thread: the run's series, parsed again only when its loss file changed."""
+        try:
+            st = (path / ".loss.json").stat()
+            key: tuple[Path, Any] = (path, (st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            key = (path, None)
+        found = self.cache.get(key)
+        if found is None:
+            found = runseries.read_run_series(path)
+            self.cache[key] = found
+            while len(self.cache) > OTHERS_CACHED:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(key)
+        return found
+
+    def close(self) -> None:
+        self.thread.shutdown(wait=False, cancel_futures=True)

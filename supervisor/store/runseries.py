@@ -116,6 +116,10 @@ class NotARun(ValueError):
     """A path asked about is no run directory."""
 
 
+class OthersBusy(Exception):
+    """Too many reads of other runs' histories already wait (the daemon's bound)."""
+
+
 RUN_MARKS = (CONFIG_NAME, ".loss.json", "branch.json")
 """A folder holding one of these is a run (a branch may not have logged a step yet)."""
 SIBLINGS_SCANNED = 10_000

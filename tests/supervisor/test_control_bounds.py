@@ -30,7 +30,7 @@ from tests.support import (
     wait_for,
 )
 from tests.support.clients import Crowd
-from trainwarden.supervisor.errors import ProtocolError
+from trainwarden.supervisor.errors import CommandRefused, ProtocolError
 from trainwarden.supervisor.protocol import (
     HISTORY_MAX_POINTS,
     MAX_LINE,
@@ -551,3 +551,40 @@ async def test_a_read_request_is_not_answered_once_its_client_closed_before_we_n
         assert not await server._take_turn(conn, "status", first=False)
     finally:
         writer.close()
+
+
+def test_a_flood_of_history_of_reads_is_bounded_and_the_owners_history_goes_first(
+    tmp_path: Path,
+):
+    """Twelve clients at once ask for a large sibling's history: one is read at a time in
+    a thread of its own, four may wait, the rest are refused `busy` in one line; the
+    daemon's own `history` is answered meanwhile from its own thread."""
+    from tests.support import histories
+
+    run_dir = scripted_daemon_run(tmp_path / "run")
+    histories.make_run(tmp_path / "big", {s: 5.0 - s * 1e-6 for s in range(1, 400_001)})
+    with running_daemon(run_dir) as d:
+        d.wait_state("running", timeout=60)
+        results: list[Any] = []
+        start = threading.Barrier(12)
+
+        def ask() -> None:
+            with d.client(timeout=120) as client:
+                start.wait()
+                try:
+                    results.append(client.request("history_of", run="big", points=50))
+                except CommandRefused as exc:
+                    results.append(exc)
+
+        askers = [threading.Thread(target=ask) for _ in range(12)]
+        for t in askers:
+            t.start()
+        own = d.request("history", points=50)
+        for t in askers:
+            t.join(120)
+    assert own["step"], own
+    refused = [r for r in results if isinstance(r, CommandRefused)]
+    answered = [r for r in results if not isinstance(r, CommandRefused)]
+    assert len(results) == 12 and answered and refused, results
+    assert all(r.code == "busy" and "\n" not in str(r) for r in refused)
+    assert all(a["step"] == answered[0]["step"] for a in answered)  # the cache's copy too
