@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import (
+    alert_bounds,
     checkpoint_stall,
     checkpoint_verify,
     checkpoint_write,
@@ -27,6 +28,7 @@ from bench import (
     divergence,
     follow_rates,
     history,
+    history_of_load,
     long_runs,
     overhead,
     parse_suite,
@@ -52,6 +54,8 @@ COMPARISONS: dict[str, tuple[str, Callable[[Context], Section]]] = {
     "control-load": (control_load.TITLE, control_load.run),
     "spikes": (spikes.TITLE, spikes.run),
     "stall": (checkpoint_stall.TITLE, checkpoint_stall.run),
+    "history-of-load": (history_of_load.TITLE, history_of_load.run),
+    "alert-bounds": (alert_bounds.TITLE, alert_bounds.run),
 }
 
 
