@@ -1,7 +1,8 @@
 """One alert sent to one apprise URL, in a process of its own (`python -m` this module, run
 by shell.alerts through shell.helpers): whatever the endpoint does (answers a byte at a
-time, streams an endless response) costs this process, which the daemon kills at its
-deadline, and at most MEMORY_BYTES of memory, never the daemon's.
+time, streams an endless response) costs this process, at most MEMORY_BYTES of memory and
+`timeout_s` from when the send begins (its own timer), never the daemon's; the daemon kills
+it if it is still there STARTUP_S later.
 
 Reads {"url", "title", "body", "timeout_s"} as JSON on stdin; prints one line, RESULT and
 {"ok": bool, "said": [what apprise logged]}, last.
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import resource
+import signal
 import sys
 
 import orjson
 
 RESULT = "trainwarden-alert-result "
+STARTUP_S = 30.0
+"""Beyond timeout_s, the time the sending process may take to start and report back."""
 MEMORY_BYTES = 1 << 30
 """Address space the sending process may use: an endless response ends in MemoryError."""
 
@@ -44,8 +48,25 @@ def send(request: dict[str, object]) -> dict[str, object]:
         return {"ok": False, "said": [f"not a URL apprise can use ({why})"]}
     timeout = float(request["timeout_s"])  # type: ignore[arg-type]
     plugin.socket_connect_timeout = plugin.socket_read_timeout = timeout
-    ok = bool(plugin.notify(body=str(request["body"]), title=str(request["title"])))
+    # timeout_s bounds the whole send, not each read: an endpoint that answers a byte at a
+    # time is cut off here (the daemon kills this process later still, as a last resort).
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        ok = bool(plugin.notify(body=str(request["body"]), title=str(request["title"])))
+    except SendTimeout:
+        return {"ok": False, "said": [f"no answer within timeout_s = {timeout:g} s"]}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     return {"ok": ok, "said": said.lines}
+
+
+class SendTimeout(Exception):
+    """timeout_s passed during the send."""
+
+
+def _out_of_time(*_: object) -> None:
+    raise SendTimeout
 
 
 def main() -> int:

@@ -30,7 +30,7 @@ import orjson
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import alerts as core
-from trainwarden.supervisor.shell.alert_send import RESULT
+from trainwarden.supervisor.shell.alert_send import RESULT, STARTUP_S
 from trainwarden.supervisor.shell.helpers import KEEP_BYTES, Ran, run_helper
 from trainwarden.supervisor.store.journal import Journal
 
@@ -155,18 +155,21 @@ class Sender:
                 break
         return Outcome(target, None if error is None else scrub(error, self.urls), attempts)
 
-    def _helper(self, argv: list[str], data: bytes, keep: int, with_stdout: bool) -> Ran | str:
-        """The helper's run, or why it did not finish."""
+    def _helper(
+        self, argv: list[str], data: bytes, keep: int, with_stdout: bool, allowance: float = 0.0
+    ) -> Ran | str:
+        """The helper's run, or why it did not finish within timeout_s (+ `allowance`)."""
         timeout = self.cfg.alerts.timeout_s
         try:
             ran = run_helper(
-                argv, deadline_s=timeout, stdin=data, cwd=self.cfg.run_dir, keep=keep,
-                with_stdout=with_stdout, stop=self.stop,
+                argv, deadline_s=timeout + allowance, stdin=data, cwd=self.cfg.run_dir,
+                keep=keep, with_stdout=with_stdout, stop=self.stop,
             )  # fmt: skip
         except OSError as exc:
             return f"cannot run {argv[0]}: {exc.strerror or exc}"
         if ran.returncode is None:
-            return f"no answer within timeout_s = {timeout:g} s (ended)"
+            more = f" and {allowance:g} s to start" if allowance else ""
+            return f"no answer within timeout_s = {timeout:g} s{more} (ended)"
         return ran
 
     def _send_url(self, url: str, payload: dict[str, Any]) -> str | None:
@@ -177,7 +180,11 @@ class Sender:
             "timeout_s": self.cfg.alerts.timeout_s,
         }
         argv = [sys.executable, "-m", "trainwarden.supervisor.shell.alert_send"]
-        ran = self._helper(argv, orjson.dumps(request), SEND_KEEP_BYTES, with_stdout=True)
+        # The send's own timer starts once it is ready to send (its interpreter and apprise
+        # loaded: seconds on a busy machine); the process is ended STARTUP_S after that.
+        ran = self._helper(
+            argv, orjson.dumps(request), SEND_KEEP_BYTES, with_stdout=True, allowance=STARTUP_S
+        )
         if isinstance(ran, str):
             return ran
         lines = ran.tail.decode(errors="replace").splitlines()
