@@ -32,7 +32,6 @@ class Ran:
     """None: still running at the deadline (the group was killed)."""
     tail: bytes
     """The last KEEP_BYTES (or `keep`) of what it wrote to stderr (and stdout if kept)."""
-    seconds: float
 
 
 class Tail:
@@ -54,7 +53,6 @@ def run_helper(
     deadline_s: float,
     stdin: bytes = b"",
     cwd: Path | None = None,
-    env: dict[str, str] | None = None,
     keep: int = KEEP_BYTES,
     with_stdout: bool = False,
     stop: threading.Event | None = None,
@@ -62,15 +60,13 @@ def run_helper(
     """Run `argv` with `stdin` for at most `deadline_s` s (or until `stop` is set), then
     kill its process group; keep the last `keep` bytes of its stderr (with its stdout when
     `with_stdout`, else that is discarded). OSError when it cannot be started."""
-    started = time.monotonic()
-    deadline = started + deadline_s
+    deadline = time.monotonic() + deadline_s
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE if with_stdout else subprocess.DEVNULL,
         stderr=subprocess.STDOUT if with_stdout else subprocess.PIPE,
         cwd=cwd,
-        env=env,
         start_new_session=True,
     )
     out = proc.stdout if with_stdout else proc.stderr
@@ -90,7 +86,7 @@ def run_helper(
         for pipe in (proc.stdin, out):
             with contextlib.suppress(OSError):
                 pipe.close()
-    return Ran(proc.returncode if ended else None, bytes(tail.data), time.monotonic() - started)
+    return Ran(proc.returncode if ended else None, bytes(tail.data))
 
 
 def _exchange(
