@@ -53,7 +53,9 @@ def rollback_rungs(state: State, unpinned: list[Ckpt], rules: Rules) -> set[int]
         return set()
     reach = unpinned[-1].step - rules.spikes.rollback_steps
     kept = [c.step for c in unpinned[-rules.keep_last :]]
-    if any(step <= reach for step in [*kept, *state.pinned]):
+    # A pinned step counts only while its checkpoint is there (a config may pin any step).
+    pinned = [c.step for c in state.checkpoints if c.step in state.pinned]
+    if any(step <= reach for step in [*kept, *pinned]):
         return set()
     far = [c.step for c in unpinned if c.step <= reach]
     if not far:

@@ -244,6 +244,16 @@ def test_retention_never_drops_the_last_checkpoint_rollback_steps_back(saves, ke
         assert len(kept) <= keep_last + 2, kept
 
 
+def test_a_pinned_step_with_no_checkpoint_is_no_rollback_target():
+    """`[checkpoints] pinned` may name a step never saved: it must not stand in for the
+    checkpoint retention keeps rollback_steps back."""
+    rules = replace(RULES, keep_last=1)
+    state = replace(p.State(), pinned=frozenset({5}))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100), *steps(1, 100)], state, rules)
+    kept = [c.step for c in state.checkpoints]
+    assert min(kept) <= 100 - 20, kept
+
+
 def test_with_spikes_off_retention_keeps_keep_last_only():
     rules = replace(RULES, keep_last=1, spikes=replace(SPIKES, enabled=False))
     state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 100), *steps(1, 100)], rules=rules)
