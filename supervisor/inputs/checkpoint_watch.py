@@ -79,6 +79,8 @@ WRITING_EVERY_S = 1.0
 """on_writing is called at most this often."""
 POLL_S = 1.0
 """How often the directory is scanned when inotify cannot be had."""
+SETTLE_MAX_S = 60.0
+"""How long settle() waits for the checks it started (a file system that hangs them)."""
 
 JUDGE_AFTER_S = 1.0
 """How long after a name appears it is judged (recognised or not), and how often again
@@ -196,8 +198,16 @@ class CheckpointWatcher:
         committing file was written before its watch came, a rescan after lost events) and
         drain again, until none is left: every commit made so far has been reported."""
         self.drain()
+        deadline = time.monotonic() + SETTLE_MAX_S
         while self._checks:
-            await asyncio.wait(list(self._checks))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                # A check stuck on the file system: the commit is reported when it returns.
+                log.warning(
+                    "%d checkpoint checks still running; deciding without them", len(self._checks)
+                )
+                return
+            await asyncio.wait(list(self._checks), timeout=left)
             self.drain()
 
     def _check(self, work: Callable[[], T], then: Callable[[asyncio.Future[T]], None]) -> None:

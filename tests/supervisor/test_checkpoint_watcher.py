@@ -8,6 +8,7 @@ import ctypes
 import errno
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -206,6 +207,26 @@ async def test_settle_reports_a_folder_written_whole_before_its_watch_came(folde
     (folder / "state.json").write_bytes(b"done")
     await w.watcher.settle()
     assert w.committed == ["ckpt-12"]
+
+
+async def test_settle_gives_up_on_a_check_the_file_system_holds(folders, monkeypatch):
+    """A check stuck in the file system (a hung network mount) must not hold a trainer's
+    exit for ever: settle() returns after SETTLE_MAX_S; the commit is reported later."""
+    from trainwarden.supervisor.inputs import checkpoint_watch
+
+    store, w = folders
+    release = threading.Event()
+    whole = w.watcher._arrived_whole
+    monkeypatch.setattr(checkpoint_watch, "SETTLE_MAX_S", 0.3)
+    monkeypatch.setattr(w.watcher, "_arrived_whole", lambda path: (release.wait(), whole(path))[1])
+    folder = store.dir / "ckpt-13"
+    folder.mkdir()
+    (folder / "state.json").write_bytes(b"done")
+    started = time.monotonic()
+    await w.watcher.settle()
+    assert time.monotonic() - started < 3.0 and w.committed == []
+    release.set()
+    await w.until(lambda: w.committed == ["ckpt-13"])
 
 
 async def test_settle_waits_for_the_rescan_after_lost_events(tmp_path: Path):
