@@ -25,6 +25,7 @@ from trainwarden.supervisor.shell.hangdump import dump_stacks
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.process import (
     TrainerIdentity,
+    end_partial_line,
     send_signal,
     spawn,
     spawn_failure,
@@ -331,7 +332,8 @@ class Executor:
             self.journal.space.forget(self.files.trainer_pid)
         # The trainer's last lines (its final checkpoint, its last steps) are in the log
         # before its exit, and its last commits in the watcher's queue: read them first so
-        # the policy sees them in order.
+        # the policy sees them in order. A line it was killed in the middle of is its own.
+        end_partial_line(self.cfg.log_path)
         await self.hub.drain_log()
         read_resume = self._close_resume_read() or self.hub.resume_mentioned
         last_line = self.hub.start_last_line

@@ -129,6 +129,26 @@ def _open_run_log(log_path: Path) -> int:
         raise RunLogUnusable(exc.errno, f"cannot open the run log {log_path}: {why}") from None
 
 
+def end_partial_line(log_path: Path) -> bool:
+    """End the run log's last line if the trainer died in the middle of writing it (killed
+    between its text and its newline, say): else the next start's first line would be
+    glued to it and read as one line of the new start. True if a newline was added."""
+    try:
+        fd = os.open(log_path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # no log yet, or one the next spawn refuses in its own words
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return False
+        os.write(fd, b"\n")
+        return True
+    except OSError:
+        return False  # a full disk: the line stays as it is
+    finally:
+        os.close(fd)
+
+
 def spawn_failure(argv: list[str], cwd: Path, env: dict[str, str], exc: OSError) -> str:
     """What a failed spawn says: the run log's problem, or the program's in words (exec
     reports an empty name or a folder as "Permission denied")."""

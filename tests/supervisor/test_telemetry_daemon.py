@@ -346,3 +346,40 @@ def test_telemetry_frames_flow_to_a_subscriber_as_steps_arrive(tmp_path: Path):
                     steps.append(message["data"]["step"])
         assert len(steps) == 3, steps
         assert first < steps[0] < steps[1] < steps[2]
+
+
+HALF_LINE_TRAINER = """
+import os, sys, time
+seg = int(os.environ["TRAINWARDEN_SEG"])
+if seg == 1:
+    for step in range(1, 7):
+        print(f"step: {step}, loss: 4.0, dt: 0.01, tokens: 512", flush=True)
+    sys.stdout.write("step: 7, loss: 4.0, dt: 0.01, tokens: 512")  # killed before its newline
+    sys.stdout.flush()
+    open("half-written", "w").close()
+    time.sleep(600)
+print("second start", flush=True)
+print("step: 1, loss: 9.0, dt: 0.01, tokens: 512", flush=True)
+"""
+
+
+def test_a_line_its_trainer_was_killed_in_is_not_glued_to_the_next_starts_first(
+    tmp_path: Path,
+):
+    """Killed between a line's text and its newline (PYTHONUNBUFFERED writes them apart),
+    the trainer's last line is ended at its exit: it is its own step 7, and the next
+    start's first line is read as the next start's, not as the end of step 7's."""
+    from tests.support import PYTHON, make_run
+
+    run_dir = make_run(
+        tmp_path / "run", [PYTHON, "-c", HALF_LINE_TRAINER],
+        restart={"backoff_initial_s": 0.0},
+    )  # fmt: skip
+    with running_daemon(run_dir) as daemon:
+        wait_for(lambda: (run_dir / "half-written").exists(), 60, what="the half line")
+        os.kill(daemon.status()["trainer_pid"], signal.SIGKILL)
+        daemon.wait_state("finished", timeout=60)
+    (crash,) = [r for r in journal(run_dir) if r["kind"] == "crash"]
+    assert crash["last_step"] == 7
+    lines = (run_dir / "training.log").read_text().splitlines()
+    assert "step: 7, loss: 4.0, dt: 0.01, tokens: 512" in lines and "second start" in lines
