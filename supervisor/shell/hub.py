@@ -71,7 +71,8 @@ a crash parses at most about this many lines."""
 SPAWN_LOOKBACK_RECORDS = 5000
 """Journal records searched back for the current segment's spawn at a daemon restart."""
 OTHERS_WAITING = 4
-"""Reads of other runs' histories that may wait at once; more are refused `busy`."""
+"""Reads of other runs' histories at once (one being read, the rest waiting); more are
+refused `busy`."""
 OTHERS_CACHED = 4
 """Other runs whose parsed histories are kept (while their loss files are unchanged)."""
 T = TypeVar("T")
@@ -851,9 +852,10 @@ class TelemetryHub:
 class OtherRuns:
     """Reading other runs' histories for clients (history_of, related_runs), bounded so
     that no number of them delays this run's own history or its supervision: one thread
-    of their own, at most OTHERS_WAITING queries waiting (more are refused `busy`), and
-    the newest OTHERS_CACHED runs' parsed series kept while their loss files are
-    unchanged, so asking again costs no parse."""
+    of their own, at most OTHERS_WAITING queries at once (more are refused `busy`), and
+    the newest OTHERS_CACHED runs' parsed series kept while their own loss files are
+    unchanged, so asking again costs no parse (a branch's inherited part is read again
+    with its own file's next change)."""
 
     def __init__(self) -> None:
         self.thread = concurrent.futures.ThreadPoolExecutor(
