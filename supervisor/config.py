@@ -545,8 +545,7 @@ def _check_ranges(path: Path, cfg: Config) -> None:
             raise bad(key, rel, "a path inside the run directory")
     _check_counts(path, cfg)
     _check_paths(path, cfg)
-    _check_finite(path, cfg)
-    _check_magnitudes(path, cfg)
+    _check_numbers(path, cfg)
     _check_divergence(path, cfg)
     _check_alerts(path, cfg)
 
@@ -611,30 +610,24 @@ def _check_alerts(path: Path, cfg: Config) -> None:
         raise _bad(path, "alerts.retries", alerts.retries, "an integer from 0 to 10")
 
 
-def _check_finite(path: Path, cfg: Config) -> None:
-    """Any number the checks above let through must still be finite: inf and nan are TOML
+def _check_numbers(path: Path, cfg: Config) -> None:
+    """Any number the checks above let through (in a list or table too) must still be
+    finite, no count beyond MAX_COUNT and no time beyond MAX_SECONDS: inf and nan are TOML
     numbers but no deadline, bound or rate (an infinite timeout never expires, a nan one
-    neither expires nor comes due)."""
-    for table in TABLES:
-        values = getattr(cfg, table)
-        for f in dataclasses.fields(values):
-            value = getattr(values, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise _bad(path, f"{table}.{f.name}", value, "a finite number")
-
-
-def _check_magnitudes(path: Path, cfg: Config) -> None:
-    """No count beyond MAX_COUNT (a step, a window, a number of checkpoints: beyond it
-    nothing a run does can reach it) and no time beyond MAX_SECONDS: a bound so far out
-    is a mistake, and one of 1e308 s would overflow every deadline computed from it."""
+    neither expires nor comes due), no step or window reaches 2^31, and a bound of 1e308 s
+    would overflow every deadline computed from it."""
     for table in TABLES:
         values = getattr(cfg, table)
         for f in dataclasses.fields(values):
             key, value = f"{table}.{f.name}", getattr(values, f.name)
-            held = value.values() if isinstance(value, dict) else value
-            for number in held if isinstance(held, list | type({}.values())) else [held]:
+            if key == "checkpoints.options":
+                continue  # the format plugin's own, checked by it (check_installed)
+            held = list(value.values()) if isinstance(value, dict) else value
+            for number in held if isinstance(held, list) else [held]:
                 if isinstance(number, bool) or not isinstance(number, int | float):
                     continue
+                if isinstance(number, float) and not math.isfinite(number):
+                    raise _bad(path, key, number, "a finite number")
                 limit = BIG_KEYS.get(key, MAX_COUNT)
                 if isinstance(number, int) and abs(number) > limit:
                     raise _bad(path, key, _shown(number), f"an integer of at most {limit:,}")

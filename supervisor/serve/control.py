@@ -452,7 +452,8 @@ class ControlServer:
         points = _int_arg(args, "points", 200, 1, 100_000)
         # The daemon's own user and root could read any run themselves; another allowed
         # user gets only what it could (runseries.resolve_for_peer).
-        peer = None if conn.uid in (os.getuid(), 0) else (-1 if conn.uid is None else conn.uid)
+        trusted = conn.uid is not None and conn.uid in (self.owner, 0)
+        peer = None if trusted else (conn.uid if conn.uid is not None else -1)
         try:
             return await self.daemon.history_of_query(
                 run, start, end, min(points, HISTORY_MAX_POINTS), peer

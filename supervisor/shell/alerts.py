@@ -49,9 +49,6 @@ HOST_SHOWN = frozenset({"json", "jsons", "xml", "xmls", "form", "forms", "mailto
 OWN_KINDS = frozenset({"alert_sent", "alert_failed"})
 
 log = logging.getLogger("trainwarden.alerts")
-_apprise_log = logging.getLogger("apprise")
-_apprise_log.propagate = False  # what apprise says may hold a URL's token: never on stderr
-_apprise_log.addHandler(logging.NullHandler())  # nor through logging's last-resort handler
 
 
 def mask_url(url: str) -> str:
@@ -156,9 +153,16 @@ class Sender:
         return Outcome(target, None if error is None else scrub(error, self.urls), attempts)
 
     def _helper(
-        self, argv: list[str], data: bytes, keep: int, with_stdout: bool, allowance: float = 0.0
+        self,
+        argv: list[str],
+        data: bytes,
+        keep: int,
+        with_stdout: bool,
+        late: str,
+        allowance: float = 0.0,
     ) -> Ran | str:
-        """The helper's run, or why it did not finish within timeout_s (+ `allowance`)."""
+        """The helper's run, or why it did not finish within timeout_s (+ `allowance`):
+        `late` then, followed by the time allowed."""
         timeout = self.cfg.alerts.timeout_s
         try:
             ran = run_helper(
@@ -169,7 +173,7 @@ class Sender:
             return f"cannot run {argv[0]}: {exc.strerror or exc}"
         if ran.returncode is None:
             more = f" and {allowance:g} s to start" if allowance else ""
-            return f"no answer within timeout_s = {timeout:g} s{more} (ended)"
+            return f"{late} within timeout_s = {timeout:g} s{more} (ended)"
         return ran
 
     def _send_url(self, url: str, payload: dict[str, Any]) -> str | None:
@@ -183,7 +187,7 @@ class Sender:
         # The send's own timer starts once it is ready to send (its interpreter and apprise
         # loaded: seconds on a busy machine); the process is ended STARTUP_S after that.
         ran = self._helper(
-            argv, orjson.dumps(request), SEND_KEEP_BYTES, with_stdout=True, allowance=STARTUP_S
+            argv, orjson.dumps(request), SEND_KEEP_BYTES, True, "no answer", allowance=STARTUP_S
         )
         if isinstance(ran, str):
             return ran
@@ -199,9 +203,11 @@ class Sender:
 
     def _run_command(self, payload: dict[str, Any]) -> str | None:
         argv = self.cfg.alerts.command
-        ran = self._helper(argv, orjson.dumps(payload), KEEP_BYTES, with_stdout=False)
+        ran = self._helper(
+            argv, orjson.dumps(payload), KEEP_BYTES, False, f"{argv[0]} did not exit"
+        )
         if isinstance(ran, str):
-            return ran.replace("no answer within", f"{argv[0]} did not exit within", 1)
+            return ran
         if ran.returncode != 0:
             said = ran.tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
             return f"{argv[0]} exited {ran.returncode}: {said[0][:200]}"

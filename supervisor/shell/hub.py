@@ -6,7 +6,6 @@ the trainer's bandit and sample files, and the topics they are published on.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -15,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
@@ -33,6 +32,7 @@ from trainwarden.supervisor.protocol import (
     bounded_sidecar,
     sidecar_too_large,
 )
+from trainwarden.supervisor.shell.other_runs import OtherRuns
 from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
 from trainwarden.supervisor.shell.telemetry import (
     Monitor,
@@ -70,12 +70,6 @@ CACHE_REFRESH_ROWS = 1_000_000
 a crash parses at most about this many lines."""
 SPAWN_LOOKBACK_RECORDS = 5000
 """Journal records searched back for the current segment's spawn at a daemon restart."""
-OTHERS_WAITING = 4
-"""Reads of other runs' histories at once (one being read, the rest waiting); more are
-refused `busy`."""
-OTHERS_CACHED = 4
-"""Other runs whose parsed histories are kept (while their loss files are unchanged)."""
-T = TypeVar("T")
 UNRECOGNISED_SHOWN = 20
 """Unrecognised names status lists at most (the newest; the journal has every one)."""
 LAST_LINE_CHARS = 300
@@ -847,52 +841,3 @@ class TelemetryHub:
         if self.writer is not None:
             self.writer.close()
         self.validation.close()
-
-
-class OtherRuns:
-    """Reading other runs' histories for clients (history_of, related_runs), bounded so
-    that no number of them delays this run's own history or its supervision: one thread
-    of their own, at most OTHERS_WAITING queries at once (more are refused `busy`), and
-    the newest OTHERS_CACHED runs' parsed series kept while their own loss files are
-    unchanged, so asking again costs no parse (a branch's inherited part is read again
-    with its own file's next change)."""
-
-    def __init__(self) -> None:
-        self.thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="history-of"
-        )
-        self.waiting = 0
-        self.cache: collections.OrderedDict[tuple[Path, Any], runseries.RunSeries] = (
-            collections.OrderedDict()
-        )
-
-    async def run(self, loop: asyncio.AbstractEventLoop, work: Callable[[], T]) -> T:
-        if self.waiting >= OTHERS_WAITING:
-            raise runseries.OthersBusy(
-                f"{self.waiting} reads of other runs are already waiting; ask again shortly"
-            )
-        self.waiting += 1
-        try:
-            return await loop.run_in_executor(self.thread, work)
-        finally:
-            self.waiting -= 1
-
-    def series(self, path: Path) -> runseries.RunSeries:
-        """In the thread: the run's series, parsed again only when its loss file changed."""
-        try:
-            st = (path / ".loss.json").stat()
-            key: tuple[Path, Any] = (path, (st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            key = (path, None)
-        found = self.cache.get(key)
-        if found is None:
-            found = runseries.read_run_series(path)
-            self.cache[key] = found
-            while len(self.cache) > OTHERS_CACHED:
-                self.cache.popitem(last=False)
-        else:
-            self.cache.move_to_end(key)
-        return found
-
-    def close(self) -> None:
-        self.thread.shutdown(wait=False, cancel_futures=True)

@@ -55,7 +55,7 @@ def prune_dumps(folder: Path, keep: str) -> list[str]:
     dumps = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if not entry.name.endswith(".txt") or not entry.is_file(follow_symlinks=False):
+            if not entry.name.endswith(".txt"):
                 continue
             with contextlib.suppress(OSError):
                 st = entry.stat(follow_symlinks=False)
