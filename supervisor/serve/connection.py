@@ -49,9 +49,12 @@ ACCEPT_BATCH = 8
 LISTEN_BACKLOG = 512
 """Connections the kernel queues for us before it refuses newcomers (EAGAIN)."""
 TOO_LARGE = b"\0too large"
+"""What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
 FIRST_REQUEST_S = 30.0
 """A connection's first request must have come whole this soon after it connected."""
-"""What the reader task queues for a line over MAX_LINE (never a real line: no newline)."""
+LINE_S = 30.0
+"""A later request must come whole this soon after its first byte (a connection may stay
+silent between requests for as long as it likes: a TUI does)."""
 
 
 async def hang_up_after(
@@ -333,10 +336,26 @@ async def read_line(reader: asyncio.StreamReader) -> bytes:
         return b"".join([*pieces, piece])
 
 
+async def read_later_line(reader: asyncio.StreamReader) -> bytes:
+    """A request line after the first: no deadline for its first byte, LINE_S for the rest
+    (TimeoutError past it)."""
+    try:
+        head = await reader.readexactly(1)
+    except asyncio.IncompleteReadError:
+        return b""
+    if head == b"\n":
+        return head
+    rest = await asyncio.wait_for(read_line(reader), LINE_S)
+    if rest == TOO_LARGE or len(rest) >= MAX_LINE + 1:
+        return TOO_LARGE
+    return head + rest
+
+
 async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
     """Queue the connection's request lines; at its end, None (and `gone` if it hung up).
-    A connection whose first request has not come whole within FIRST_REQUEST_S is ended:
-    silent or trickling connections hold no slot for long."""
+    A connection whose first request has not come whole within FIRST_REQUEST_S, or a later
+    one within LINE_S of its first byte, is ended: silent or trickling connections hold no
+    slot for long."""
     first = True
     try:
         while True:
@@ -345,9 +364,9 @@ async def read_lines(reader: asyncio.StreamReader, conn: Connection) -> None:
                     line = await asyncio.wait_for(read_line(reader), FIRST_REQUEST_S)
                     first = False
                 else:
-                    line = await read_line(reader)
+                    line = await read_later_line(reader)
             except TimeoutError:
-                conn.drop("no request")
+                conn.drop("no request" if first else "partial request")
                 return
             except (ConnectionError, OSError):
                 conn.gone.set()

@@ -503,6 +503,28 @@ async def test_a_connection_that_sends_no_whole_request_in_time_is_ended(monkeyp
     client_side.close()
 
 
+async def test_a_later_request_must_come_whole_soon_after_its_first_byte(monkeypatch):
+    """Silence between requests is free (a TUI idles for days); half a request is not."""
+    monkeypatch.setattr(connection, "FIRST_REQUEST_S", 0.3)
+    monkeypatch.setattr(connection, "LINE_S", 0.3)
+    server_side, client_side = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=server_side)
+    conn = connection.Connection(writer, uid=0)
+    reading = asyncio.ensure_future(connection.read_lines(reader, conn))
+    client_side.sendall(b'{"id": 1, "cmd": "status"}\n')
+    assert await asyncio.wait_for(conn.lines.get(), 5.0) == b'{"id": 1, "cmd": "status"}\n'
+    await asyncio.sleep(1.0)  # silent for three times the bound: still connected
+    assert not conn.closed and not reading.done()
+    client_side.sendall(b'{"id": 2, "cmd": "status"}\n')
+    assert await asyncio.wait_for(conn.lines.get(), 5.0) == b'{"id": 2, "cmd": "status"}\n'
+    client_side.sendall(b'{"id": 3, "cmd": "sta')  # never finished
+    started = time.monotonic()
+    await asyncio.wait_for(reading, 5.0)
+    assert conn.closed and 0.3 <= time.monotonic() - started < 3.0
+    assert await conn.lines.get() is None
+    client_side.close()
+
+
 async def test_a_read_request_of_a_client_that_hung_up_is_not_answered():
     server = ControlServer(fake_daemon())
     conn = connection.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
