@@ -16,6 +16,7 @@ from trainwarden.supervisor.config import load_config
 from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import read_records
+from trainwarden.supervisor.store.repeats import state_of
 from trainwarden.supervisor.store.rundir import RunFiles
 
 OFFLINE_NOTE = "daemon not running: read from the directory; verification as last journaled"
@@ -38,9 +39,9 @@ def checkpoints_from_directory(run_dir: Path) -> dict[str, Any]:
             verified.pop(name, None)
             if kind == "quarantine":
                 notes[name] = quarantine.note_of(record)
-        elif kind == "state" and isinstance(record.get("state"), dict):
+        elif (state := state_of(record)) is not None:
             pinned = set(cfg.checkpoints.pinned) | {
-                s for s in record["state"].get("pinned") or [] if isinstance(s, int)
+                s for s in state.get("pinned") or [] if isinstance(s, int)
             }
     committed, _ = store.scan()
     checkpoints = []

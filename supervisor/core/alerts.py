@@ -73,8 +73,11 @@ class AlertRules:
 class Watch:
     """What the alerts depend on besides the record at hand."""
 
-    crashes: tuple[float, ...] = ()
-    """Wall times of the crashes within the last hour."""
+    crashes: tuple[tuple[float, int], ...] = ()
+    """(wall time, how many) of the crashes within the last hour (a `repeated` record
+    counts many at once)."""
+    folded: tuple[float, int] = (0.0, 0)
+    """The fold (`since`) of the newest `repeated` record and the crashes it counted."""
     last_cause: str | None = None
     stall: Alert | None = None
     """A hang alert waiting for its stall's stack dump."""
@@ -193,19 +196,45 @@ def _alert(
         out.append(replace(watch.stall, happened=watch.stall.happened + where, frames=frames))
         watch = replace(watch, stall=None)
     elif kind == "crash":
-        crashes = (*(c for c in watch.crashes if t - c < HOUR_S), t)
         if watch.stall is not None:
             out.append(watch.stall)
-        cause = str(record.get("cause"))
-        if record.get("last_line"):
-            cause += f" (the trainer's last line: {record['last_line']})"
-        watch = replace(watch, crashes=crashes, last_cause=cause, stall=None)
-        if len(crashes) > rules.restarts_per_hour:
-            out.append(Alert("restarts", "restarts", "restarting repeatedly",
-                             f"{len(crashes)} crashes within an hour; last: {record.get('cause')}",
-                             "restarts it after each crash, until max_restarts_without_progress",
-                             step, t))  # fmt: skip
+        watch = _crashed(replace(watch, stall=None), record, 1, rules, step, t, out)
+    elif kind == "repeated":
+        # A fast crash loop's folded cycles: the crashes counted since its last report.
+        last = record.get("last")
+        crash = last.get("crash") if isinstance(last, dict) else None
+        counts = record.get("counts")
+        total = counts.get("crash") if isinstance(counts, dict) else None
+        since = record.get("since")
+        if isinstance(crash, dict) and isinstance(total, int) and isinstance(since, int | float):
+            before = watch.folded[1] if watch.folded[0] == since else 0
+            watch = replace(watch, folded=(since, total))
+            if total > before:
+                watch = _crashed(watch, crash, total - before, rules, step, t, out)
     return watch, out
+
+
+def _crashed(
+    watch: Watch,
+    crash: Mapping[str, Any],
+    n: int,
+    rules: AlertRules,
+    step: int | None,
+    t: float,
+    out: list[Alert],
+) -> Watch:
+    """`n` more crashes like `crash`: the restarts alert once there are too many an hour."""
+    crashes = (*(c for c in watch.crashes if t - c[0] < HOUR_S), (t, n))
+    cause = str(crash.get("cause"))
+    if crash.get("last_line"):
+        cause += f" (the trainer's last line: {crash['last_line']})"
+    many = sum(k for _, k in crashes)
+    if many > rules.restarts_per_hour:
+        out.append(Alert("restarts", "restarts", "restarting repeatedly",
+                         f"{many} crashes within an hour; last: {crash.get('cause')}",
+                         "restarts it after each crash, until max_restarts_without_progress",
+                         step, t))  # fmt: skip
+    return replace(watch, crashes=crashes, last_cause=cause)
 
 
 def observe(

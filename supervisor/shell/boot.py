@@ -17,6 +17,7 @@ from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal, read_records
+from trainwarden.supervisor.store.repeats import spawned_seg_of, state_of
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.serve.metrics import MetricsServer
@@ -113,10 +114,10 @@ def last_state_record(
     refused: dict[str, quarantine.Note] = {}
     for record in read_records(journal_path):
         last_kind = record.get("kind")
-        if last_kind == "state":
-            state = record.get("state")
-        elif last_kind == "spawn" and isinstance(record.get("seg"), int):
-            spawned_seg = record["seg"]
+        if last_kind in ("state", "spawn", "repeated"):
+            # A fast crash loop's folded cycles: the newest state and start it counted.
+            state = state_of(record) or state
+            spawned_seg = spawned_seg_of(record) or spawned_seg
         elif last_kind in ("checkpoint", "delete") and isinstance(record.get("name"), str):
             refused.pop(record["name"], None)
         elif last_kind == "quarantine" and isinstance(record.get("name"), str):

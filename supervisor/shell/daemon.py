@@ -178,6 +178,8 @@ class Daemon:
             on_no_match=self._on_parser_no_match,
             phase=lambda: self.state.phase,
         )
+        hub = self.hub
+        self.journal.fold_repeats(quiet=lambda: hub.start_steps == 0)
         self.reports = CheckpointReports(self.store, self.hub, self.queue.put_nowait)
         self.executor = Executor(
             self.cfg,

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs.gpu import shared_nvml
@@ -297,7 +299,10 @@ class Executor:
             # and TrainerIdentity.of waits (sleeping) for it.
             identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid, marker)
         except Exception as exc:  # it may already have died; its exit is reported anyway
-            log.warning("could not record the trainer's identity: %s", exc)
+            # A trainer that died at once is no news (its crash is journaled): said once
+            # per crash, this line would flood the daemon's log in a fast crash loop.
+            gone = isinstance(exc, psutil.NoSuchProcess)  # a zombie too
+            (log.debug if gone else log.warning)("could not record the trainer's identity: %s", exc)
             return
         self.identity_unsaved = identity
         await self.save_identity()

@@ -142,6 +142,8 @@ class TelemetryHub:
         """The trainer's newest non-blank output line (clipped), for a start that hangs."""
         self.last_line_t: float | None = None
         self.start_last_line: str | None = None
+        self.start_steps = 0
+        """Step lines the current start has logged."""
         """The current (or last ended) start's newest non-blank line: a crash's cause."""
         self._resume_names: tuple[str, ...] = ()
         """The checkpoint the current start was given (name, path), until its first step."""
@@ -357,6 +359,7 @@ class TelemetryHub:
             self.monitor.observe_record(record, now)
             self.last_step = record.step
             self.last_step_t = now
+            self.start_steps += 1
             self._resume_names = ()  # past its first step: what it said no longer matters
             if self.audit is not None:
                 result = self.audit.observe(record.step, record.loss)
@@ -500,6 +503,7 @@ class TelemetryHub:
         self.parser_watch.begin(seg)
         self.audit = None
         self.start_last_line = None
+        self.start_steps = 0
         self.resume_mentioned = False
         self._resume_names = tuple(name for name in resume_names if name)
         if self.counts_lines:

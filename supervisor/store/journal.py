@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from trainwarden.supervisor.store.appendfile import AppendFile, DiskSpace
+from trainwarden.supervisor.store.repeats import RepeatFold
 
 RECENT = 1000
 HOLD_BYTES = 16 << 20
@@ -100,7 +101,14 @@ class Journal:
         self.file = AppendFile(path, 0o600, HOLD_BYTES, chmod=True)
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self.listeners: list[Any] = []
+        self.fold: RepeatFold | None = None
+        """Set by the daemon: a fast crash loop's cycles counted, not written (repeats)."""
         self._note_space(time.time())
+
+    def fold_repeats(self, quiet: Callable[[], bool]) -> None:
+        """Count a fast crash loop's cycles instead of writing them (see store.repeats);
+        `quiet()`: the start that just crashed logged no step line."""
+        self.fold = RepeatFold(quiet, lambda kind, fields, t: self._write(kind, fields, t))
 
     def append(
         self,
@@ -112,6 +120,8 @@ class Journal:
     ) -> dict[str, Any]:
         now = time.time() if t is None else t
         self.retry(now)
+        if self.fold is not None and self.fold.takes(kind, fields or {}, now, sync):
+            return {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **(fields or {})}
         record = self._write(kind, fields, now)
         if sync and not self.file.full:
             self.file.fsync()
@@ -162,4 +172,6 @@ class Journal:
             self._write(kind, fields, now, keep=kind == "disk_full")  # never dropped past the bound
 
     def close(self) -> None:
+        if self.fold is not None:
+            self.fold.end(time.time())
         self.file.close()

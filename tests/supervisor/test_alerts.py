@@ -148,6 +148,28 @@ def test_restarts_alert_past_restarts_per_hour_within_an_hour_only():
     assert "4 crashes within an hour; last: exit status 1" in alerts[0].happened
 
 
+def test_the_crashes_a_fast_crash_loop_folds_count_once_each():
+    """A `repeated` record's counts are cumulative within its fold: each report adds only
+    the crashes since the one before; a new fold starts from zero."""
+    rules = AlertRules(restarts_per_hour=9, min_interval_s=0.0)
+    crash = {"cause": "exit status 3", "last_line": "boom"}
+
+    def repeated(t: float, since: float, n: int) -> dict[str, Any]:
+        return record("repeated", t, since=since, counts={"crash": n}, last={"crash": crash})
+
+    written = [record("crash", float(t), **crash) for t in range(5)]
+    folded = [repeated(5.0, 4.0, 1), repeated(6.0, 4.0, 2), repeated(8.0, 4.0, 4)]
+    alerts = feed([*written, *folded], rules)
+    assert alerts == []  # 5 + 4 = 9: more than 9 only with the next one
+    alerts = feed([*written, *folded, repeated(9.0, 4.0, 5)], rules)
+    assert [a.happened for a in alerts] == ["10 crashes within an hour; last: exit status 3"]
+    # Another fold (another `since`) counts its own from zero.
+    alerts = feed([*written, repeated(5.0, 4.0, 2), repeated(7.0, 6.0, 2)], rules)
+    assert [a.happened for a in alerts] == []
+    alerts = feed([*written, repeated(5.0, 4.0, 2), repeated(7.0, 6.0, 3)], rules)
+    assert [a.happened for a in alerts] == ["10 crashes within an hour; last: exit status 3"]
+
+
 def test_failing_snapshots_alert_once_for_a_run_of_failures():
     failed = [
         record("snapshot_failed", float(t), fixed="ckpt.pt", error="OSError: x", first=t == 0)
@@ -361,7 +383,9 @@ def test_fifty_restarts_in_a_minute_send_one_restarts_alert(tmp_path: Path, inbo
         daemon.wait_state("crash_loop", timeout=150)
         wait_for(lambda: len(inbox.received) >= 2, 30, what="the restarts and halt alerts")
         daemon.stop()
-    assert len(with_kind(run_dir, "crash")) == 51  # the 51st makes 50 restarts without progress
+    # The 51st makes 50 restarts without progress; past the first 5 they are counted (repeated).
+    folded = [r["cycles"] for r in with_kind(run_dir, "repeated") if not r["ongoing"]]
+    assert len(with_kind(run_dir, "crash")) + sum(folded) == 51
     assert sorted(t.split(": ", 1)[1] for t in inbox.titles()) == [
         "halted in crash_loop",
         "restarting repeatedly",

@@ -26,6 +26,7 @@ CELL_PADDING = 2
 DETAIL_MIN = 8
 ALARMING = {
     "crash",
+    "repeated",
     "divergence",
     "spike",
     "quarantine",
@@ -112,6 +113,8 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
         )
     elif kind == "hang_dump":
         return _words(hang_dump_text(record))
+    elif kind == "repeated":
+        return _words(repeated_text(record))
     elif kind == "rollback":
         window = record.get("window")
         skip = f", skip {window[0]}..{window[1]}" if isinstance(window, list) else ", no skip"
@@ -124,6 +127,20 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
         if key not in SKIPPED_FIELDS and not (kind == "crash" and key == "cause")
     ]
     return [*_words(head), *rest]
+
+
+def repeated_text(record: dict[str, Any]) -> str:
+    """A fast crash loop's folded cycles: how many more of the same crash, and its cause."""
+    last = record.get("last")
+    crash = last.get("crash") if isinstance(last, dict) else None
+    cause = crash.get("cause") if isinstance(crash, dict) else None
+    said = (
+        f", last line: {crash['last_line']}"
+        if isinstance(crash, dict) and crash.get("last_line")
+        else ""
+    )
+    going = " so far" if record.get("ongoing") else ""
+    return f"{record.get('cycles')} more crashes like the last{going} ({cause or 'crash'}{said})"
 
 
 def hang_dump_text(record: dict[str, Any]) -> str:
