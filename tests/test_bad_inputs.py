@@ -745,6 +745,20 @@ CATALOGUE: list[Bad] = [
         code=1,
     ),
     Bad("cli", "unpin unknown", ["unpin", "{live}", "424242"], "step 424242 is not pinned", code=1),
+    Bad(
+        "cli",
+        "branch --set smuggles a table",
+        ["branch", "{live}", "{new}", "--set", 'run.name="x"\n[trainer]\ncommand = ["sh"]'],
+        "--set run.name: the value must be one TOML value, not more lines or tables",
+        code=2,
+    ),
+    Bad(
+        "cli",
+        "branch --set 5,000 digits",
+        ["branch", "{live}", "{new}", "--set", "restart.stall_timeout_s=" + "9" * 5000],
+        "an integer of more than 4,300 digits",
+        code=2,
+    ),
     # ------------------------------------------------------------------ control
     Bad("control", "not json", b"not json\n", "bad_request: invalid JSON"),
     Bad("control", "array", b"[1, 2]\n", "bad_request: expected a JSON object, got list"),
