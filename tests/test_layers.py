@@ -2,7 +2,8 @@
 (at the top, inside functions, under TYPE_CHECKING) is an edge of the import graph.
 
 Rules (docs/code-map.md): no import cycles; the core imports only the standard library and
-itself, and no I/O module; the TUI reaches into the daemon's package only for the protocol,
+itself, and no I/O module; the package's own top-level modules (`trainwarden.libc`) import
+only the standard library, so every layer may use them; the TUI reaches into the daemon's package only for the protocol,
 the client, the contract, the errors and the phases; neither the daemon nor the TUI imports
 the reference trainer or the integrations; nothing imports the source folders by their bare names.
 """
@@ -21,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "trainwarden"
 FOLDERS = ("supervisor", "tui", "plugins", "trainer", "integrations")
 """The top-level source folders, installed as trainwarden.<folder>."""
+TOP_LEVEL = ROOT / PACKAGE
+"""The package's own folder: its modules (beside the links to the source folders) are
+trainwarden.<module>."""
 
 CORE = "trainwarden.supervisor.core"
 TUI_MAY_IMPORT = frozenset(
@@ -71,6 +75,8 @@ class Import:
 
 
 def module_name(path: Path) -> str:
+    if path.parent == TOP_LEVEL:
+        path = ROOT / path.name
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -83,6 +89,8 @@ def project_files() -> dict[str, Path]:
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*.py")):
             files[module_name(path)] = path
+    for path in sorted(TOP_LEVEL.glob("*.py")):
+        files[module_name(path)] = path
     return files
 
 
@@ -166,6 +174,7 @@ def test_the_graph_is_read_from_every_folder():
     for folder in FOLDERS:
         assert f"trainwarden.{folder}" in modules, f"{folder}/__init__.py was not found"
     assert f"{CORE}.policy" in modules
+    assert f"{PACKAGE}.libc" in modules
     assert any(i.importer == "trainwarden.supervisor.shell.daemon" for i in imports())
 
 
@@ -213,6 +222,20 @@ def test_the_core_imports_no_io_module():
         if within(imp.importer, CORE) and imp.target.split(".")[0] in CORE_DENIED
     ]
     assert not wrong, "the core imports I/O (files, processes, sockets, signals, clocks):\n  " + (
+        "\n  ".join(wrong)
+    )
+
+
+def test_the_packages_top_level_modules_import_only_the_standard_library():
+    """They serve every layer, the reference trainer included: they can close no cycle and
+    bring no dependency into a process that imports them."""
+    top_level = {module_name(path) for path in TOP_LEVEL.glob("*.py")}
+    wrong = [
+        str(imp)
+        for imp in imports()
+        if imp.importer in top_level and imp.target.split(".")[0] not in sys.stdlib_module_names
+    ]
+    assert not wrong, "a top-level module reaches outside the standard library:\n  " + (
         "\n  ".join(wrong)
     )
 

@@ -9,7 +9,6 @@ committed name. Regions are in model parameter order, each parameter flattened.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
+from trainwarden.libc import memory_at
 from trainwarden.supervisor.contract import (
     ANDREA_BIN_HEADER,
     ANDREA_BIN_REGIONS,
@@ -55,8 +55,7 @@ def write_float32(f: Any, tensor: torch.Tensor) -> None:
     flat = tensor.detach().to("cpu", torch.float32).reshape(-1).contiguous()
     # Straight from the tensor's own memory (kept alive by `flat` during the write): no
     # staging copy of a 1.5 GB model. The module refuses big-endian machines at import.
-    view = (ctypes.c_char * (4 * flat.numel())).from_address(flat.data_ptr())
-    f.write(memoryview(view).cast("B"))
+    f.write(memory_at(flat.data_ptr(), 4 * flat.numel()))
 
 
 def region_tensors(model: nn.Module, optimizer: AdamW, region: str) -> Iterator[torch.Tensor]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -33,6 +32,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import torch
 
+from trainwarden.libc import memory_at
 from trainwarden.plugins.api import CheckpointInvalid
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
 from trainwarden.supervisor.contract import sidecar_path
@@ -76,10 +76,7 @@ class ExportRefused(TrainerError):
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's own memory as bytes (the caller keeps `tensor` alive and contiguous)."""
-    view = (ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(
-        tensor.data_ptr()
-    )
-    return memoryview(view).cast("B")
+    return memory_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
 
 
 def write_safetensors(

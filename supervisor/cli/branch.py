@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import errno
 import json
 import os
 import re
@@ -32,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from trainwarden.libc import rename_noreplace
 from trainwarden.supervisor.cli.output import print_json
 from trainwarden.supervisor.config import (
     CONFIG_NAME,
@@ -59,9 +58,6 @@ parent's (two runs writing one mirror would overwrite each other's latest.json),
 pinned steps would pin the branch's own checkpoints of those steps for ever."""
 FIXED_KEYS = ("checkpoints.format",)
 """Overrides refused: the copied checkpoint is in the parent's format."""
-RENAME_NOREPLACE = 1
-"""linux/fs.h: fail with EEXIST rather than replace the target."""
-AT_FDCWD = -100
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -519,25 +515,10 @@ def _toml_value(value: Any) -> str:
 def _rename_noreplace(source: Path, target: Path) -> None:
     """Rename `source` to `target` unless `target` exists (a branch made meanwhile)."""
     try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        renameat2 = None
-    if renameat2 is not None:
-        renameat2.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_uint,
-        ]
-        source_b, target_b = os.fsencode(source), os.fsencode(target)
-        if renameat2(AT_FDCWD, source_b, AT_FDCWD, target_b, RENAME_NOREPLACE) == 0:
+        if rename_noreplace(source, target):
             return
-        code = ctypes.get_errno()
-        if code == errno.EEXIST:
-            raise UsageError(f"{target} already exists; name a new directory for the branch")
-        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
-            raise OSError(code, os.strerror(code), str(target))
+    except FileExistsError:
+        raise UsageError(f"{target} already exists; name a new directory for the branch") from None
     if os.path.lexists(target):
         raise UsageError(f"{target} already exists; name a new directory for the branch")
     os.rename(source, target)

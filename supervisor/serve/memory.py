@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 
-M_MMAP_THRESHOLD = -3
-"""glibc's mallopt parameter: allocations from this size up get their own mapping."""
+from trainwarden.libc import malloc_trim, set_mmap_threshold
+
 LARGE_ALLOCATION = 128 << 10
-
-
-def _glibc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim, libc.mallopt  # noqa: B018 (glibc only)
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-_libc = _glibc()
 
 
 def map_large_allocations() -> None:
@@ -28,8 +14,7 @@ def map_large_allocations() -> None:
     the system when freed. glibc raises its mmap threshold each time such a block is
     freed, after which request lines, replies and read buffers of a flood of clients
     land in the heap and keep RSS at the flood's peak long after the clients left."""
-    if _libc is not None:
-        _libc.mallopt(M_MMAP_THRESHOLD, LARGE_ALLOCATION)
+    set_mmap_threshold(LARGE_ALLOCATION)
 
 
 def release_memory() -> None:
@@ -37,5 +22,4 @@ def release_memory() -> None:
     system. A connection's stream objects refer to each other, so only the cycle
     collector frees them (with their buffers), and it may not run for a long while."""
     gc.collect()
-    if _libc is not None:
-        _libc.malloc_trim(0)
+    malloc_trim()

@@ -17,7 +17,6 @@ each by its own pid, so the trainer's exit status stays asyncio's to collect.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
@@ -28,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from trainwarden.libc import LibcUnavailable, set_child_subreaper
 from trainwarden.supervisor.inputs.proctree import (
     descendants,
     is_exited,
@@ -37,7 +37,6 @@ from trainwarden.supervisor.inputs.proctree import (
     zombie_children,
 )
 
-PR_SET_CHILD_SUBREAPER = 36
 RESCAN_S = 0.5
 KILL_WAIT_S = 10.0
 """How long a SIGKILLed process may take to go (one in uninterruptible sleep can take long)."""
@@ -52,11 +51,11 @@ def become_subreaper() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"prctl(PR_SET_CHILD_SUBREAPER) is Linux only, not {sys.platform}"
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            return f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}"
-    except (OSError, AttributeError) as exc:
+        set_child_subreaper()
+    except LibcUnavailable as exc:
         return f"prctl unavailable: {exc}"
+    except OSError as exc:
+        return f"prctl(PR_SET_CHILD_SUBREAPER): {exc.strerror}"
     return None
 
 

@@ -22,14 +22,13 @@ a kill at any moment leaves the old folder or the new one at the fixed name, nev
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from trainwarden.libc import rename_exchange as exchange
 from trainwarden.plugins.api import CheckpointFormat
 from trainwarden.supervisor.errors import CheckpointInvalid
 from trainwarden.supervisor.store.rundir import fsync_dir
@@ -47,9 +46,6 @@ RESTORING = "restoring"
 """In the staging folder: the snapshot being copied back (after an exchange: the old folder)."""
 ASIDE = "aside"
 """In the staging folder: the old fixed folder between the two renames of a swap."""
-RENAME_EXCHANGE = 2
-"""linux/fs.h: atomically exchange the two names."""
-AT_FDCWD = -100
 MAX_STEP_FILE_BYTES = 64 << 20
 
 Layout = tuple[tuple[str, int, int, int], ...]
@@ -115,27 +111,6 @@ def copy_folder(src: Path, dst: Path, files: Layout, last: str) -> str:
     for root, _dirs, _files in os.walk(dst, topdown=False):
         fsync_dir(Path(root))
     return "copy" if "copy" in hows else "reflink"
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """Swap the names `a` and `b` in one step; False where the system cannot."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
-    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
-        return False
-    raise OSError(code, os.strerror(code), str(a))
 
 
 class FixedFolder(FixedFile):
