@@ -1,15 +1,27 @@
 """trainwarden.supervisor: the daemon that keeps a training run alive, in layers.
 
-    core/    the pure policy: decide(state, event) -> (state, actions); stdlib only, no I/O
-    shell/   the event loop and the executor that carries out the actions
-    inputs/  inotify (log and checkpoints), NVML, host sampling, the process tree
-    store/   run directory, journal, loss history, checkpoint registry, mirror
-    serve/   control socket, metrics, sd_notify
-    cli/     the `trainwarden` command
+- `core/`: the pure policy: decide(state, event) -> (state, actions); stdlib only, no I/O
+- `shell/`: the event loop and the executor that carries out the actions
+- `inputs/`: inotify (log and checkpoints), NVML, host sampling, the process tree, stacks
+- `store/`: run directory, journal, loss history, checkpoint directory, mirror
+- `serve/`: control socket, metrics, sd_notify
+- `cli/`: the `trainwarden` command
 
-Beside them: `protocol` (typed wire messages, shared with the CLI and the TUI), `wire`,
-`client`, `contract` (the trainer contract, no torch), `config`, `registry`, `errors`.
-No import cycles, and the core imports nothing outside itself (tests/test_layers.py).
+Beside them:
+
+- `protocol`: typed wire messages, topics, error codes and phases, shared with the CLI and TUI
+- `wire`: the framing: one JSON object per line, and the socket's address
+- `client`: the control socket's clients, blocking (CLI) and asyncio (TUI)
+- `contract`: the trainer contract: environment names, policy.json, andrea-bin; no torch
+- `config`: the run's `trainwarden.toml`, one frozen dataclass per table, validated
+- `registry`: checkpoint-format and log-parser plugins found by entry point
+- `errors`: the exceptions trainwarden raises, each with a one-line message
+- `socket_place`: where the control socket may be bound, and which group may reach it
+- `checkpoint_hints`: the `[checkpoints]` setting that would match unrecognised names
+- `__main__`: `python -m trainwarden.supervisor`, the same as `trainwarden`
+
+No import cycles, and the core imports only the standard library and itself
+(tests/test_layers.py).
 """
 
 __version__ = "0.1.0"

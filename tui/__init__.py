@@ -1,11 +1,16 @@
 """The trainwarden terminal UI: a Textual client of the daemon's control socket.
 
-    app.py        the App: keys, outcomes, the render tick
-    source.py     the daemon as a data source (one subscribed connection, with backoff)
-    messages.py   what the source posts to the app
-    model.py      what the TUI knows about the run (plain data, no widgets, no I/O)
-    screens/      the main screen and the modals (pivot form, confirm, help, log)
-    widgets/      one small widget per panel; fmt.py, chart.py, sanitize.py draw text
+- `app`: the App: keys, outcomes, the render tick
+- `source`: the daemon as a data source (one subscribed connection, with backoff)
+- `messages`: what the source posts to the app
+- `model`: what the TUI knows about the run (plain data, no widgets, no I/O)
+- `chart`: the loss chart as braille text, pure functions
+- `fmt`: numbers as an operator reads them: short, fixed width, "-" for unknown
+- `sanitize`: untrusted text from the daemon made safe for a terminal
+- `screens/`: the main screen and the modals (pivot form, confirm, help, log, ...)
+- `widgets/`: one small widget per panel
+- `__main__`: `python -m trainwarden.tui`, the same as `trainwarden tui`
+- `trainwarden.tcss`: the one stylesheet
 
 What it may import from the rest of trainwarden: the protocol
 (trainwarden.supervisor.protocol: messages, topics, phases, error codes and the clients

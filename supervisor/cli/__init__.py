@@ -1,4 +1,19 @@
-"""The command line: the parser, one function per command, and the text they print."""
+"""The command line: the parser, one function per command, and the text they print.
+
+- `main`: the parser and `main()`, the `trainwarden` entry point
+- `commands`: one function per command, each returning the exit status
+- `output`: what the commands print: status, checkpoints, replies, events
+- `offline`: `trainwarden checkpoints` with no daemon, from the folder and the journal
+- `init`: `trainwarden init`: a working config for the reference trainer
+- `demo`: `trainwarden demo`: a supervised run of the reference trainer, in the TUI
+- `detach`: `trainwarden daemon --detach`: start the daemon and wait until it answers
+- `units`: systemd units: the packaged templates and concrete units for one run
+- `alerting`: `trainwarden alert-test`: a test alert to every configured target
+- `branch`: `trainwarden branch`: a new run from one verified checkpoint of another
+- `compare`: `trainwarden compare`: two related runs' losses set side by side
+- `inspection`: `trainwarden inspect`: what one checkpoint holds, read without a daemon
+- `export`: `trainwarden export`: a checkpoint's inference weights, by the trainer side
+"""
 
 from trainwarden.supervisor.cli.main import main
 

@@ -6,19 +6,24 @@ That is what lets the retention and restart rules be checked by property tests. 
 package imports only the standard library and itself. Importing it (or `phases`, which
 the protocol and the TUI use) loads nothing else: the rest comes with `core.policy`.
 
-    phases      the run's phases and their transition diagram
-    state       Rules, State and what of it survives a daemon restart
-    requests    the operator's commands, typed, and their parser
-    events      what the policy is told
-    actions     what it asks for
-    transitions spawning, stopping, answering waiters (shared by the handlers below)
-    retention   which checkpoints go, locally and in the mirror
-    lifecycle   start-up, spawn and exit, crash and backoff, ticks, shutdown
-    progress    checkpoints, step lines, divergence
-    plausible   which committed steps are believable (max_step_jump)
-    suspects    checkpoints a trainer fails on right after resuming: suspicion, fallback
-    commands    the operator's commands
-    pivot       the pivot transaction
-    decide      the dispatch, and the next deadline
-    policy      all of the above that the shell and the tests use, in one namespace
+- `phases`: the run's phases and their transition diagram
+- `state`: Rules, State and what of it survives a daemon restart
+- `requests`: the operator's commands, typed, and their parser
+- `events`: what the policy is told
+- `actions`: what it asks for
+- `transitions`: spawning, stopping, answering waiters (shared by the handlers below)
+- `barrier`: no decision names a checkpoint while an older commit is still being verified
+- `retention`: which checkpoints go, locally and in the mirror
+- `lifecycle`: start-up, spawn and exit, crash and backoff, ticks, shutdown
+- `progress`: checkpoints, step lines, divergence, the mirror's copies
+- `plausible`: which committed steps are believable (max_step_jump)
+- `suspects`: checkpoints a trainer fails on right after resuming: suspicion, fallback
+- `spikes`: loss spikes detected against the loss's EMA
+- `rollback`: the response to a loss spike: kill, roll back, skip its data
+- `gpu_faults`: XIDs by class: which a restart survives, which need a reset or a reboot
+- `commands`: the operator's commands, given the run's phase
+- `pivot`: the pivot transaction
+- `decide`: the dispatch, and the next deadline
+- `policy`: all of the above that the shell and the tests use, in one namespace
+- `alerts`: which journal records become alerts, and when (used by shell.alerts)
 """

@@ -1,7 +1,16 @@
-"""What the daemon observes: one event-loop-driven inotify watcher (`inotify`) used by the
-log follower (`logfollow`) and the checkpoint watcher (`checkpoint_watch`), NVML (`gpu`),
-host and trainer-process sampling (`host`), and the trainer's process tree (`proctree`).
+"""What the daemon observes. Each reports into the loop; none decides anything.
 
-Each reports into the loop; none decides anything. May import `store` (the checkpoint
-registry the watcher reads), never the shell or the core's decisions.
+- `inotify`: one event-loop-driven inotify watcher, through libc
+- `logfollow`: follows the run log as `tail -F` does, without polling
+- `checkpoint_watch`: commits and writes in flight in the checkpoint directory
+- `gpu`: the one module that talks to NVML: cheap GPU figures, never an exception
+- `gpu_events`: NVML's critical XID events and a lost GPU, watched in a thread
+- `host`: host and trainer-process figures from psutil: CPU, memory, disk, load
+- `proctree`: the process tree below a pid
+- `signals`: which of the daemon's signals a trainer catches (/proc/PID/status)
+- `stacks`: a trainer's stacks read from outside: py-spy and the kernel's
+- `resume_read`: whether a start opened the checkpoint it was given (a watch made before the fork)
+
+May import `store` (the checkpoint directory, digests and snapshots the checkpoint watcher
+uses), never the shell or the core's decisions.
 """

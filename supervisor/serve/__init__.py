@@ -1,5 +1,13 @@
-"""How the daemon talks: the control socket (`control`, reaching the daemon only through
-the `supervised` protocol class), Prometheus metrics (`metrics`) and sd_notify (`notify`).
+"""How the daemon talks: the control socket, Prometheus metrics and sd_notify.
 
-May import the core's types, the store and the wire protocol; never the shell.
+- `control`: the control socket's server and its commands
+- `supervised`: what the server needs from the daemon (a protocol class it satisfies)
+- `connection`: one client's outbox, read-ahead, bounds and admission
+- `turns`: time slices for answering requests, so busy clients cannot starve the loop
+- `memory`: freed memory handed back to the system after a flood of clients
+- `metrics`: Prometheus metrics from a snapshot of the daemon's view
+- `notify`: sd_notify without libsystemd: readiness, status, watchdog pings
+
+May import the core's types, the store, config, the socket's place and the wire protocol;
+never the shell.
 """

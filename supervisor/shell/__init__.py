@@ -1,16 +1,27 @@
 """The imperative shell: the one asyncio loop that owns the state, and what carries out
 the policy's actions.
 
-    daemon      the loop: events in, `core.decide`, actions out; nothing else assigns state
-    executor    performs exactly what an action says and reports what came of it as events
-    spawning    the trainer's argv and environment (the contract's names)
-    process     the trainer as a child process: spawn, signal, leftovers
-    boot        start-up reads: the rules from the config, the journal's last state, metrics
-    verdicts    checkpoint verification off the loop, reported as events
-    pivot_files the pivot's file work (archive, policy.json)
-    views       the status, state and checkpoint views the socket serves
-    hub         telemetry: the log follower, loss history, samplers, subscribers
-    telemetry   tokens/s, MFU, loss averages, ETA from step lines
+- `daemon`: the loop: events in, `core.decide`, actions out; nothing else assigns state
+- `executor`: performs exactly what an action says and reports what came of it as events
+- `spawning`: the trainer's argv and environment (the contract's names)
+- `process`: the trainer as a child process: spawn, signal, leftovers
+- `containment`: a start's processes found by marker and subreaper; none outlives the start
+- `cgroups`: a cgroup v2 of its own for each trainer start, where one can be made
+- `boot`: start-up reads: the rules from the config, the journal's last state, metrics
+- `verdicts`: each commit verified and digested once; the registry of what each was
+- `snapshots`: an in-place trainer's fixed file or folder, snapshotted and restored
+- `pivot_files`: the pivot's file work (archive, policy.json)
+- `views`: the status, state and checkpoint views the socket serves
+- `hub`: telemetry: the log follower, loss history, samplers, subscribers
+- `telemetry`: tokens/s, MFU, loss averages, ETA from step lines
+- `validation`: the held-out evaluations: `.eval.json`, the newest, the history
+- `parser_watch`: notices when the configured parser matches none of the trainer's lines
+- `hangdump`: a hung trainer's stack dump, to a file and a journal record
+- `gpu_recovery`: after a GPU fault, wait until the GPU is free and reset it when allowed
+- `alerts`: the journal observed, alerts sent from a thread per target
+- `alert_send`: one alert to one apprise URL, in a process of its own
+- `helpers`: helper programs: own process group, total deadline, output cut to its tail
+- `other_runs`: other runs' histories for clients: own thread, bounded, cached
 
 May import every layer below it (core, inputs, store, serve); takes no decision itself.
 """

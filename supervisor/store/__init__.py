@@ -1,8 +1,29 @@
-"""What the daemon persists: the run directory and atomic writes (`rundir`), the journal,
-the loss history file and its writer (`lossdb`), the history read back (`losshistory`,
-its rows in `lossrows`, its queries in `lossquery`) over its binary cache (`losscache`),
-the resume audit (`resume_audit`), the checkpoint registry (`checkpoints`), the verified
-mirror (`mirror`) and restoring a run from it (`restore`).
+"""What the daemon persists, and reads back.
 
-May import the core's types, the plugins, config and errors; never the shell.
+- `rundir`: the daemon's files in a run directory, atomic writes, the one-daemon lock
+- `appendfile`: append-only line files that outlive a full disk
+- `journal`: the run's journal, `.trainwarden/journal.jsonl`
+- `repeats`: a fast crash loop's cycles counted instead of journaled one by one
+- `lossdb`: the loss history file, `.loss.json`, and its writer
+- `losshistory`: the loss history read back, newest segment per step
+- `lossrows`: the rows a loss history is made of, and resolving them
+- `lossquery`: queries over a loss history: decimated buckets, from any thread
+- `losscache`: the binary cache of `.loss.json`, so a start-up parses only what it lacks
+- `evaldb`: the validation history, `.eval.json`: its writer and its reader
+- `runseries`: a run's losses over its lineage, read with no daemon
+- `branches`: `branch.json`: what a branch run was made from
+- `branch_history`: the loss history a branch inherits from its ancestors, read only
+- `resume_audit`: a resumed trainer's replayed losses against the ones they supersede
+- `checkpoints`: the checkpoint directory: scanning, verification, quarantine, deletion
+- `quarantine`: why each quarantined file is there, from the journal
+- `digest`: content digests (xxh3-128) of committed checkpoints
+- `snapshots`: snapshots of a checkpoint file the trainer overwrites in place
+- `fixed_folder`: snapshots of a checkpoint folder the trainer overwrites in place
+- `mirror`: a second, verified copy of every committed checkpoint on another disk
+- `restore`: `trainwarden restore`: a run directory rebuilt from its mirror
+- `identity`: whose run a run directory is, and whose run a mirror serves
+- `hangs`: stack dumps of a hung trainer, written atomically, the newest kept
+
+May import the core's types, the plugins, config, contract, registry and errors; never
+the shell.
 """
