@@ -28,6 +28,7 @@ from typing import Any
 from trainwarden.supervisor.errors import (
     CommandRefused,
     DaemonNotRunning,
+    NobodyAnswers,
     ProtocolError,
     UntrustedServer,
     UsageError,
@@ -57,7 +58,7 @@ def unreachable(socket_path: Path, exc: OSError) -> DaemonNotRunning:
     """The one-line error for a socket nobody answers on, or one we may not use."""
     if isinstance(exc, PermissionError):
         return DaemonNotRunning(f"permission denied on {socket_path}: {_denied_by(socket_path)}")
-    return DaemonNotRunning(not_running_message(socket_path))
+    return NobodyAnswers(not_running_message(socket_path), socket_path)
 
 
 def _group(gid: int) -> str:
@@ -171,6 +172,8 @@ class Client:
             _close(fd)
         self.buffer = b""
         self.ids = itertools.count(1)
+        self.heard = False
+        """Whether the daemon has sent anything on this connection."""
 
     def _connect(self, address: str, timeout: float | None) -> None:
         # A full listen backlog (hundreds of clients at once) answers EAGAIN: retry briefly.
@@ -203,12 +206,22 @@ class Client:
             except TimeoutError:
                 raise ProtocolError("the daemon did not answer in time") from None
             except ConnectionError:
-                raise ProtocolError("the daemon closed the connection") from None
+                chunk = b""
             if not chunk:
-                raise ProtocolError("the daemon closed the connection")
+                raise ProtocolError(self._closed())
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
+        self.heard = True
         return decode(line)
+
+    def _closed(self) -> str:
+        if self.heard:
+            return "the daemon closed the connection"
+        # What a forwarded socket does when its tunnel, or the daemon behind it, is down.
+        return (
+            f"the socket {self.socket_path} closed before a reply: is the ssh tunnel up,"
+            " and the daemon running?"
+        )
 
     def request(
         self, cmd: str, on_progress: Callable[[str], None] | None = None, **args: Any

@@ -37,6 +37,14 @@ class DaemonNotRunning(TrainwardenError):
     """No daemon answers on the run's control socket."""
 
 
+class NobodyAnswers(DaemonNotRunning):
+    """Nothing listens on the socket (no such socket, or a stale one): no daemon runs there."""
+
+    def __init__(self, message: str, socket_path: object = None) -> None:
+        super().__init__(message)
+        self.socket_path = socket_path
+
+
 class UntrustedServer(DaemonNotRunning):
     """The socket is served by another user than ours, root or its folder's owner."""
 

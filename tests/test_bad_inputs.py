@@ -732,7 +732,7 @@ CATALOGUE: list[Bad] = [
     Bad("cli", "events -n word", ["events", "{empty}", "-n", "many"], "invalid int value", code=2),
     Bad("cli", "init bad preset", ["init", "{new}", "--preset", "huge"], "invalid choice", code=2),
     Bad("cli", "init negative steps", ["init", "{new}", "--steps", "-5"], "at least 1", code=2),
-    Bad("cli", "status, no daemon", ["status", "{empty}"], "no trainwarden daemon answers", code=1),
+    Bad("cli", "status, no run", ["status", "{empty}"], "no run at", code=2),
     Bad("cli", "daemon, no config", ["daemon", "{empty}"], "no config file", code=2),
     Bad("cli", "pivot without =", ["pivot", "{live}", "--cap", "docs"], "expected ARM=NUMBER"),
     Bad("cli", "pivot word value", ["pivot", "{live}", "--cap", "docs=abc"], "ARM=NUMBER"),
@@ -1322,7 +1322,7 @@ def test_cli(row: Bad, tmp_path: Path, live: Live):
     [
         r
         for r in rows("cli")
-        if r.values[0].name in ("no command", "status, no daemon", "pivot nothing")
+        if r.values[0].name in ("no command", "status, no run", "pivot nothing")
     ],
 )
 def test_cli_through_the_real_command(row: Bad, tmp_path: Path, live: Live):

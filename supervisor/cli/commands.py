@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from trainwarden.supervisor.errors import (
     CommandRefused,
     ConfigError,
     DaemonNotRunning,
+    NobodyAnswers,
     UsageError,
 )
 
@@ -60,8 +62,23 @@ def _daemon_target(args: argparse.Namespace) -> tuple[Path, int | None, Any]:
     run_dir = _run_dir(args)
     cfg = _run_config(run_dir)
     if cfg is None:
-        return run_dir / ".trainwarden" / "control.sock", daemon_uid_of(named), None
+        socket_path = run_dir / ".trainwarden" / "control.sock"
+        if not os.path.lexists(socket_path):
+            # Neither a config nor a daemon's socket: no run here to start a daemon for.
+            raise UsageError(no_run_message(run_dir))
+        return socket_path, daemon_uid_of(named), None
     return cfg.socket_path, daemon_uid_of(named or cfg.control.daemon_user), cfg
+
+
+def no_run_message(run_dir: Path) -> str:
+    from trainwarden.supervisor.config import CONFIG_NAME
+
+    if not run_dir.is_dir():
+        return f"no run at {run_dir} (no such directory): name a run directory"
+    return (
+        f"no run at {run_dir} (no {CONFIG_NAME} there): name a run directory, or make one"
+        f" with `trainwarden init {run_dir}`"
+    )
 
 
 def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
@@ -196,7 +213,15 @@ def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
         payload = {k: getattr(args, k) for k in extra}
         timeout = None if cmd in ("stop", "shutdown") or getattr(args, "wait", False) else 30.0
         as_json = getattr(args, "json", False)
-        with _client(args, timeout=timeout) as client:
+        try:
+            client = _client(args, timeout=timeout)
+        except NobodyAnswers as exc:
+            if cmd != "shutdown":
+                raise
+            # What shutdown is for is already so: say it, and succeed.
+            print(f"nothing to shut down: no daemon answers on {exc.socket_path}")
+            return 0
+        with client:
             result = client.request(cmd, on_progress=None if as_json else print_progress, **payload)
         if as_json:
             print_json(result)

@@ -8,6 +8,9 @@ operation (no daemon, a refused command). The parser is here; the commands are i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import select
 import sys
 from collections.abc import Callable
 
@@ -36,7 +39,10 @@ from trainwarden.supervisor.errors import (
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        # main() says "trainwarden: " once; a subcommand's own name follows it.
+        command = self.prog.removeprefix("trainwarden").strip()
+        where = f"{command}: " if command else ""
+        raise UsageError(f"{where}{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> Parser:
@@ -373,11 +379,23 @@ def _reorder_step(argv: list[str]) -> list[str]:
     return argv
 
 
+def stdout_closed() -> bool:
+    """Whether the reader of our stdout is gone (a pipe whose other end was closed)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(mask & (select.POLLERR | select.POLLHUP) for _fd, mask in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _reorder_step(list(sys.argv[1:] if argv is None else argv))
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart
+        return code
     except CommandRefused as exc:
         print(f"trainwarden: refused ({exc.code}): {exc}", file=sys.stderr)
         return 1
@@ -388,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainwarden: {exc}", file=sys.stderr)
         return exc.exit_code
     except ConnectionError as exc:  # the daemon hung up mid-exchange (a refusal, an exit)
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            # `trainwarden status | head -1`: whoever read our output has all it wanted.
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         print(
             f"trainwarden: the daemon closed the connection ({exc.strerror or exc})",
             file=sys.stderr,

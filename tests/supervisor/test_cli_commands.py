@@ -4,10 +4,15 @@ directory once no daemon runs: newest first, sizes in binary units, reasons in w
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 from tests.support import PYTHON, running_daemon, scripted_run, wait_for
+from trainwarden.supervisor.cli.main import main
 from trainwarden.supervisor.cli.offline import OFFLINE_NOTE
 
 RUNNING = ("--steps", "100000000", "--save-every", "25", "--dt", "0.02", "--usr1", "save")
@@ -36,8 +41,9 @@ def test_every_daemon_command_takes_socket_and_needs_no_run_directory(tmp_path: 
         sock = str(daemon.socket)
         daemon.wait_state("running")
         wait_for(lambda: len(verified_steps(daemon)) >= 2, 120, what="two checkpoints")
-        # Without --socket, "." is not the run: nobody answers there.
-        assert cli("status", cwd=elsewhere).returncode == 1
+        # Without --socket, "." is not the run (no config, no socket): said so, exit 2.
+        done = cli("status", cwd=elsewhere)
+        assert done.returncode == 2 and "no run at" in done.stderr, done.stderr
 
         done = cli("status", "--socket", sock, cwd=elsewhere)
         assert done.returncode == 0 and "state     running" in done.stdout, done.stderr
@@ -177,3 +183,96 @@ def test_a_socket_nobody_answers_on_names_no_run_to_start(tmp_path: Path):
     assert len(line.splitlines()) == 1, line
     assert "no trainwarden daemon answers on" in line and "ssh tunnel" in line, line
     assert "daemon --detach" not in line, line
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    """The CLI in process: (exit status, stdout, stderr)."""
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_folder_that_is_no_run_is_named_so_not_sent_to_start_a_daemon(tmp_path: Path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for command in ("status", "checkpoints", "events", "stop"):
+        code, out, err = run_main(capsys, command, str(empty))
+        assert code == 2 and out == "", (command, err)
+        assert err.strip() == (
+            f"trainwarden: no run at {empty} (no trainwarden.toml there): name a run directory,"
+            f" or make one with `trainwarden init {empty}`"
+        )
+    code, _, err = run_main(capsys, "status", str(tmp_path / "nope"))
+    assert code == 2
+    assert (
+        err.strip()
+        == f"trainwarden: no run at {tmp_path / 'nope'} (no such directory): name a run directory"
+    )
+
+
+def test_shutdown_with_no_daemon_says_there_is_nothing_to_shut_down(tmp_path: Path, capsys):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "5")
+    code, out, err = run_main(capsys, "shutdown", str(run_dir))
+    assert code == 0 and err == ""
+    assert out.strip() == (
+        f"nothing to shut down: no daemon answers on {run_dir / '.trainwarden' / 'control.sock'}"
+    )
+    # Other commands still call it a failure, with how to start one.
+    code, _, err = run_main(capsys, "status", str(run_dir))
+    assert code == 1 and "start one with `trainwarden daemon --detach" in err
+
+
+def test_usage_errors_carry_one_prefix(tmp_path: Path, capsys):
+    code, _, err = run_main(capsys, "pin", str(tmp_path), "ten")
+    assert code == 2
+    assert err.strip() == (
+        "trainwarden: pin: argument step: invalid int value: 'ten' (see `trainwarden pin --help`)"
+    )
+    code, _, err = run_main(capsys, "status", str(tmp_path), "--bogus")
+    assert code == 2
+    assert err.strip() == "trainwarden: unrecognized arguments: --bogus (see `trainwarden --help`)"
+
+
+def test_a_reader_that_closed_the_pipe_ends_the_command_quietly(tmp_path: Path):
+    """`trainwarden ... | head -1`: the reader is gone before the output is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [PYTHON, "-m", "trainwarden.supervisor", "init", str(tmp_path / "run")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert (tmp_path / "run" / "trainwarden.toml").exists()
+
+
+def test_a_socket_that_closes_before_any_reply_says_so(tmp_path: Path, capsys):
+    """A forwarded socket whose tunnel is down: ssh accepts, then hangs up."""
+    path = tmp_path / "tunnels" / "run.sock"
+    path.parent.mkdir(mode=0o700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+
+    def hang_up() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            conn.close()
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    try:
+        code, _, err = run_main(capsys, "status", "--socket", str(path))
+    finally:
+        thread.join(10)
+        server.close()
+    assert code == 1
+    assert err.strip() == (
+        f"trainwarden: the socket {path} closed before a reply: is the ssh tunnel up,"
+        " and the daemon running?"
+    )
