@@ -495,6 +495,7 @@ class TelemetryHub:
         self.flush_stray()
         self.accepting = True
         self.cadence.started()
+        self.monitor.new_segment()
         if self.audit is not None:
             result = self.audit.finish()
             if result is not None:

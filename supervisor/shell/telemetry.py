@@ -23,6 +23,9 @@ ETA_WINDOW_S = 300.0
 gives steps/min and tokens/s follows every hiccup of a busy machine (an ETA from it jumped
 1h 25m -> 54m within 20 s); over five minutes a burst of slow or fast steps moves the
 rate, and the ETA, by a few percent at most."""
+ETA_MIN_S = 10.0
+"""No ETA until this segment's steps span this long: a rate from its first few steps
+(the trainer warming up, a resumed start's first batches) is no rate to promise a date by."""
 ETA_SAMPLE_S = 1.0
 """At most one (time, step) sample a second is kept for that rate: a bounded deque of
 about ETA_WINDOW_S entries however fast the trainer logs."""
@@ -147,9 +150,10 @@ class Monitor:
     """Rolling and run-long statistics over the steps of a run.
 
     observe() is O(1) and the window keeps `window` steps, so memory stays bounded over a
-    multi-week run; snapshot() is O(window). A step number at or below the previous one
-    (a restart replaying from a checkpoint) starts a fresh window: pace and throughput
-    across a restart gap would be meaningless. Run-long sums and the EMA carry on.
+    multi-week run; snapshot() is O(window). Each trainer start (new_segment), and a step
+    number at or below the previous one, starts a fresh window: pace and throughput across
+    a restart or a stop would count the time the trainer was not running as training time.
+    Run-long sums and the EMA carry on.
     """
 
     def __init__(self, settings: MonitorSettings | None = None) -> None:
@@ -168,6 +172,12 @@ class Monitor:
         self._run_dt_s = 0.0
         self._pace: deque[tuple[float, int]] = deque()
         """(t, step) of this segment, one a second at most, over the last ETA_WINDOW_S."""
+
+    def new_segment(self) -> None:
+        """A trainer starts: its pace is its own (a start resumed at the step the last one
+        stopped at continues the step numbers, but not the clock)."""
+        self._recent.clear()
+        self._pace.clear()
 
     def set_n_params(self, n_params: int | None) -> None:
         self._n_params = n_params if n_params and n_params > 0 else None
@@ -250,11 +260,12 @@ class Monitor:
 
     def eta_steps_per_s(self) -> float | None:
         """Steps per second over the last ETA_WINDOW_S of this segment (less while the
-        segment is younger), the rate the ETA divides by."""
+        segment is younger), the rate the ETA divides by; None before its steps span
+        ETA_MIN_S."""
         if len(self._pace) < 2:
             return None
         (t0, s0), (t1, s1) = self._pace[0], self._pace[-1]
-        if t1 <= t0 or s1 <= s0:
+        if t1 - t0 < ETA_MIN_S or s1 <= s0:
             return None
         return (s1 - s0) / (t1 - t0)
 

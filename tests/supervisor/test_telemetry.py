@@ -139,11 +139,13 @@ def test_non_finite_loss_is_reported_but_kept_out_of_averages():
 
 def test_steps_per_min_and_eta_from_wall_clock():
     monitor = gpt2_monitor(total_steps=1000)
-    for step in range(1, 11):
+    for step in range(1, 22):
         monitor.observe(step, 3.0, 0.25, t=100.0 + step * 0.5)  # 2 steps/s by the clock
+        if step == 20:  # 9.5 s of steps: too few to promise a date by
+            assert monitor.snapshot()["eta_s"] is None
     snap = monitor.snapshot()
     assert snap["steps_per_min"] == pytest.approx(120.0)
-    assert snap["eta_s"] == pytest.approx(990 / 2.0)
+    assert snap["eta_s"] == pytest.approx(979 / 2.0)
 
 
 def test_pace_counts_steps_not_lines():

@@ -127,12 +127,31 @@ def test_the_eta_stays_steady_while_the_instant_pace_jumps():
     assert worst < 0.1, worst
 
 
+def test_a_stop_and_a_start_at_the_same_step_leave_the_stopped_time_out_of_the_eta():
+    """A stop saves at its last step and the next start resumes there, so the step numbers
+    go on: only the start itself (new_segment) can tell the rate that the trainer was not
+    running. Before: 100 steps at 1 step/s, a 6-minute stop, then 1 step/s again gave a
+    rate of 0.2 step/s and an ETA five times too long."""
+    monitor = Monitor(MonitorSettings(total_steps=10_000))
+    for step in range(1, 101):
+        monitor.observe(step, 3.0, 1.0, float(step))
+    monitor.new_segment()  # the stop's checkpoint is step 100; the start resumes there
+    eta = []
+    for i, step in enumerate(range(101, 141)):
+        monitor.observe(step, 3.0, 1.0, 100.0 + 360.0 + i)
+        eta.append(monitor.snapshot()["eta_s"])
+    assert eta[:10] == [None] * 10  # no ETA before 10 s of this start's steps
+    remaining = 10_000 - 140
+    assert eta[-1] == pytest.approx(remaining / 1.0, rel=0.2)
+    assert monitor.snapshot()["steps_per_min"] == pytest.approx(60.0)
+
+
 def test_a_new_segment_starts_the_eta_rate_afresh():
     monitor = Monitor(MonitorSettings(total_steps=10_000))
     for step in range(1, 101):
         monitor.observe(step, 3.0, 1.0, float(step))  # 1 step/s
     assert monitor.eta_steps_per_s() == pytest.approx(1.0)
-    for i, step in enumerate(range(50, 150)):  # resumed from 50, now 10 steps/s
+    for i, step in enumerate(range(50, 170)):  # resumed from 50, now 10 steps/s
         monitor.observe(step, 3.0, 0.1, 200.0 + i * 0.1)
     assert monitor.eta_steps_per_s() == pytest.approx(10.0)
 
@@ -162,7 +181,9 @@ def test_status_tells_the_truth_across_a_manual_save_a_stop_and_a_daemon_restart
         # The manual save is no cadence: the next is the next multiple of 20 after the step.
         nxt = running["next_checkpoint_step"]
         assert nxt % 20 == 0 and running["step"] < nxt <= running["step"] + 20, running
-        assert running["eta_s"] is not None and running["tokens_per_s"] is not None
+        assert running["tokens_per_s"] is not None
+        # An ETA once this start's steps span 10 s.
+        wait_for(lambda: daemon.status()["eta_s"] is not None, 60, what="an ETA")
         assert running["last_line"] and running["last_line"].startswith("step")
         daemon.request("stop", wait=True)
         stopped = daemon.wait_state("stopped")
