@@ -24,6 +24,7 @@ the protocol and the TUI use) loads nothing else: the rest comes with `core.poli
 - `commands`: the operator's commands, given the run's phase
 - `pivot`: the pivot transaction
 - `decide`: the dispatch, and the next deadline
+- `decision_table`: the policy on one page: each event, its handler, the actions it may produce
 - `policy`: all of the above that the shell and the tests use, in one namespace
 - `alerts`: which journal records become alerts, and when (used by shell.alerts)
 """

@@ -75,6 +75,8 @@ class CheckpointSeen:
 
 @dataclass(frozen=True)
 class CheckpointCommitted:
+    """A committed checkpoint verified: its step, size, mtime and digest at commit."""
+
     t: float
     step: int
     name: str
@@ -85,6 +87,8 @@ class CheckpointCommitted:
 
 @dataclass(frozen=True)
 class CheckpointRejected:
+    """A committed checkpoint failed verification, or its step could not be read: why."""
+
     t: float
     step: int | None
     name: str
@@ -139,6 +143,8 @@ class CheckpointWriting:
 
 @dataclass(frozen=True)
 class StepLogged:
+    """The trainer logged a step line: its step, loss and grad norm if it gave one."""
+
     t: float
     step: int
     loss: float
@@ -160,18 +166,25 @@ class ParserNoMatch:
 
 @dataclass(frozen=True)
 class TrainerSpawned:
+    """The trainer asked for by a Spawn is running, with this pid."""
+
     t: float
     pid: int
 
 
 @dataclass(frozen=True)
 class SpawnFailed:
+    """The trainer could not be started (its program missing or not executable, an in-place
+    checkpoint not restorable): why."""
+
     t: float
     error: str
 
 
 @dataclass(frozen=True)
 class TrainerExited:
+    """The trainer's main process exited: its status, and whether its other processes are gone."""
+
     t: float
     pid: int
     returncode: int
@@ -208,11 +221,15 @@ class StartContained:
 
 @dataclass(frozen=True)
 class Tick:
+    """A deadline the policy set has come (a backoff ends, a stop's grace runs out, a stall)."""
+
     t: float
 
 
 @dataclass(frozen=True)
 class Operator:
+    """An operator's command from the control socket, with what the daemon read for it."""
+
     t: float
     request_id: int
     command: Command
@@ -307,6 +324,8 @@ class GpuIdle:
 
 @dataclass(frozen=True)
 class GpuResetDone:
+    """The GPU reset the policy asked for has finished, or failed: why."""
+
     t: float
     gpu: int
     ok: bool
