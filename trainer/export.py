@@ -22,17 +22,13 @@ import json
 import os
 import struct
 import sys
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-with warnings.catch_warnings():
-    # torch warns at import when NumPy is absent; nothing here needs NumPy.
-    warnings.simplefilter("ignore")
-    import torch
+import safetensors.torch
+import torch
 
-from trainwarden.libc import memory_at
 from trainwarden.plugins.api import CheckpointInvalid
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
 from trainwarden.supervisor.contract import sidecar_path
@@ -45,19 +41,19 @@ from trainwarden.trainer.model import GPT
 from trainwarden.trainer.presets import PRESETS, Preset
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-SAFETENSORS_DTYPES = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
+TORCH_DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
-TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+"""The safetensors dtypes `read_safetensors` reads, by their header names."""
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -74,37 +70,18 @@ class ExportRefused(TrainerError):
 # ----------------------------------------------------------------------------- safetensors
 
 
-def _raw_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's own memory as bytes (the caller keeps `tensor` alive and contiguous)."""
-    return memory_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
-
-
 def write_safetensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 ) -> None:
-    """The safetensors format: 8-byte little-endian header length, the JSON header (padded
-    with spaces to 8 bytes), then each tensor's bytes in header order. Written to a .tmp
-    name, fsynced and renamed."""
+    """`tensors` and `metadata` as a safetensors file, serialized by the safetensors package
+    and written to a .tmp name, fsynced and renamed."""
     flat = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name, tensor in flat.items():
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {
-            "dtype": SAFETENSORS_DTYPES[tensor.dtype],
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
+    # save, not save_file: save_file reports a failed write as a SafetensorError whose
+    # errno is only in its message, and a full volume must stay an OSError to be named.
+    encoded = safetensors.torch.save(flat, metadata)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
-        for tensor in flat.values():
-            if tensor.numel():
-                f.write(_raw_bytes(tensor))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

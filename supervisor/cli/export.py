@@ -1,10 +1,10 @@
 """`trainwarden export`: a checkpoint's inference weights, written by the trainer side.
 
 The command line checks what it can without torch (the checkpoint is verified now, not
-quarantined, unchanged since its commit; OUT is new or empty; torch is installed), then
-runs `python -m trainwarden.trainer.export` in a child process: the daemon's package
-never imports torch or the reference trainer, and the child's JSON report is printed as
-it came.
+quarantined, unchanged since its commit; OUT is new or empty; torch and safetensors are
+installed), then runs `python -m trainwarden.trainer.export` in a child process: the
+daemon's package never imports torch or the reference trainer, and the child's JSON report
+is printed as it came.
 """
 
 from __future__ import annotations
@@ -101,9 +101,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_out(out)
     path = resolve(args.source, args.step, verified=True)
     report = exportable(path)
-    if importlib.util.find_spec("torch") is None:
+    missing = [m for m in ("torch", "safetensors") if importlib.util.find_spec(m) is None]
+    if missing:
         raise UsageError(
-            "export needs torch, which is not installed: pip install 'trainwarden[trainer]'"
+            f"export needs {' and '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed:"
+            " pip install 'trainwarden[trainer]'"
         )
     result = run_export(path, report["format"], out, args.dtype)
     if args.json:
