@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
+from tests.support import make_run  # noqa: E402
 from trainwarden.supervisor.cli.detach import start_detached  # noqa: E402
 from trainwarden.supervisor.config import load_config  # noqa: E402
 from trainwarden.supervisor.protocol import Client  # noqa: E402
@@ -61,18 +62,13 @@ app.run(headless=True, size=(160, 48), auto_pilot=wait_for_frame)
 
 
 def build_run(run_dir: Path, steps: int) -> None:
-    run_dir.mkdir(parents=True)
-    config = f"""
-[run]
-name = "bench-200k"
-[trainer]
-command = [{orjson.dumps(sys.executable).decode()}, "-c", "import time; time.sleep(3600)"]
-stop_timeout_s = 5.0
-total_steps = {steps + 50_000}
-[telemetry]
-vocab_size = 50257
-"""
-    (run_dir / "trainwarden.toml").write_text(config)
+    make_run(
+        run_dir,
+        [sys.executable, "-c", "import time; time.sleep(3600)"],
+        run={"name": "bench-200k"},
+        trainer={"stop_timeout_s": 5.0, "total_steps": steps + 50_000},
+        telemetry={"vocab_size": 50257},
+    )
     t0 = time.time() - steps * 0.25
     with open(run_dir / ".loss.json", "wb") as f:
         for step in range(1, steps + 1):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from trainwarden.supervisor.config import toml_value
 from trainwarden.supervisor.contract import LIGHTNING_CHECKPOINT_PATTERN
 
 HF_FOLDER = re.compile(r"^(?:tmp-)?checkpoint-\d+$")
@@ -22,6 +23,8 @@ STEP_DIGITS = re.compile(r"(?:step|iter|it|global_step)[=_-]?(\d+)", re.IGNORECA
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 LIGHTNING_SUFFIX = ".ckpt"
 LIGHTNING_NAME = re.compile(LIGHTNING_CHECKPOINT_PATTERN)
+NOT_IN_A_LITERAL = re.compile(r"['\x00-\x08\x0a-\x1f\x7f]")
+"""What a TOML literal string ('...') cannot hold: its quote and control characters but tab."""
 
 
 def _escape(text: str) -> str:
@@ -48,13 +51,10 @@ def step_pattern(name: str) -> str | None:
     return "".join(parts)
 
 
-def _toml_basic(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _toml_literal(text: str) -> str:
-    """A TOML literal string ('...': backslashes kept as they are) when it can be one."""
-    return f"'{text}'" if "'" not in text else _toml_basic(text)
+    """A TOML literal string ('...': backslashes kept as they are, so a pattern reads as the
+    expression it is) when it can be one, else a basic string."""
+    return toml_value(text) if NOT_IN_A_LITERAL.search(text) else f"'{text}'"
 
 
 def unrecognised_hint(name: str, is_dir: bool, fmt: str) -> str:
@@ -73,7 +73,7 @@ def unrecognised_hint(name: str, is_dir: bool, fmt: str) -> str:
         prefix = "" if fmt == "torch-pt" else 'format = "torch-pt" and '
         return (
             f"{head}; a file saved in place, its step under a key such as iter_num: set "
-            f'[checkpoints] {prefix}fixed = {_toml_basic(name)} and step_key = "iter_num"'
+            f'[checkpoints] {prefix}fixed = {toml_value(name)} and step_key = "iter_num"'
         )
     if LIGHTNING_NAME.match(name):
         return (

@@ -18,9 +18,12 @@ import stat
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import tomli_w
 
 from trainwarden.supervisor.contract import SUPPORTS
 from trainwarden.supervisor.core.alerts import EVENTS as ALERT_EVENTS
@@ -381,6 +384,21 @@ def _build_table(path: Path, table: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
+def toml_value(value: Any) -> str:
+    """`value` as TOML on one line, arrays and tables inline, for a file laid out by hand
+    or a setting quoted in a message: every string, number and date as tomli_w writes it."""
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return tomli_w.dumps({"v": value}).removeprefix("v = ").removesuffix("\n")
+
+
+def toml_key(name: str) -> str:
+    """`name` as a TOML key: bare when it can be, else a string as tomli_w writes it."""
+    return tomli_w.dumps({name: 0}).removesuffix(" = 0\n")
+
+
 RENAMED_MODULES = {"trainer": "trainwarden.trainer"}
 """Old module names of the reference trainer that a config may still run with `-m`."""
 
@@ -416,7 +434,7 @@ def _check_trainer_command(path: Path, cfg: Config) -> None:
     fixed[index] = new if command[index] == old else f"-m{new}"
     raise ConfigError(
         f"{path}: 'trainer.command' runs `-m {old}`, a module that is now called {new}: "
-        f"write command = {json.dumps(fixed)} (or run the `trainwarden-trainer` script)"
+        f"write command = {toml_value(fixed)} (or run the `trainwarden-trainer` script)"
     )
 
 

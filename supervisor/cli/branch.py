@@ -36,6 +36,8 @@ from trainwarden.supervisor.config import (
     CONFIG_NAME,
     Config,
     load_config,
+    toml_key,
+    toml_value,
     too_long,
     trainer_script_problem,
 )
@@ -58,7 +60,6 @@ parent's (two runs writing one mirror would overwrite each other's latest.json),
 pinned steps would pin the branch's own checkpoints of those steps for ever."""
 FIXED_KEYS = ("checkpoints.format",)
 """Overrides refused: the copied checkpoint is in the parent's format."""
-BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 @dataclass(frozen=True)
@@ -483,33 +484,10 @@ def render_toml(raw: dict[str, Any]) -> str:
     """A config's tables as TOML: one [table] each, nested tables inline."""
     lines = []
     for table, values in raw.items():
-        lines.append(f"[{_key(table)}]")
-        lines += [f"{_key(k)} = {_toml_value(v)}" for k, v in values.items()]
+        lines.append(f"[{toml_key(table)}]")
+        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)
-
-
-def _key(name: str) -> str:
-    return name if BARE_KEY.match(name) else _toml_string(name)
-
-
-def _toml_string(text: str) -> str:
-    # JSON's escapes are TOML's, except that TOML also wants DEL escaped.
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    raise UsageError(f"cannot write {value!r} into a config; give a number, text, list or table")
 
 
 def _rename_noreplace(source: Path, target: Path) -> None:

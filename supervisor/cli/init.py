@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainwarden.supervisor.config import CONFIG_NAME, load_config
+from trainwarden.supervisor.config import CONFIG_NAME, load_config, toml_value
 from trainwarden.supervisor.errors import UsageError
 
 GPU_PRESETS = frozenset({"gpt2-124m"})
@@ -24,7 +24,7 @@ log = "training.log"
 
 [trainer]
 # The trainer's argv; it runs with the run directory as its working directory.
-command = [{python}, "-m", "trainwarden.trainer", "--run-dir", ".", "--preset", "{preset}", "--steps", "{steps}", "--save-every", "{save_every}", "--device", "{device}"{extra_args}]
+command = [{python}, "-m", "trainwarden.trainer", "--run-dir", ".", "--preset", {preset}, "--steps", "{steps}", "--save-every", "{save_every}", "--device", {device}{extra_args}]
 stop_timeout_s = {stop_timeout}
 total_steps = {steps}
 # The reference trainer skips data and scales its learning rate on a spike rollback.
@@ -52,10 +52,6 @@ vocab_size = {vocab}
 """
 
 
-def _toml_str(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def write_config(
     run_dir: Path,
     *,
@@ -80,14 +76,14 @@ def write_config(
     run_dir.mkdir(parents=True, exist_ok=True)
     big = preset == "gpt2-124m"
     text = TEMPLATE.format(
-        name=_toml_str(run_dir.name or "run"),
-        python=_toml_str(sys.executable),
-        preset=preset,
+        name=toml_value(run_dir.name or "run"),
+        python=toml_value(sys.executable),
+        preset=toml_value(preset),
         steps=steps,
         save_every=save_every,
-        device=device,
+        device=toml_value(device),
         header=header,
-        extra_args="".join(f", {_toml_str(arg)}" for arg in extra_args),
+        extra_args="".join(f", {toml_value(arg)}" for arg in extra_args),
         backoff=repr(float(backoff_initial_s)),
         stop_timeout=f"{stop_timeout_s:g}" if stop_timeout_s is not None else 300 if big else 60,
         stall=f"{stall_timeout_s:g}" if stall_timeout_s is not None else 600 if big else 120,

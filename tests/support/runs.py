@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from trainwarden.supervisor.config import toml_key, toml_value
 from trainwarden.supervisor.store.journal import read_records
 
 PYTHON = sys.executable
@@ -24,18 +25,6 @@ SCRIPTED_TRAINER = TESTS / "scripted_trainer.py"
 REFERENCE_TRAINER = [PYTHON, "-m", "trainwarden.trainer"]
 
 Table = Mapping[str, Any]
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return orjson.dumps(value).decode()
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
-    return repr(value)
 
 
 def merged(defaults: Mapping[str, Table], tables: Mapping[str, Table]) -> dict[str, dict[str, Any]]:
@@ -53,8 +42,8 @@ def make_run(run_dir: Path, command: Sequence[str], **tables: Table) -> Path:
     config = merged({"trainer": {"command": list(command)}}, tables)
     lines = []
     for table, values in config.items():
-        lines.append(f"[{table}]")
-        lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
+        lines.append(f"[{toml_key(table)}]")
+        lines += [f"{toml_key(key)} = {toml_value(value)}" for key, value in values.items()]
         lines.append("")
     (run_dir / "trainwarden.toml").write_text("\n".join(lines))
     return run_dir
