@@ -52,6 +52,25 @@ def cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -
         return state
     context = ev.pivot
     if context is None or not context.arms:
+        no_arms = context is not None and context.state_file == "no_arms"
+        never = context is not None and context.state_file == "missing"
+        if no_arms or (never and state.progress_since_start):
+            # Its bandit state names no arm, or it has saved since it started without
+            # writing one: asking again will not help.
+            said = (
+                "its bandit state (.state.json) names no data arms"
+                if no_arms
+                else "it has saved a checkpoint since it started and written no bandit state"
+                " (.state.json)"
+            )
+            reply_error(
+                actions,
+                ev.request_id,
+                "unsupported",
+                f"the trainer reports no data arms ({said}): pivot needs a trainer that mixes"
+                " its data with a bandit (see docs/pivot.md)",
+            )
+            return state
         reply_error(
             actions,
             ev.request_id,

@@ -154,6 +154,9 @@ class PivotContext:
     """The rules the new policy breaks, one message each."""
     utc: str
     """When it was asked for (YYYYmmddTHHMMSSZ), for the archive folder's name."""
+    state_file: str = "ok"
+    """What the bandit state (.state.json) said: "ok" (it names arms), "no_arms" (it names
+    none), "unreadable" (not a JSON object: being rewritten, or torn), "missing" (no file)."""
 
 
 @dataclass(frozen=True)

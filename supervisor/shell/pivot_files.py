@@ -45,10 +45,12 @@ def new_policy_from(
 
 def pivot_context(files: RunFiles, command: Pivot) -> PivotContext:
     """The arms the trainer has now, the policy in force, and the pivot's new policy."""
-    bandit: Any = {}
+    bandit: Any = None
     current: Any = {}
+    there = files.bandit_state.exists()
     with contextlib.suppress(OSError, orjson.JSONDecodeError):
         bandit = orjson.loads(files.bandit_state.read_bytes())
+    read = isinstance(bandit, dict)
     with contextlib.suppress(OSError, orjson.JSONDecodeError):
         current = orjson.loads(files.policy.read_bytes())
     arms_table = bandit.get("arms") if isinstance(bandit, dict) else None
@@ -63,6 +65,7 @@ def pivot_context(files: RunFiles, command: Pivot) -> PivotContext:
         new_policy=new,
         problems=tuple(problems),
         utc=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()),
+        state_file="ok" if arms else "no_arms" if read else "unreadable" if there else "missing",
     )
 
 

@@ -58,9 +58,12 @@ def test_every_daemon_command_takes_socket_and_needs_no_run_directory(tmp_path: 
         assert done.returncode == 0 and f"step {step} pinned" in done.stdout, done.stderr
         done = cli("unpin", str(step), "--socket", sock, "--yes", cwd=elsewhere)
         assert done.returncode == 0 and f"step {step} unpinned" in done.stdout, done.stderr
-        # The scripted trainer keeps no bandit: the daemon itself refuses the pivot.
+        # The scripted trainer keeps no bandit: the daemon itself refuses the pivot, and
+        # says why asking again will not help (it has saved, and written no .state.json).
         done = cli("pivot", "--socket", sock, "--cap", "docs=0.5", cwd=elsewhere)
-        assert done.returncode == 1 and "refused (wrong_state)" in done.stderr, done.stderr
+        assert done.returncode == 1, done.stderr
+        assert "refused (unsupported): the trainer reports no data arms" in done.stderr
+        assert "pivot needs a trainer that mixes its data with a bandit" in done.stderr
         done = cli("stop", "--socket", sock, cwd=elsewhere)
         assert done.returncode == 0 and "trainer stopped" in done.stdout, done.stderr
         done = cli("start", "--socket", sock, cwd=elsewhere)
