@@ -49,12 +49,13 @@ def start_detached(cfg: Config, timeout_s: float = 60.0) -> int:
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
-            reason = _tail(files.daemon_log)
             if other is not None:
+                # The new daemon's own line says the same: one message, not one inside another.
                 raise TrainwardenError(
-                    f"a daemon already runs for {cfg.run_dir} (pid {other}); the new one exited "
-                    f"with status {code}: {reason} (full log: {files.daemon_log})"
+                    f"a daemon already runs for {cfg.run_dir} (pid {other}); stop it with"
+                    f" `trainwarden shutdown {cfg.run_dir}` first"
                 )
+            reason = _tail(files.daemon_log).removeprefix("trainwarden: ")
             raise TrainwardenError(
                 f"the daemon exited with status {code}: {reason} (full log: {files.daemon_log})"
             )

@@ -400,8 +400,10 @@ def test_detach_beside_a_running_daemon_exits_1_naming_it(tmp_path: Path):
         again = cli("daemon", "--detach", str(run_dir))
         assert again.returncode == 1, again.stdout
         assert "started" not in again.stdout
-        assert f"a daemon already runs for {run_dir} (pid {daemon.pid})" in again.stderr
-        assert len(again.stderr.strip().splitlines()) == 1
+        assert again.stderr.strip() == (
+            f"trainwarden: a daemon already runs for {run_dir} (pid {daemon.pid}); stop it with"
+            f" `trainwarden shutdown {run_dir}` first"
+        )  # one message: not the new daemon's own line nested inside it
         assert daemon.alive
 
 
