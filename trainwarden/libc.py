@@ -74,15 +74,7 @@ def rename_exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> boo
     swapped. False, with nothing changed, where the system cannot: no renameat2 in the C
     library, or a kernel or file system without the flag. Any other failure is raised as
     the OSError of its errno, naming `a`."""
-    try:
-        code = _renameat2(a, b, RENAME_EXCHANGE)
-    except LibcUnavailable:
-        return False
-    if code == 0:
-        return True
-    if code in RENAME_UNSUPPORTED:
-        return False
-    raise OSError(code, os.strerror(code), str(a))
+    return _rename(a, b, RENAME_EXCHANGE, named=a)
 
 
 def rename_noreplace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> bool:
@@ -92,15 +84,26 @@ def rename_noreplace(source: str | os.PathLike[str], target: str | os.PathLike[s
     kernel or file system without the flag; the caller then checks and renames itself, with
     a window between the two. Any other failure is raised as the OSError of its errno,
     naming `target`."""
+    return _rename(source, target, RENAME_NOREPLACE, named=target)
+
+
+def _rename(
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    flags: int,
+    named: str | os.PathLike[str],
+) -> bool:
+    """renameat2 with `flags`: True when done, False where unsupported; any other failure
+    the OSError of its errno naming `named` (FileExistsError for EEXIST)."""
     try:
-        code = _renameat2(source, target, RENAME_NOREPLACE)
+        code = _renameat2(source, target, flags)
     except LibcUnavailable:
         return False
     if code == 0:
         return True
     if code in RENAME_UNSUPPORTED:
         return False
-    raise OSError(code, os.strerror(code), str(target))
+    raise OSError(code, os.strerror(code), str(named))
 
 
 def set_child_subreaper() -> None:

@@ -111,20 +111,25 @@ def test_a_durable_record_is_never_folded_and_a_long_fold_reports_every_few_minu
     assert journal(tmp_path)[-1]["ongoing"] is False
 
 
-def test_a_fast_crash_loop_under_the_daemon_grows_the_journal_by_counts(tmp_path: Path):
-    """A trainer that dies at once, no backoff, a huge restart budget: hundreds of cycles,
-    a journal of a few KB (about 1.8 KB a cycle before); the daemon killed mid-fold goes
-    on from the last report, and a finite budget still halts the loop in crash_loop."""
-    run_dir = tmp_path / "run"
-    make_run(
+def crash_loop_run(run_dir: Path, budget: int) -> Path:
+    """A trainer that prints one line and exits 3 at once, restarted with no backoff up to
+    `budget` times without progress."""
+    return make_run(
         run_dir,
         [PYTHON, "-S", "-c", "print('boom'); raise SystemExit(3)"],
         restart={
             "backoff_initial_s": 0.0,
             "backoff_max_s": 0.0,
-            "max_restarts_without_progress": 1_000_000,
+            "max_restarts_without_progress": budget,
         },
     )
+
+
+def test_a_fast_crash_loop_under_the_daemon_grows_the_journal_by_counts(tmp_path: Path):
+    """A trainer that dies at once, no backoff, a huge restart budget: hundreds of cycles,
+    a journal of a few KB (about 1.8 KB a cycle before); the daemon killed mid-fold goes
+    on from the last report, and a finite budget still halts the loop in crash_loop."""
+    run_dir = crash_loop_run(tmp_path / "run", budget=1_000_000)
     path = run_dir / ".trainwarden" / "journal.jsonl"
     with running_daemon(run_dir) as daemon:
 
@@ -145,15 +150,7 @@ def test_a_fast_crash_loop_under_the_daemon_grows_the_journal_by_counts(tmp_path
         ),
         default=0,
     )
-    make_run(
-        run_dir,
-        [PYTHON, "-S", "-c", "print('boom'); raise SystemExit(3)"],
-        restart={
-            "backoff_initial_s": 0.0,
-            "backoff_max_s": 0.0,
-            "max_restarts_without_progress": reported + 30,
-        },
-    )
+    crash_loop_run(run_dir, budget=reported + 30)
     with running_daemon(run_dir) as daemon:
         status = daemon.wait_state("crash_loop", timeout=120)
         assert status["restarts"] >= reported + 30
