@@ -285,12 +285,26 @@ class StateView(TypedDict):
     trainer_pid: int | None
     trainer_uptime_s: float | None
     restarts: int
+    """Trainer starts after the run's first, whatever their cause."""
+    restarts_by_cause: dict[str, int]
+    """`restarts` by cause, adding up to it, in this order, causes with none left out:
+    crash, hang (killed for no step line), disk_full (died on a full disk), divergence
+    (killed for a non-finite or too high loss, rolled back), spike (a loss spike rolled
+    back), gpu_fault (after a GPU fault), pivot, operator (`start`), daemon (a new daemon
+    started it again). A run journaled before the breakdown existed may add up to less."""
     restarts_without_progress: int
+    """Crashes and hangs since the run last committed a checkpoint: the crash-loop budget
+    ([restart] max_restarts_without_progress)."""
     seg: int
     """Trainer starts so far (the `seg` of .loss.json)."""
     spikes: Spikes
     skips: list[list[int]]
     """Every data window skipped so far, [from_step, to_step), as TRAINWARDEN_SKIP_DATA."""
+    config_changed: bool
+    """trainwarden.toml no longer holds what the daemon read at its start (edited, or gone):
+    the daemon still runs the settings it read; a new daemon reads the file again."""
+    config_notice: str | None
+    """When config_changed: one line saying so, when the daemon read it and what to do."""
 
 
 class AuditResult(TypedDict):
@@ -684,7 +698,14 @@ class SaveCommitted(TypedDict):
 StopOutcome = Literal["saved", "exited_without_saving", "killed", "not_running"]
 
 
-class StopResult(TypedDict):
+class ConfigNoticed(TypedDict, total=False):
+    """What the replies of start and stop add when trainwarden.toml changed since the
+    daemon read it (see StateView's config_notice); a refusal's message ends with it."""
+
+    config_notice: str
+
+
+class StopResult(ConfigNoticed):
     """stop and shutdown: the trainer is gone; what came of it; the newest verified checkpoint."""
 
     state: Literal[Phase.STOPPED]
@@ -701,7 +722,7 @@ class StopResult(TypedDict):
     """The outcome in one line."""
 
 
-class StartResult(TypedDict):
+class StartResult(ConfigNoticed):
     state: Phase
     resume_step: NotRequired[int | None]
     """Absent when start resumes an interrupted pivot (the pivot picks the checkpoint)."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from trainwarden.supervisor.journal_text import summary
 from trainwarden.supervisor.protocol import size_text as size_text
 
 if TYPE_CHECKING:
@@ -62,7 +66,12 @@ def format_status(s: StatusResult) -> str:
     lines = [
         f"run       {clean(s.get('run'))}  ({clean(s.get('run_dir'))})",
         f"state     {clean(s.get('state'))}{extra}",
-        f"trainer   pid {_fmt(s.get('trainer_pid'))}, restarts {s.get('restarts', 0)}",
+        *(
+            [f"config    {clean(s['config_notice'], NOTICE_CHARS)}"]
+            if s.get("config_notice")
+            else []
+        ),
+        f"trainer   pid {_fmt(s.get('trainer_pid'))}, {restarts_text(s)}",
         f"handles   {handles_text(s.get('handles'))}",
         f"step      {step}   loss {_fmt(s.get('loss'), '.4f')}   ema {_fmt(s.get('loss_ema'), '.4f')}",
         f"speed     {_fmt(s.get('tokens_per_s'), ',.0f')} tok/s   {_fmt(s.get('steps_per_min'), '.1f')} steps/min   "
@@ -114,6 +123,16 @@ def format_status(s: StatusResult) -> str:
 
 SYNC_STALL_SHARE = 0.9
 """A stall this close to the write time (or longer) was a synchronous save: one figure."""
+
+
+def restarts_text(s: StatusResult) -> str:
+    """Every trainer start after the first, and by cause when there was any:
+    "restarts 4 (crash 1, hang 1, divergence 1, spike 1)"."""
+    causes = s.get("restarts_by_cause") or {}
+    by_cause = ", ".join(
+        f"{clean(cause, 40)} {n}" for cause, n in causes.items() if isinstance(n, int)
+    )
+    return f"restarts {s.get('restarts', 0)}" + (f" ({by_cause})" if by_cause else "")
 
 
 def save_text(s: StatusResult) -> str:
@@ -211,7 +230,17 @@ def age_text(seconds: float) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
+NOTICE_CHARS = 1000
+"""A daemon's notice is printed whole up to this long (it names the run's path twice)."""
+
+
 def describe_result(cmd: str, result: dict[str, Any]) -> str:
+    text = _describe_result(cmd, result)
+    notice = result.get("config_notice")
+    return f"{text}\n{clean(notice, NOTICE_CHARS)}" if notice else text
+
+
+def _describe_result(cmd: str, result: dict[str, Any]) -> str:
     if cmd == "save":
         if "name" in result:
             return f"checkpoint committed at step {result['step']} ({clean(result['name'])})"
@@ -262,12 +291,27 @@ def format_dump(d: DumpResult) -> str:
 
 
 def print_event(record: JournalRecord, as_json: bool) -> None:
+    """One record: as written (--json), or as `event_line` says it."""
     if as_json:
         sys.stdout.write(orjson.dumps(record).decode() + "\n")
     else:
-        fields = {k: v for k, v in record.items() if k not in ("ts", "t", "kind")}
-        body = " ".join(f"{clean(k)}={orjson.dumps(v).decode()}" for k, v in fields.items())
-        kind = clean(record.get("kind", "?"))
-        line = f"{clean(record.get('ts', ''))}  {kind:<18} {clean(body, limit=len(body) + 1)}"
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(event_line(record) + "\n")
     sys.stdout.flush()
+
+
+def event_line(record: JournalRecord) -> str:
+    """A record as the TUI's events panel says it: its UTC time to the second, its kind,
+    then the one thing to know about it and its other fields (journal_text.summary)."""
+    text = summary(dict(record))
+    kind = clean(record.get("kind", "?"), 60)
+    return f"{event_clock(record)}  {kind:<18} {clean(text, limit=len(text) + 1)}".rstrip()
+
+
+def event_clock(record: JournalRecord) -> str:
+    """`2024-05-01T12:00:00Z` from the record's Unix time (else its ts, cut to the second)."""
+    t = record.get("t")
+    if isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t):
+        with contextlib.suppress(OverflowError, OSError, ValueError):
+            return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ts = clean(record.get("ts", "?"), 40)
+    return f"{ts[:19]}Z" if len(ts) > 19 and ts[10] == "T" else ts

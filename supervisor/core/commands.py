@@ -213,6 +213,7 @@ def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
     state = replace(
         state,
         from_scratch=ev.command.from_scratch,
+        restart_cause="operator",
         restarts_without_progress=0,
         next_backoff_s=rules.backoff_initial_s,
         divergences=0,
@@ -224,7 +225,7 @@ def start(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> St
         state = pivot.resume_after_restart(state, ev.t, rules, actions)
         actions.append(Reply(ev.request_id, ok=True, result={"state": state.phase}))
         return state
-    state = spawn(state, ev.t, actions)
+    state = spawn(state, ev.t, actions, "operator")
     # Answered once the trainer has started, naming the checkpoint it really resumes from:
     # the start may wait for verifications, and the shell refuses a checkpoint whose files
     # changed since its commit (then the next older one is tried).

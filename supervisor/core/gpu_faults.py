@@ -222,7 +222,7 @@ def on_reset_done(state: State, ev: GpuResetDone, rules: Rules, actions: list[Ac
     actions.append(Record("gpu_reset", {"gpu": ev.gpu, "ok": ev.ok, "error": ev.error}))
     if not ev.ok:
         return halt(state, fault, actions, f"the automatic reset failed ({ev.error}); ")
-    return spawn(replace(state, gpu_fault=None), ev.t, actions)
+    return spawn(replace(state, gpu_fault=None), ev.t, actions, "gpu_fault")
 
 
 def halt(state: State, fault: GpuFaultInfo, actions: list[Action], before: str = "") -> State:

@@ -36,11 +36,13 @@ from trainwarden.supervisor.core.progress import diverged_unseen
 from trainwarden.supervisor.core.retention import abandon_changed, apply_retention
 from trainwarden.supervisor.core.state import (
     Ckpt,
+    RestartCause,
     Rules,
     State,
     failures_of,
     restore,
     with_failures,
+    with_start_counted,
 )
 from trainwarden.supervisor.core.transitions import (
     describe_exit,
@@ -161,12 +163,14 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
     if ev.diverged is not None:
         state = diverged_unseen(state, *ev.diverged, rules, actions)
     if state.pivot is not None and state.phase not in HALTED:
-        return pivot.resume_after_restart(state, ev.t, rules, actions)
+        return pivot.resume_after_restart(
+            replace(state, restart_cause="daemon"), ev.t, rules, actions
+        )
     state = apply_retention(state, rules, actions)
     if state.phase in HALTED:
         actions.append(Record("idle", {"state": state.phase, "reason": state.halt_reason}))
         return state
-    return spawn(state, ev.t, actions)
+    return spawn(state, ev.t, actions, cause="daemon")
 
 
 def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[Action]) -> State:
@@ -175,7 +179,7 @@ def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[A
 
 def on_spawned(state: State, ev: TrainerSpawned, rules: Rules, actions: list[Action]) -> State:
     state = replace(
-        state,
+        with_start_counted(state),
         trainer_pid=ev.pid,
         trainer_started_t=ev.t,
         last_activity_t=ev.t,
@@ -206,6 +210,7 @@ def _answer_starts(state: State, actions: list[Action]) -> State:
 
 
 def on_spawn_failed(state: State, ev: SpawnFailed, rules: Rules, actions: list[Action]) -> State:
+    state = with_start_counted(state)
     return crashed(state, ev.t, rules, actions, cause=f"could not start the trainer: {ev.error}")
 
 
@@ -262,7 +267,9 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
         if not halts_on_divergence(state, rules):
             # Its spawn record names the divergence and the checkpoint really resumed from.
-            return spawn(replace(state, rollback_from=state.poisoned_from), ev.t, actions)
+            return spawn(
+                replace(state, rollback_from=state.poisoned_from), ev.t, actions, "divergence"
+            )
         if state.fallbacks > rules.max_fallbacks:
             actions.append(
                 Record(
@@ -310,6 +317,7 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         rules,
         actions,
         cause=cause,
+        restart_cause="hang" if reason == "stall" else "crash",
         exit_fields=exit_fields,
         read_resume=ev.read_resume,
         last_line=ev.last_line,
@@ -343,6 +351,7 @@ def crashed(
     actions: list[Action],
     *,
     cause: str,
+    restart_cause: RestartCause = "crash",
     exit_fields: dict[str, Any] | None = None,
     read_resume: bool = False,
     last_line: str | None = None,
@@ -350,7 +359,7 @@ def crashed(
 ) -> State:
     """The trainer died unasked: blame its checkpoint if it read it (`read_resume`) and
     never got past it, then back off (doubling, up to backoff_max_s) or halt after too many
-    restarts without progress.
+    restarts without progress. The next start is counted under `restart_cause`.
 
     A start that died before touching its checkpoint (a broken script, a missing program,
     a start that could not even be made) is the trainer's failure: no checkpoint is
@@ -449,7 +458,7 @@ def crashed(
         phase=Phase.BACKOFF,
         backoff_until=t + delay,
         next_backoff_s=min(max(delay * 2, 0.0), rules.backoff_max_s),
-        restarts=state.restarts + 1,
+        restart_cause=restart_cause,
         restarts_without_progress=state.restarts_without_progress + 1,
         resume_step=state.newest.step if state.newest else None,
     )
@@ -477,7 +486,7 @@ def _wait_for_space(state: State, t: float, rules: Rules, actions: list[Action])
         state,
         phase=Phase.BACKOFF,
         backoff_until=t + delay,
-        restarts=state.restarts + 1,
+        restart_cause="disk_full",
         resume_step=state.newest.step if state.newest else None,
     )
     if delay <= 0:

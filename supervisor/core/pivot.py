@@ -238,7 +238,7 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
     if state.shutdown:
         actions.append(Exit(0))
         return replace(state, phase=Phase.STOPPED, halt_reason="stopped by operator")
-    return spawn(state, t, actions)
+    return spawn(state, t, actions, "pivot")
 
 
 def abort(state: State, actions: list[Action], why: str, code: str = "wrong_state") -> State:

@@ -260,7 +260,7 @@ def after_kill(state: State, t: float, exit_fields: dict[str, Any], actions: lis
             spikes=replace(log, halting=None),
         )
     first = log.rolling_back[0] if log.rolling_back else None
-    return spawn(replace(state, rollback_from=first), t, actions)
+    return spawn(replace(state, rollback_from=first), t, actions, "spike")
 
 
 def set_aside(state: State, ev_step: int, name: str) -> Quarantine | None:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.spikes import Spike, SpikeLog, SpikeRules
 
 StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
+RestartCause = Literal[
+    "crash", "hang", "disk_full", "divergence", "spike", "gpu_fault", "pivot", "operator", "daemon"
+]
+"""Why a trainer start after the run's first was made: the trainer died (crash; hang: killed
+for no step line; disk_full: died on a full disk), the daemon killed it for a non-finite or
+too high loss (divergence) or a loss spike and rolled back, it was started again after a GPU
+fault or a pivot, by the operator's `start`, or by a new daemon (daemon)."""
+RESTART_CAUSES: tuple[RestartCause, ...] = get_args(RestartCause)
 PivotStage = Literal["saving", "stopping", "archiving", "writing_policy"]
 
 
@@ -181,7 +189,16 @@ class State:
     next_backoff_s: float | None = None
     """Delay before the next restart; None means backoff_initial_s."""
     restarts: int = 0
+    """Trainer starts after the run's first, whatever their cause (a start that could not
+    be made counts too)."""
+    restarts_by_cause: tuple[tuple[RestartCause, int], ...] = ()
+    """(cause, starts) adding up to `restarts`, in RESTART_CAUSES order, causes with none
+    left out."""
+    restart_cause: RestartCause | None = None
+    """What the next start is counted under when it is made (not persisted: a new daemon's
+    start is the daemon's)."""
     restarts_without_progress: int = 0
+    """Crashes and hangs since the run last made progress: the crash-loop budget."""
     progress_since_start: bool = False
     checkpoints: tuple[Ckpt, ...] = ()
     """Verified checkpoints, oldest first."""
@@ -301,6 +318,7 @@ PERSISTED = (
     "phase",
     "seg",
     "restarts",
+    "restarts_by_cause",
     "restarts_without_progress",
     "next_backoff_s",
     "failures",
@@ -321,6 +339,7 @@ def persisted(state: State) -> dict[str, Any]:
     """What survives a daemon restart (written to the journal as `state` records)."""
     data = {name: getattr(state, name) for name in PERSISTED}
     data["phase"] = str(state.phase)
+    data["restarts_by_cause"] = dict(state.restarts_by_cause)
     data["failures"] = [list(pair) for pair in state.failures]
     data["suspects"] = [list(pair) for pair in state.suspects]
     data["pinned"] = sorted(state.pinned)
@@ -347,6 +366,7 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         phase=Phase(phase) if phase in HALTED else Phase.STARTING,
         seg=int(data.get("seg", 0)),
         restarts=int(data.get("restarts", 0)),
+        restarts_by_cause=_by_cause(data.get("restarts_by_cause")),
         restarts_without_progress=int(data.get("restarts_without_progress", 0)),
         next_backoff_s=data.get("next_backoff_s"),
         failures=tuple((int(a), int(b)) for a, b in data.get("failures", [])),
@@ -364,6 +384,31 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         memory_faults=int(data.get("memory_faults", 0)),
         verified_high=_int_or_none(data.get("verified_high")),
         resumes_after=resumes_after if isinstance(resumes_after, str) else None,
+    )
+
+
+def with_start_counted(state: State) -> State:
+    """A trainer start was made (or tried): after the run's first one, one more restart,
+    under the cause it was made for."""
+    cause, state = state.restart_cause, replace(state, restart_cause=None)
+    if state.seg <= 1:
+        return state
+    counts = dict(state.restarts_by_cause)
+    counts[cause or "daemon"] = counts.get(cause or "daemon", 0) + 1
+    return replace(
+        state,
+        restarts=state.restarts + 1,
+        restarts_by_cause=tuple((c, counts[c]) for c in RESTART_CAUSES if c in counts),
+    )
+
+
+def _by_cause(data: Any) -> tuple[tuple[RestartCause, int], ...]:
+    if not isinstance(data, dict):
+        return ()
+    return tuple(
+        (c, data[c])
+        for c in RESTART_CAUSES
+        if isinstance(data.get(c), int) and not isinstance(data[c], bool) and data[c] > 0
     )
 
 

@@ -16,7 +16,7 @@ from trainwarden.supervisor.core.actions import (
 )
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Detector
-from trainwarden.supervisor.core.state import Rules, State, StopReason, ckpt_json
+from trainwarden.supervisor.core.state import RestartCause, Rules, State, StopReason, ckpt_json
 
 NO_CHECKPOINT_INSTRUCTION = (
     "`trainwarden start --from-scratch RUN` starts over at step 0"
@@ -53,11 +53,18 @@ def no_checkpoint_left(state: State, actions: list[Action]) -> State:
     )
 
 
-def spawn(state: State, t: float, actions: list[Action]) -> State:
+def spawn(
+    state: State, t: float, actions: list[Action], cause: RestartCause | None = None
+) -> State:
     """Start a trainer from the newest verified checkpoint, once no checkpoint committed
     before now is still being verified (see core.barrier). From scratch only for a run that
     never had a verified checkpoint, or when the operator asked for it; otherwise halt in
-    no_checkpoint."""
+    no_checkpoint.
+
+    `cause`: what the start is counted under once made (see state.with_start_counted);
+    None keeps the cause already decided (a start that waited, or replaces a refused one)."""
+    if cause is not None:
+        state = replace(state, restart_cause=cause)
     if state.pending or state.containing:
         if not state.spawn_due and state.pending:
             actions.append(

@@ -144,11 +144,13 @@ class RunCollector:
         )
         yield from gauge(
             "tokens_per_second",
-            "Training throughput over the rolling window.",
+            "Training throughput over the rolling window, on the wall clock.",
             snap.get("tokens_per_s"),
         )
         yield from gauge(
-            "mfu_ratio", "Model FLOPs utilisation of the last step (0..1).", snap.get("mfu")
+            "mfu_ratio",
+            "Model FLOPs utilisation over the rolling window, on the wall clock (0..1).",
+            snap.get("mfu"),
         )
         yield from gauge(
             "checkpoint_age_seconds",
@@ -175,7 +177,7 @@ class RunCollector:
         if restarts is not None:
             yield CounterMetricFamily(
                 f"{PREFIX}_restarts",
-                "Trainer restarts after crashes, hangs or divergences.",
+                "Trainer starts after the first, whatever their cause.",
                 value=restarts,
             )
         state = snap.get("state")

@@ -8,6 +8,7 @@ the policy's actions.
 - `containment`: a start's processes found by marker and subreaper; none outlives the start
 - `cgroups`: a cgroup v2 of its own for each trainer start, where one can be made
 - `boot`: start-up reads: the rules from the config, the journal's last state, metrics
+- `config_watch`: whether the config file still holds what the daemon read at its start
 - `verdicts`: each commit verified and digested once; the registry of what each was
 - `snapshots`: an in-place trainer's fixed file or folder, snapshotted and restored
 - `pivot_files`: the pivot's file work (archive, policy.json)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -38,6 +39,7 @@ from trainwarden.supervisor.shell.boot import (
     with_resolved_log,
 )
 from trainwarden.supervisor.shell.cgroups import StartCgroups
+from trainwarden.supervisor.shell.config_watch import ConfigWatch
 from trainwarden.supervisor.shell.containment import Reaper, become_subreaper, stop_processes
 from trainwarden.supervisor.shell.executor import Executor
 from trainwarden.supervisor.shell.hangdump import dump_stacks
@@ -62,6 +64,9 @@ DUMP_REQUEST_TIMEOUT_S = 10.0
 REAP_INTERVAL_S = 1.0
 DISK_RETRY_S = 1.0
 """How often the daemon tries again to write what a full disk refused."""
+CONFIG_CHECK_S = 2.0
+"""How often the config file is compared with what the daemon read (a stat; the state topic
+is pushed when the answer changes)."""
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.serve.metrics import MetricsServer
@@ -83,6 +88,8 @@ class _Failed(NamedTuple):
 class Daemon:
     def __init__(self, cfg: Config, notifier: Any = None) -> None:
         self.cfg = cfg
+        # Right after load_config read it: what this daemon runs, to tell an edit by.
+        self.config = ConfigWatch(cfg.path, cfg.run_dir, time.time())
         self.files = RunFiles(cfg.run_dir)
         self.rules = rules_from(cfg)
         self.fmt = plugin_registry.checkpoint_format(
@@ -267,9 +274,11 @@ class Daemon:
         links_task = loop.create_task(report_moved_links(self.watched, self.journal))
         reaper_task = loop.create_task(self._reap_adopted())
         space_task = loop.create_task(self._retry_writes())
+        config_task = loop.create_task(self._watch_config())
         try:
             await self._event_loop()
         finally:
+            config_task.cancel()
             space_task.cancel()
             watchdog_task.cancel()
             links_task.cancel()
@@ -372,6 +381,30 @@ class Daemon:
             self.hub.retry_writes()
             if self.executor is not None:
                 await self.executor.save_identity()
+
+    async def _watch_config(self) -> None:
+        """Journal `config_changed` the first time the config file is seen changed, and
+        push the state topic whenever that answer changes (status asks on its own)."""
+        assert self.journal is not None and self.hub is not None
+        told = False
+        journaled = False
+        while True:
+            await asyncio.sleep(CONFIG_CHECK_S)
+            changed = self.config.changed()
+            if changed == told:
+                continue
+            told = changed
+            if changed and not journaled:
+                journaled = True
+                self.journal.append(
+                    "config_changed",
+                    {
+                        "path": str(self.cfg.path),
+                        "read_at": self.config.read_at,
+                        "notice": self.config.notice(),
+                    },
+                )
+            self.hub.publish_state(self.state_view())
 
     async def _reap_adopted(self) -> None:
         """Reap the orphans the subreaper adopted once they exit (see containment.Reaper)."""
@@ -530,7 +563,8 @@ class Daemon:
     ) -> core.Reply:
         """Queue an operator command and wait for the policy's reply; `progress` gets the
         policy's progress lines meanwhile. Cancelled (its client gone): the policy is told,
-        so that nothing waits on the reply any more."""
+        so that nothing waits on the reply any more. A start's or stop's reply, refusals
+        included, also says when the config file changed since the daemon read it."""
         assert self.executor is not None
         context = None
         if isinstance(command, core.Pivot):
@@ -556,7 +590,7 @@ class Daemon:
             )
         )
         try:
-            return await future
+            reply = await future
         except asyncio.CancelledError:
             # Cancelling this call cancels the future too; a reply given pops it.
             if request_id in self.executor.replies:
@@ -565,6 +599,13 @@ class Daemon:
         finally:
             self.executor.replies.pop(request_id, None)
             self.executor.progress.pop(request_id, None)
+        notice = self.config.notice() if isinstance(command, core.Start | core.Stop) else None
+        if notice is None:
+            return reply
+        # A start or stop is when the operator expects the file's settings to apply.
+        if not reply.ok:
+            return dataclasses.replace(reply, message=f"{reply.message}; {notice}")
+        return dataclasses.replace(reply, result={**(reply.result or {}), "config_notice": notice})
 
     def add_journal_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
         assert self.journal is not None
@@ -668,7 +709,7 @@ class Daemon:
             self._send_ready()
 
     def state_view(self) -> dict[str, Any]:
-        return views.state_view(self.state, time.monotonic())
+        return views.state_view(self.state, time.monotonic(), self.config)
 
     def checkpoints_view(self) -> dict[str, Any]:
         return views.checkpoints_view(self.state, self.rules, self.store)

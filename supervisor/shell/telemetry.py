@@ -4,9 +4,14 @@ Pure computation: the daemon feeds each parsed step (with the wall-clock time it
 line) to a Monitor and publishes `snapshot()`. No clocks, files or GPU calls here; the
 GPU's NVML name and the checkpoint header's parameter count arrive through setters.
 
-MFU (model FLOPs utilisation) = flops_per_token x tokens / (dt x peak FLOP/s), with
-flops_per_token = 6N (+ 12 x n_layer x seq_len x d_model when the attention shape is
-known). An unknown input makes MFU None with a reason, never a guessed number.
+Every rate is on the wall clock: steps/min, tokens/s and MFU over the window's span
+between step lines, mfu_avg over the spans of every trainer start. The trainer's own step
+time (dt) leaves out what it does between its timers (data loading, logging, a save), so a
+rate from it would disagree with the pace one line beside it shows. tokens/s is therefore
+steps/min / 60 x tokens per step, and MFU (model FLOPs utilisation) = flops_per_token x
+tokens/s / peak FLOP/s, with flops_per_token = 6N (+ 12 x n_layer x seq_len x d_model when
+the attention shape is known). An unknown input makes MFU None with a reason, never a
+guessed number.
 """
 
 from __future__ import annotations
@@ -100,7 +105,8 @@ class MonitorSettings:
     """What a Monitor needs to know besides the steps themselves."""
 
     window: int = 20
-    """Steps in the rolling window (tokens/s, loss moving average, steps/min)."""
+    """Step lines in the rolling window (steps/min, tokens/s and MFU over its wall-clock
+    span; the loss moving average)."""
     tokens_per_step: int | None = None
     """Tokens per optimisation step when the step line does not say (extras 'tokens')."""
     n_params: int | None = None
@@ -153,7 +159,8 @@ class Monitor:
     multi-week run; snapshot() is O(window). Each trainer start (new_segment), and a step
     number at or below the previous one, starts a fresh window: pace and throughput across
     a restart or a stop would count the time the trainer was not running as training time.
-    Run-long sums and the EMA carry on.
+    Run-long sums and the EMA carry on; the run-long wall-clock time adds only the spans
+    between two lines of the same start.
     """
 
     def __init__(self, settings: MonitorSettings | None = None) -> None:
@@ -169,7 +176,9 @@ class Monitor:
             0.0  # 1 - beta^n: bias correction, so early EMA values are not pulled to 0
         )
         self._run_tokens = 0
-        self._run_dt_s = 0.0
+        """Tokens of the steps between two lines of the same start, over the run."""
+        self._run_s = 0.0
+        """Wall-clock seconds those steps took, between their lines."""
         self._pace: deque[tuple[float, int]] = deque()
         """(t, step) of this segment, one a second at most, over the last ETA_WINDOW_S."""
 
@@ -214,6 +223,11 @@ class Monitor:
         if self._recent and step <= self._recent[-1].step:
             self._recent.clear()
             self._pace.clear()
+        if self._recent and tokens:
+            previous = self._recent[-1]
+            if t > previous.t_s:
+                self._run_tokens += tokens * (step - previous.step)
+                self._run_s += t - previous.t_s
         self._recent.append(_Step(step, loss, dt, t, tokens))
         self._note_pace(t, step)
         if math.isfinite(loss):
@@ -222,9 +236,6 @@ class Monitor:
             beta = self.settings.ema_beta
             self._ema = beta * self._ema + (1.0 - beta) * loss
             self._ema_weight = beta * self._ema_weight + (1.0 - beta)
-        if dt is not None and tokens:
-            self._run_tokens += tokens
-            self._run_dt_s += dt
 
     def observe_record(self, record: Any, t: float) -> None:
         """observe() from a StepRecord, taking tokens from its extras when present."""
@@ -238,8 +249,6 @@ class Monitor:
         tokens = last.tokens if last else self.settings.tokens_per_step
         if not tokens:
             return "tokens per step unknown: set [telemetry] tokens_per_step"
-        if last is not None and last.dt_s is None:
-            return "step time unknown: the log lines carry no dt"
         return None
 
     def _mfu(self, tokens: float, seconds: float) -> float | None:
@@ -269,30 +278,43 @@ class Monitor:
             return None
         return (s1 - s0) / (t1 - t0)
 
-    def _steps_per_min(self) -> float | None:
+    def _window_span_s(self) -> float | None:
+        """Wall-clock seconds between the window's first and last line (None: under two
+        lines, or no time between them)."""
         if len(self._recent) < 2:
             return None
-        first, last = self._recent[0], self._recent[-1]
-        elapsed_s = last.t_s - first.t_s
-        if elapsed_s <= 0:
+        elapsed_s = self._recent[-1].t_s - self._recent[0].t_s
+        return elapsed_s if elapsed_s > 0 else None
+
+    def _steps_per_min(self) -> float | None:
+        span_s = self._window_span_s()
+        if span_s is None:
             return None
         # Step numbers, not line counts: a trainer that logs every k-th step still paces right.
-        return (last.step - first.step) * 60.0 / elapsed_s
+        return (self._recent[-1].step - self._recent[0].step) * 60.0 / span_s
+
+    def _tokens_per_s(self) -> float | None:
+        """Tokens of the steps after the window's first line over its span: the steps
+        each line advances by times that line's tokens per step (None: a line without)."""
+        span_s = self._window_span_s()
+        if span_s is None:
+            return None
+        steps = list(self._recent)
+        tokens = 0
+        for before, line in zip(steps, steps[1:], strict=False):
+            if not line.tokens:
+                return None
+            tokens += line.tokens * (line.step - before.step)
+        return tokens / span_s
 
     def snapshot(self) -> dict[str, Any]:
         """The telemetry frame for the latest step (all None before the first one)."""
         last = self._recent[-1] if self._recent else None
         finite_losses = [s.loss for s in self._recent if math.isfinite(s.loss)]
-        timed = [(s.tokens, s.dt_s) for s in self._recent if s.tokens and s.dt_s is not None]
-        window_tokens = sum(tokens for tokens, _ in timed if tokens)
-        window_s = math.fsum(dt for _, dt in timed if dt is not None)
-        tokens_per_s = window_tokens / window_s if window_s > 0 else None
-
-        mfu = None
+        tokens_per_s = self._tokens_per_s()
         reason = self._mfu_reason(last)
-        if last is not None and reason is None and last.tokens and last.dt_s is not None:
-            mfu = self._mfu(last.tokens, last.dt_s)
-        mfu_avg = self._mfu(self._run_tokens, self._run_dt_s) if self._run_dt_s > 0 else None
+        mfu = self._mfu(tokens_per_s, 1.0) if reason is None and tokens_per_s else None
+        mfu_avg = self._mfu(self._run_tokens, self._run_s) if self._run_s > 0 else None
 
         steps_per_min = self._steps_per_min()
         eta_s = None

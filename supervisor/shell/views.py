@@ -8,13 +8,15 @@ from typing import Any
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
+from trainwarden.supervisor.shell.config_watch import ConfigWatch
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 
-def state_view(s: State, now: float) -> dict[str, Any]:
-    """The `state` topic; `now` is time.monotonic()."""
+def state_view(s: State, now: float, config: ConfigWatch | None = None) -> dict[str, Any]:
+    """The `state` topic; `now` is time.monotonic(); `config`: the config file as the
+    daemon read it (one stat per view)."""
     detail: dict[str, Any] = {}
     if s.phase == Phase.BACKOFF and s.backoff_until is not None:
         detail["restart_in_s"] = round(max(0.0, s.backoff_until - now), 3)
@@ -34,6 +36,7 @@ def state_view(s: State, now: float) -> dict[str, Any]:
         "trainer_pid": s.trainer_pid,
         "trainer_uptime_s": uptime,
         "restarts": s.restarts,
+        "restarts_by_cause": dict(s.restarts_by_cause),
         "restarts_without_progress": s.restarts_without_progress,
         "seg": s.seg,
         "spikes": {
@@ -43,7 +46,14 @@ def state_view(s: State, now: float) -> dict[str, Any]:
             "watching": s.spikes.watch[0] if s.spikes.watch else None,
         },
         "skips": [list(w) for w in s.spikes.windows],
+        **config_fields(config),
     }
+
+
+def config_fields(config: ConfigWatch | None) -> dict[str, Any]:
+    """Whether the config file changed since the daemon read it, and the line that says so."""
+    notice = config.notice() if config is not None else None
+    return {"config_changed": notice is not None, "config_notice": notice}
 
 
 def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> dict[str, Any]:
