@@ -957,7 +957,7 @@ CATALOGUE: list[Bad] = [
         "print",
         "event field",
         ("event", {"ts": "t", "kind": "crash", "cause": "\x9b31mboom"}),
-        'cause="boom"',
+        " boom\n",  # the crash's cause as its summary, the whole escape taken out
     ),
     # ------------------------------------------------------------------ log
     Bad("log", "garbage text", b"hello world, this is not a step\n", ""),

@@ -5,7 +5,8 @@ background unless one already supervises it, and opens the TUI. The demo run tra
 it is stopped, and within its first minute the trainer crashes, diverges (NaN) and hangs,
 once each (the reference trainer's fault flags), so the daemon's restarts, rollback and
 hang detection happen on screen. On quit the demo stops the run it started (asking first,
-yes by default) and leaves alone a run it only attached to (asking first, no by default).
+yes by default: the daemon too when the demo started it, else the trainer only) and leaves
+alone a run it only attached to (asking first, no by default).
 The run directory stays either way, for inspection; `--fresh` starts it over.
 """
 
@@ -17,11 +18,13 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from trainwarden.supervisor.cli.detach import start_detached
 from trainwarden.supervisor.cli.init import write_config
+from trainwarden.supervisor.cli.output import describe_result, stop_status
 from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
 from trainwarden.supervisor.protocol import Client
@@ -32,7 +35,8 @@ DEFAULT_DIR_NAME = "trainwarden-demo"
 """The demo's run directory when none is given: ./trainwarden-demo in the current directory."""
 DEMO_PRESET = "tiny"
 DEMO_STEPS = 100_000_000
-"""Far more than anyone watches: the demo trains until it is stopped."""
+"""The trainer's --steps, far more than anyone watches: the demo trains until it is stopped,
+and its config names no total_steps (no percentage or ETA towards this number)."""
 DEMO_SAVE_EVERY = 100
 DEMO_FAULTS = {
     "--crash-at-step": 350,
@@ -74,6 +78,7 @@ def prepare(run_dir: Path) -> bool:
         stop_timeout_s=DEMO_STOP_TIMEOUT_S,
         backoff_initial_s=DEMO_BACKOFF_S,
         header=DEMO_HEADER,
+        endless=True,
     )
     return True
 
@@ -99,27 +104,52 @@ def daemon_status(cfg: Config) -> dict | None:
         return None
 
 
-def ensure_daemon(cfg: Config, out: TextIO) -> bool:
-    """A daemon supervises the run; True when this demo started it (the demo's own run)."""
+@dataclass(frozen=True)
+class Started:
+    """What this demo started, and so what its quit may stop."""
+
+    daemon: bool
+    """The demo started the daemon (no daemon answered)."""
+    trainer: bool
+    """The demo's start set the trainer going: its own daemon's first start, or `start`
+    asked of a daemon that held the run stopped."""
+
+    @property
+    def own(self) -> bool:
+        """The run is the demo's to stop on quit (asked, yes by default): it set it going,
+        whether or not a daemon was up already."""
+        return self.daemon or self.trainer
+
+    @property
+    def quit_means(self) -> str:
+        return QUIT_STOPS_OWN_RUN if self.own else QUIT_LEAVES_ATTACHED
+
+
+def ensure_daemon(cfg: Config, out: TextIO) -> Started:
+    """A daemon supervises the run and its trainer is going; what the demo started for it."""
     status = daemon_status(cfg)
-    own = status is None
+    started_daemon = status is None
     if status is None:
         say("starting the daemon in the background…", out)
         pid = start_detached(cfg)
         say(f"daemon started (pid {pid}); its log: {RunFiles(cfg.run_dir).daemon_log}", out)
         status = daemon_status(cfg)
+    elif status.get("state") in RESUMABLE:
+        say(f"a daemon already supervises this run (pid {status.get('daemon_pid')})", out)
     else:
         say(
             f"a daemon already supervises this run (pid {status.get('daemon_pid')}); "
             "attaching (quitting leaves it running)",
             out,
         )
+    started_trainer = started_daemon
     if status is not None and status.get("state") in RESUMABLE:
         # A previous demo stopped it; a demo is for watching a run, so carry on training.
         with Client(cfg.socket_path, timeout=30.0) as client:
             client.request("start")
         say("the trainer was stopped; started it again from its newest checkpoint", out)
-    return own
+        started_trainer = True
+    return Started(daemon=started_daemon, trainer=started_trainer)
 
 
 # -------------------------------------------------------------- finished runs, --fresh
@@ -229,9 +259,10 @@ def offer_fresh(run_dir: Path, step: int, stdin: TextIO, out: TextIO) -> bool:
 # -------------------------------------------------------------- quitting
 
 
-def ask_to_stop(stdin: TextIO, out: TextIO, own: bool = True) -> bool:
+def ask_to_stop(stdin: TextIO, out: TextIO, own: bool = True, daemon_stays: bool = False) -> bool:
     """Whether to stop the run: yes by default for the demo's own run, no for a run it only
-    attached to. Without a terminal the default, without a prompt."""
+    attached to (`daemon_stays`: the demo started the trainer of a run whose daemon was up,
+    so only the trainer stops). Without a terminal the default, without a prompt."""
     default = own
     if not stdin.isatty():
         if own:
@@ -239,7 +270,12 @@ def ask_to_stop(stdin: TextIO, out: TextIO, own: bool = True) -> bool:
         else:
             say("stdin is not a terminal: leaving the run going (the default)", out)
         return default
-    if own:
+    if own and daemon_stays:
+        question = (
+            "Stop the demo's run (this demo started its trainer; the daemon, up before, stays)?"
+            " The directory is kept. [Y/n] "
+        )
+    elif own:
         question = "Stop the demo's run (this demo started it)? The directory is kept. [Y/n] "
     else:
         question = "The demo attached to a run that was already going. Stop it? [y/N] "
@@ -282,6 +318,23 @@ def shutdown(cfg: Config, out: TextIO) -> bool:
     return True
 
 
+def stop_trainer(cfg: Config, out: TextIO) -> bool:
+    """Stop the trainer (it saves first) and leave the daemon up, as the demo found it;
+    True when nothing logged was lost."""
+    say("stopping the trainer (it saves a checkpoint first); the daemon stays up…", out)
+    try:
+        with Client(cfg.socket_path, timeout=None) as client:
+            result = client.request("stop")
+    except DaemonNotRunning:
+        say("the daemon had already exited", out)
+        return True
+    except (CommandRefused, ProtocolError) as exc:
+        say(f"the trainer did not stop: {exc}; try `trainwarden stop {cfg.run_dir}`", out)
+        return False
+    say(describe_result("stop", result), out)
+    return stop_status(result) == 0
+
+
 def run_demo(
     run_dir: Path | None = None,
     stdin: TextIO | None = None,
@@ -302,16 +355,15 @@ def run_demo(
     created = prepare(run_dir)
     say(f"{'created' if created else 'reusing'} the run directory {run_dir}", out)
     cfg = load_config(run_dir)
-    own = ensure_daemon(cfg, out)
+    started = ensure_daemon(cfg, out)
 
     from trainwarden.tui.app import main as tui_main
 
-    quit_means = QUIT_STOPS_OWN_RUN if own else QUIT_LEAVES_ATTACHED
-    status = tui_main(cfg.socket_path, log_path=cfg.log_path, quit_means=quit_means)
+    status = tui_main(cfg.socket_path, log_path=cfg.log_path, quit_means=started.quit_means)
     if status != 0:
         return status
-    if ask_to_stop(stdin, out, own):
-        stopped = shutdown(cfg, out)
+    if ask_to_stop(stdin, out, started.own, daemon_stays=not started.daemon):
+        stopped = shutdown(cfg, out) if started.daemon else stop_trainer(cfg, out)
     else:
         say(
             f"the run goes on; watch it with `trainwarden tui {run_dir}`, "

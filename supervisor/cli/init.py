@@ -26,7 +26,7 @@ log = "training.log"
 # The trainer's argv; it runs with the run directory as its working directory.
 command = [{python}, "-m", "trainwarden.trainer", "--run-dir", ".", "--preset", {preset}, "--steps", "{steps}", "--save-every", "{save_every}", "--device", {device}{extra_args}]
 stop_timeout_s = {stop_timeout}
-total_steps = {steps}
+{total_steps}
 # The reference trainer skips data and scales its learning rate on a spike rollback.
 supports = ["skip_data", "lr_scale"]
 
@@ -65,9 +65,12 @@ def write_config(
     stop_timeout_s: float | None = None,
     backoff_initial_s: float = 2.0,
     header: str = "",
+    endless: bool = False,
 ) -> Path:
     """Write RUN/trainwarden.toml; `extra_args` go to the trainer's command line and
-    `header` (comment lines) above the config."""
+    `header` (comment lines) above the config. `endless`: a run that trains until stopped
+    (the trainer's `--steps` only far off), so [trainer] names no total_steps and status and
+    the TUI show no percentage and no ETA."""
     if steps < 1 or save_every < 1:
         raise UsageError("--steps and --save-every must be at least 1")
     path = run_dir / CONFIG_NAME
@@ -80,6 +83,11 @@ def write_config(
         python=toml_value(sys.executable),
         preset=toml_value(preset),
         steps=steps,
+        total_steps=(
+            "# No total_steps: the run trains until stopped (no percentage, no ETA)."
+            if endless
+            else f"total_steps = {steps}"
+        ),
         save_every=save_every,
         device=toml_value(device),
         header=header,

@@ -114,9 +114,32 @@ def build_parser() -> Parser:
         json=True,
         socket=True,
     )
-    p = add("events", cmd_events, "show the journal's newest events", json=True, socket=True)
-    p.add_argument("-n", type=int, default=30, help="how many (default 30)")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    p = add(
+        "events",
+        cmd_events,
+        "show the journal's newest events, one line each: UTC time, kind, what happened"
+        " (state snapshots only with --kind state; --json prints every kind as written);"
+        " with no daemon, read from RUN/.trainwarden/journal.jsonl",
+        json=True,
+        socket=True,
+    )
+    p.add_argument("-n", type=int, default=30, help="how many, after filtering (default 30)")
+    p.add_argument(
+        "--kind",
+        action="append",
+        metavar="KIND",
+        help="only records of this kind (repeatable, or comma-separated: crash,spawn);"
+        " the text view leaves out state snapshots unless this names state",
+    )
+    p.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only records since a duration ago (10m, 2h, 1d) or an ISO time"
+        " (2024-05-01T12:00, UTC unless it names a zone)",
+    )
+    p.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing new events (needs the daemon)"
+    )
 
     p = add(
         "save",

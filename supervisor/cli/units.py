@@ -9,11 +9,13 @@ writes to `unit_install_path()`.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pwd
+import shutil
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +34,14 @@ TIMEOUT_STOP_S = 300
 """Default TimeoutStopSec=; see the sizing comment in the unit."""
 STOP_MARGIN_S = 60
 """Time the daemon needs on top of [trainer] stop_timeout_s to wind down."""
+
+SYSTEMD_PATH: Mapping[Kind, str] = {
+    "system": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "user": "/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin:/bin:/sbin",
+}
+"""The PATH systemd gives a service it starts (the system manager's; the user manager's
+unless environment.d adds to it): the daemon's, and so the trainer's unless [trainer] env
+sets one. A login shell's PATH, a venv's bin/ among it, is not there."""
 
 REQUIRED_KEYS: Mapping[str, str | None] = {
     "Type": "notify",
@@ -295,6 +305,26 @@ def _exec_word(text: str, *, argument: bool) -> str:
     if argument:
         text = text.replace("$", "$$")
     return f'"{text}"' if any(c.isspace() or c in "';" for c in text) else text
+
+
+def bare_program_warning(
+    kind: Kind, command: Sequence[str], trainer_env: Mapping[str, str], venv_bin: Path
+) -> str | None:
+    """One line when the trainer's program is a bare name (`python`) that the service would
+    find elsewhere than this environment does, else None."""
+    program = command[0] if command else ""
+    if not program or "/" in program:
+        return None
+    service_path = trainer_env.get("PATH", SYSTEMD_PATH[kind])
+    there = shutil.which(program, path=service_path)
+    here = shutil.which(program, path=str(venv_bin)) or shutil.which(program)
+    if here is None or there == here:
+        return None
+    return (
+        f"warning: [trainer] command runs `{program}`, and under systemd the daemon looks it"
+        f" up on its own PATH ({service_path}) and finds {there or 'nothing'}, not this"
+        f" environment's {here}; write the absolute path in [trainer] command: {json.dumps(here)}"
+    )
 
 
 def parse_unit(text: str) -> dict[str, dict[str, str]]:

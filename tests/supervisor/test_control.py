@@ -359,7 +359,8 @@ def test_cli_commands(daemon: DaemonProcess):
 
 
 def test_cli_without_a_daemon(tmp_path: Path):
-    result = cli("status", str(tmp_path))
+    # A run directory whose daemon is not running (a folder that is no run: test_cli_commands).
+    result = cli("status", str(endless_run(tmp_path / "run")))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert (

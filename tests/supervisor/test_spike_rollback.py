@@ -111,8 +111,9 @@ def test_a_spike_is_rolled_back_before_skipped_and_cured(tmp_path: Path):
         listed = cli("events", run_dir, "-n", "200")
     assert "spikes    1 rolled back (at steps 100), 1 data window(s) skipped, lr x0.5" in shown
     assert "set aside by a spike rollback" in shown
-    assert re.search(r"  spike +first_step=100 step=102 peak=15\.0", listed)
-    assert re.search(r"  rollback +spike_step=100 checkpoint=\"step_000080.bin\" step=80", listed)
+    assert re.search(r"  spike +loss 15\.0000 from step 100 to 102, above ", listed)
+    assert re.search(r"  rollback +to step 80, skip 81\.\.\d+, lr x0\.5 .*spike_step=100", listed)
+    assert "checkpoint=step_000080.bin" in listed
     # The chart's markers: the spike at its first step, the skip where its window starts.
     assert {"kind": "spike", "step": BAD_AT} in markers
     assert {"kind": "skip", "step": 81} in markers

@@ -280,3 +280,40 @@ def test_unit_install_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
     assert unit_install_path("system", name) == Path("/etc/systemd/system") / name
     assert unit_install_path("user", name) == tmp_path / ".config/systemd/user" / name
+
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@pytest.mark.parametrize("scope", ["--user", "--system"])
+def test_install_unit_warns_when_the_trainer_is_a_bare_program_name(
+    scope: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """systemd starts the daemon with its own PATH, not the shell's: a bare `python` is
+    whatever that PATH holds, not this venv's interpreter. Said in one line, exit 0."""
+    import sys
+
+    from tests.support.runs import make_run
+    from trainwarden.supervisor.cli.main import main
+    from trainwarden.supervisor.cli.units import SYSTEMD_PATH
+
+    run_dir = make_run(tmp_path / "run", ["python", "train.py"])
+    assert main(["install-unit", str(run_dir), scope, "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("# trainwarden: supervises")  # the unit, on stdout
+    kind = scope.removeprefix("--")
+    if kind == "system":
+        assert SYSTEMD_PATH["system"] == SYSTEM_PATH
+    found = shutil.which("python", path=SYSTEMD_PATH[kind]) or "nothing"
+    venv_python = str(Path(sys.executable).parent / "python")
+    (line,) = out.err.splitlines()
+    assert line.startswith("trainwarden install-unit: warning: [trainer] command runs `python`")
+    assert (
+        f"the daemon looks it up on its own PATH ({SYSTEMD_PATH[kind]}) and finds {found}," in line
+    )
+    assert f"not this environment's {venv_python}" in line
+    assert f'write the absolute path in [trainer] command: "{venv_python}"' in line
+
+    absolute = make_run(tmp_path / "absolute", [venv_python, "train.py"])
+    assert main(["install-unit", str(absolute), scope, "--dry-run"]) == 0
+    assert capsys.readouterr().err == ""

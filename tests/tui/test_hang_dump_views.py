@@ -7,9 +7,9 @@ from tests.tui.fakes import FrozenClock, StaticSource
 from tests.tui.live import until
 from tests.tui.screen_text import screen_text
 from tests.tui.test_caption import HANG, rec
+from trainwarden.supervisor.journal_text import summary
 from trainwarden.tui.app import TrainwardenApp
 from trainwarden.tui.widgets.caption import caption_text
-from trainwarden.tui.widgets.events import summary
 
 PATH = "/runs/r/.trainwarden/hangs/20260101T000030Z-step1700.txt"
 DUMP = rec(

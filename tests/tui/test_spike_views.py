@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from tests.tui.test_caption import rec, spawn
+from trainwarden.supervisor.journal_text import summary
 from trainwarden.tui.chart import has_spike_markers, render_chart
 from trainwarden.tui.widgets.caption import caption_text
-from trainwarden.tui.widgets.events import summary
 
 SPIKE = rec(
     20,

@@ -8,11 +8,12 @@ import sys
 from rich.text import Text
 
 from tests.tui.fakes import FrozenClock, loss_history, status
+from trainwarden.supervisor.journal_text import summary
 from trainwarden.tui.chart import BRAILLE_BASE, render_chart
 from trainwarden.tui.messages import HistoryReceived, StatusReceived, TopicPushed
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean, safe_text
-from trainwarden.tui.widgets.events import ALARMING, summary
+from trainwarden.tui.widgets.events import ALARMING
 
 
 def test_importing_the_tui_does_not_import_torch_or_daemon_internals():

@@ -1,0 +1,119 @@
+"""A journal record as one line of text: the one thing to know about it, then its other
+fields. The TUI's events panel and `trainwarden events` both print records this way.
+
+Standard library and orjson only: the TUI imports it, and a CLI command pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+HINTED = frozenset({"parser_no_match", "checkpoint_unrecognised"})
+"""Records whose one-line hint says all they hold."""
+SKIPPED_FIELDS = ("ts", "t", "kind", "argv")
+"""Fields a summary leaves out: the time and kind are shown beside it, the argv is long."""
+UNKNOWN = "-"
+
+
+def summary(record: dict[str, Any]) -> str:
+    """The one thing to know about a record, then its other fields."""
+    return " ".join(summary_pieces(record))
+
+
+def summary_pieces(record: dict[str, Any]) -> list[str]:
+    """The summary as the pieces it may be shortened by: the head's words, then whole
+    key=value fields (a field is never split, so no number is cut in two)."""
+    kind = record.get("kind")
+    if kind == "crash" and record.get("cause"):
+        head = f"{record['cause']}"
+    elif kind in HINTED and record.get("hint"):
+        return words(f"{record['hint']}")  # it names everything the record holds
+    elif kind == "spawn":
+        resume = record.get("resume") or {}
+        step = resume.get("step") if isinstance(resume, dict) else None
+        head = f"seg {record.get('seg')}, " + (
+            f"resume from step {step}" if step is not None else "fresh start"
+        )
+        if record.get("pivot"):
+            head += ", pivot"
+        return words(head)
+    elif kind == "state" and isinstance(record.get("state"), dict):
+        state = record["state"]
+        head = f"{state.get('phase')}, seg {state.get('seg')}, restarts {state.get('restarts')}"
+        if state.get("halt_reason"):
+            head += f": {state['halt_reason']}"
+    elif kind == "restart_scheduled" and "backoff_s" in record:
+        head = f"in {record['backoff_s']} s"
+    elif kind == "spike":
+        head = (
+            f"loss {loss_text(record.get('peak'))} from step {record.get('first_step')}"
+            f" to {record.get('step')}, above {loss_text(record.get('threshold'))}"
+        )
+    elif kind == "hang_dump":
+        return words(hang_dump_text(record))
+    elif kind == "repeated":
+        return words(repeated_text(record))
+    elif kind == "rollback":
+        window = record.get("window")
+        skip = f", skip {window[0]}..{window[1]}" if isinstance(window, list) else ", no skip"
+        head = f"to step {record.get('step')}{skip}, lr x{record.get('lr_scale')}"
+    else:
+        head = ""
+    rest = [
+        f"{key}={_short(value)}"
+        for key, value in record.items()
+        if key not in SKIPPED_FIELDS and not (kind == "crash" and key == "cause")
+    ]
+    return [*words(head), *rest]
+
+
+def repeated_text(record: dict[str, Any]) -> str:
+    """A fast crash loop's folded cycles: how many more of the same crash, and its cause."""
+    last = record.get("last")
+    crash = last.get("crash") if isinstance(last, dict) else None
+    cause = crash.get("cause") if isinstance(crash, dict) else None
+    said = (
+        f", last line: {crash['last_line']}"
+        if isinstance(crash, dict) and crash.get("last_line")
+        else ""
+    )
+    going = " so far" if record.get("ongoing") else ""
+    return f"{record.get('cycles')} more crashes like the last{going} ({cause or 'crash'}{said})"
+
+
+def hang_dump_text(record: dict[str, Any]) -> str:
+    """Where the stacks went (from the run's .trainwarden/ on) and the innermost frame, or why
+    there are no Python stacks."""
+    path = record.get("path")
+    where = str(path) if path else "not written"
+    if isinstance(path, str) and "/.trainwarden/" in path:
+        where = ".trainwarden/" + path.rsplit("/.trainwarden/", 1)[1]
+    frames = record.get("top_frames")
+    if isinstance(frames, list) and frames:
+        return f"{where} in {frames[0]}"
+    return f"{where}, no Python stacks: {record.get('error') or 'none found'}"
+
+
+def loss_text(value: Any) -> str:
+    """A loss to four decimals; the journal writes non-finite ones as "nan"/"inf"."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return UNKNOWN
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.4f}"
+
+
+def words(text: str) -> list[str]:
+    """The words of `text`, as a summary's head is split into pieces."""
+    return [word for word in text.split(" ") if word]
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode(errors="replace")
