@@ -270,6 +270,27 @@ class RunModel:
         """Since the newest checkpoint's commit (its file's time, as the daemon read it)."""
         return self._telemetry_age("last_checkpoint_age_s")
 
+    def newest_checkpoint(self) -> tuple[Any, float | None]:
+        """The newest checkpoint a restart could resume from, and its age: the telemetry's,
+        unless the checkpoints view lists it as quarantined or set aside (a pivot or a
+        rollback has just moved it), then the newest verified one the view lists."""
+        step = (self.telemetry.value or {}).get("last_checkpoint_step")
+        view = self.checkpoints or {}
+        moved = {q.get("step") for q in view.get("quarantined") or [] if isinstance(q, dict)}
+        if step is None or step not in moved:
+            return step, self.checkpoint_age_s()
+        listed = [
+            c
+            for c in view.get("checkpoints") or []
+            if isinstance(c, dict) and isinstance(c.get("step"), int) and c.get("verified", True)
+        ]
+        if not listed:
+            return None, None
+        newest = max(listed, key=lambda c: c["step"])
+        mtime = newest.get("mtime")
+        age = max(self.clock.time() - mtime, 0.0) if isinstance(mtime, int | float) else None
+        return newest["step"], age
+
     def step_age_s(self) -> float | None:
         """Since the newest step line: how old the step's loss and figures are."""
         return self._telemetry_age("step_age_s")

@@ -67,7 +67,7 @@ def test_each_incident_says_what_happened_and_what_the_daemon_did():
 def test_the_caption_follows_an_incident_as_it_unfolds():
     assert caption(HANG[:2]) == "trainer hung at step 1,700; daemon is stopping the trainer"
     assert caption(HANG[:5]) == (
-        "trainer hung at step 1,700; daemon killed it, restarts it in 1.0 s from step 1,600"
+        "trainer hung at step 1,700; daemon killed it, will restart it from step 1,600"
     )
     halted = [
         rec(1, "crash", returncode=1, last_step=5, cause="exit status 1"),

@@ -84,9 +84,9 @@ def test_demo_shows_a_crash_a_divergence_and_a_hang_then_quit_stops_its_own_run(
                 f" {NAN - NAN % BEFORE:,}",
                 f"trainer hung at step {HANG:,}; daemon killed it, restarted it from step"
                 f" {HANG - HANG % BEFORE:,}",
-                # What the daemon did fits 80 columns; the skipped window follows (cut).
-                f"loss spike at step {SPIKE:,} (2.0x average); daemon rolled back to step"
-                f" {SPIKE - SPIKE % BEFORE - BEFORE:,}",
+                # At 80 columns the caption takes a second line for what the daemon did.
+                f"loss spike at step {SPIKE:,} (2.0x average)",
+                f"daemon rolled back to {SPIKE - SPIKE % BEFORE - BEFORE:,}, skips {SPIKE - SPIKE % BEFORE - BEFORE + 1:,}-",
             ],
             started + 210,
         )

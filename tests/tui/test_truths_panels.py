@@ -206,8 +206,9 @@ async def test_a_pivots_set_aside_checkpoints_are_told_apart_from_a_failure(size
         text = screen_text(app)
         assert "quarantined (3)" not in text, text
         if size[0] >= 80:
-            assert "set aside by the pivot at step 8,400 (2)" in text or (
-                "set aside at pivot 8,400 (2)" in text
+            # One checkpoint and its sidecar: one checkpoint set aside.
+            assert "set aside by the pivot at step 8,400 (1)" in text or (
+                "set aside (1, pivot at 8,400)" in text
             ), text
             assert "quarantined (1): step_009500.bin" in text, text
         # Whatever the width, a step is shown whole or not at all.

@@ -24,6 +24,8 @@ KEYS = (
     ("o", "overlay another run's loss on the chart (its parent, a branch, a path), or none"),
     ("?", "this help"),
 )
+PALETTE_LINE = "ctrl+p  command palette: every action by name, with a line of help"
+"""Apart from the one-letter keys, so their column stays narrow."""
 PANELS = (
     (
         "header",
@@ -33,12 +35,19 @@ PANELS = (
     (
         "telemetry",
         "step, loss and its moving average, throughput, MFU (now and run average), "
-        "ETA, the newest and the next checkpoint",
+        "ETA, the newest and the next checkpoint; after a crash before any step, the "
+        "trainer's last output line",
     ),
     (
         "loss",
         "the whole run, one point per dot column; the dashed line is ln(V), the loss of "
-        "uniform guessing; R restart, C crash, D divergence, P pivot",
+        "uniform guessing",
+    ),
+    (
+        "  marks",
+        "R restart, C crash, D divergence (div), P pivot, S spike (its first step, "
+        "rolled back), » skip (where the skipped data starts), × validation (val); "
+        "a narrow legend shows the letters alone",
     ),
     (
         "gpu",
@@ -58,8 +67,9 @@ PANELS = (
     ),
     (
         "events",
-        "the daemon's journal, newest first (without retention deletes and state "
-        "snapshots; `trainwarden events` lists everything)",
+        "the daemon's journal, newest first; the newest incident (crash, divergence, hang, "
+        "spike, GPU fault, halt) stays in the top row until a newer one; checkpoints and "
+        "their retention deletes fold into one row (`trainwarden events` lists everything)",
     ),
 )
 
@@ -90,6 +100,7 @@ class HelpScreen(ModalScreen[None]):
         with dialog:
             yield Static(Text("trainwarden - keys"), classes="dialog-title", markup=False)
             yield Static(keys, markup=False)
+            yield Static(Text(PALETTE_LINE), markup=False)
             if self.read_only:
                 yield Static(
                     Text("read-only: s, x, r, p and P are refused (started with --read-only)"),

@@ -20,6 +20,22 @@ from trainwarden.tui.widgets.table import Cell, sync_rows
 COLUMNS = ("step", "size", "age", "flags")
 
 
+def checkpoint_name(names: list[str]) -> str:
+    """The name that stands for a checkpoint's files: the checkpoint's, not its sidecar's."""
+    return next((n for n in sorted(names) if not n.endswith(".json")), sorted(names)[0])
+
+
+def short_head(why: str, count: int) -> str:
+    """A set-aside line's head in fewer cells, its count and step kept whole: "set aside by
+    the rollback before the loss spike at step 2,450" -> "set aside (2, rollback at 2,450):"."""
+    words = why.split()
+    cause = next((w for w in ("pivot", "rollback") if w in words), None)
+    step = words[-1] if len(words) > 1 and words[-2] == "step" else None
+    if cause is None:
+        return f"{why} ({count}):"
+    return f"set aside ({count}, {cause}{f' at {step}' if step else ''}):"
+
+
 class CheckpointsPanel(Vertical):
     COMPONENT_CLASSES = {
         "checkpoints--pinned",
@@ -35,7 +51,10 @@ class CheckpointsPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(
-            id="checkpoint-table", cursor_type="row", zebra_stripes=False, show_cursor=True
+            id="checkpoint-table",
+            cursor_type="row",
+            zebra_stripes=False,
+            show_cursor=True,
         )
         for column in COLUMNS:
             table.add_column(column, key=column)
@@ -86,7 +105,11 @@ class CheckpointsPanel(Vertical):
                 (
                     str(step),
                     [
-                        Cell(fmt.integer(step), str(style), order=step),
+                        Cell(
+                            fmt.integer(step),
+                            str(style),
+                            order=(bool(ckpt.get("verified", True)), step),
+                        ),
                         Cell(fmt.size(ckpt.get("bytes")), str(muted)),
                         Cell(age, str(muted)),
                         Cell(" ".join(flags), str(style)),
@@ -96,7 +119,13 @@ class CheckpointsPanel(Vertical):
         table = self.table
         selected = self.selected_key()
         if sync_rows(table, rows, COLUMNS):
+            # Verified before unverified, then newest first: the fixed top row is the newest
+            # verified checkpoint.
             table.sort("step", key=lambda cell: cell.order, reverse=True)
+            # The newest never scrolls away: a cursor moved down to an old checkpoint (to
+            # pin it) must not hide the one a restart would use. (Only with a row: an
+            # empty table with a fixed row fails to draw.)
+            table.fixed_rows = 1 if table.row_count else 0
             # Keep the cursor on the checkpoint it was on, not on the row number.
             if selected is not None and selected in table.rows:
                 table.move_cursor(row=table.get_row_index(selected), animate=False)
@@ -125,10 +154,14 @@ class CheckpointsPanel(Vertical):
         width = box.content_region.width or self.content_region.width - 2
         width = max(width, 20)
         alarms = [q for q in quarantined if q.get("alarming", True) is not False]
-        calm: dict[Any, list[str]] = {}
+        calm: dict[str, dict[Any, list[str]]] = {}
         for q in quarantined:
             if q.get("alarming", True) is False:
-                calm.setdefault(q.get("cause_step"), []).append(clean(q.get("name"), 60))
+                # Grouped by the view's reason in words (the CLI prints the same), and
+                # counted per checkpoint: a checkpoint and its sidecar are one.
+                why = clean(q.get("why") or "set aside", 160)
+                step = q.get("step") if fmt.finite(q.get("step")) else q.get("name")
+                calm.setdefault(why, {}).setdefault(step, []).append(clean(q.get("name"), 60))
         lines = []
         if alarms:
             head = f"quarantined ({len(alarms)}):"
@@ -139,11 +172,12 @@ class CheckpointsPanel(Vertical):
             pieces = told.split()
             body = fmt.fit(pieces, max(width - cell_len(head) - 1, 1))
             lines.append(Text.assemble((head, bad), " ", (body, muted), no_wrap=True))
-        for at, names in calm.items():
-            where = f" at step {fmt.integer(at)}" if fmt.finite(at) else ""
-            head = f"set aside by the pivot{where} ({len(names)}):"
-            if where and cell_len(head) + 1 + cell_len(names[0]) > width:
-                head = f"set aside at pivot {fmt.integer(at)} ({len(names)}):"
+        for why, files in calm.items():
+            names = [checkpoint_name(group) for group in files.values()]
+            head = f"{why} ({len(names)}):"
+            short = short_head(why, len(names))
+            if short != head and cell_len(head) + 1 + cell_len(names[0]) > width:
+                head = short
             pieces = [*head.split(), *[f"{n}," for n in names[:-1]], names[-1]]
             lines.append(Text(fmt.fit(pieces, width), muted, no_wrap=True))
         return Text("\n", no_wrap=True).join(lines)

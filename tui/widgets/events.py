@@ -1,14 +1,20 @@
-"""The journal, newest first: what the daemon did and why (crash causes, restarts)."""
+"""The journal, newest first: what the daemon did and why (crash causes, restarts).
+
+The newest incident keeps the top row until a newer incident takes it: at 80x24 the panel
+has two rows, and the restart and checkpoints that follow a crash would push it out within
+seconds. Runs of routine records (checkpoints and their retention deletes) fold into one
+row."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-import orjson
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable
 
+from trainwarden.supervisor.journal_text import summary_pieces
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
@@ -68,102 +74,69 @@ NOTABLE = {
     "awaiting_verification",
     "hang_dump",
 }
-HINTED = {"parser_no_match", "checkpoint_unrecognised"}
-"""Records whose one-line hint says all they hold."""
 GOOD = {"checkpoint", "resume_verified", "trainer_started", "daemon_start", "disk_ok"}
-SKIPPED_FIELDS = ("ts", "t", "kind", "argv")
-ROUTINE = frozenset({"delete", "state"})
-"""Left out of the panel: retention deletes and state snapshots would bury crashes within a
-few checkpoints; `trainwarden events` lists them."""
+HIDDEN = frozenset({"state"})
+"""Left out of the panel: state snapshots say nothing a reader needs; `trainwarden events`
+lists them."""
+ROUTINE = frozenset({"checkpoint", "delete"})
+"""A run of these, one after another, is one row: the newest checkpoint and how many."""
+INCIDENTS = frozenset({"crash", "repeated", "divergence", "stall", "spike", "gpu_fault", "halt"})
+"""Records that keep the top row until a newer one of them comes (`repeated`: a fast crash
+loop's folded crashes)."""
+PINNED = float("inf")
+"""The sort order of the newest incident's row: first, whatever came after it."""
 
 
-def summary(record: dict[str, Any]) -> str:
-    """The one thing to know about a record, then its other fields."""
-    return " ".join(summary_pieces(record))
+def newest_incident(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((r for r in reversed(list(records)) if r.get("kind") in INCIDENTS), None)
 
 
-def summary_pieces(record: dict[str, Any]) -> list[str]:
-    """The summary as the pieces it may be shortened by: the head's words, then whole
-    key=value fields (a field is never split, so no number is cut in two)."""
-    kind = record.get("kind")
-    if kind == "crash" and record.get("cause"):
-        head = f"{record['cause']}"
-    elif kind in HINTED and record.get("hint"):
-        return _words(f"{record['hint']}")  # it names everything the record holds
-    elif kind == "spawn":
-        resume = record.get("resume") or {}
-        step = resume.get("step") if isinstance(resume, dict) else None
-        head = f"seg {record.get('seg')}, " + (
-            f"resume from step {step}" if step is not None else "fresh start"
-        )
-        if record.get("pivot"):
-            head += ", pivot"
-        return _words(head)
-    elif kind == "state" and isinstance(record.get("state"), dict):
-        state = record["state"]
-        head = f"{state.get('phase')}, seg {state.get('seg')}, restarts {state.get('restarts')}"
-        if state.get("halt_reason"):
-            head += f": {state['halt_reason']}"
-    elif kind == "restart_scheduled" and "backoff_s" in record:
-        head = f"in {record['backoff_s']} s"
-    elif kind == "spike":
-        head = (
-            f"loss {fmt.loss(record.get('peak'))} from step {record.get('first_step')}"
-            f" to {record.get('step')}, above {fmt.loss(record.get('threshold'))}"
-        )
-    elif kind == "hang_dump":
-        return _words(hang_dump_text(record))
-    elif kind == "repeated":
-        return _words(repeated_text(record))
-    elif kind == "rollback":
-        window = record.get("window")
-        skip = f", skip {window[0]}..{window[1]}" if isinstance(window, list) else ", no skip"
-        head = f"to step {record.get('step')}{skip}, lr x{record.get('lr_scale')}"
-    else:
-        head = ""
-    rest = [
-        f"{key}={_short(value)}"
-        for key, value in record.items()
-        if key not in SKIPPED_FIELDS and not (kind == "crash" and key == "cause")
-    ]
-    return [*_words(head), *rest]
+def folded(records: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The records as the panel's rows, oldest first: each a list of the records it stands
+    for (one, or a run of routine ones, newest last). A run's row is its newest checkpoint's
+    (a run of deletes alone is a row of its own kind)."""
+    rows: list[list[dict[str, Any]]] = []
+    run: list[dict[str, Any]] = []
+    for record in records:
+        kind = record.get("kind")
+        if kind in HIDDEN:
+            continue
+        if kind in ROUTINE:
+            run.append(record)
+            continue
+        if run:
+            rows.append(_run_row(run))
+            run = []
+        rows.append([record])
+    if run:
+        rows.append(_run_row(run))
+    return rows
 
 
-def repeated_text(record: dict[str, Any]) -> str:
-    """A fast crash loop's folded cycles: how many more of the same crash, and its cause."""
-    last = record.get("last")
-    crash = last.get("crash") if isinstance(last, dict) else None
-    cause = crash.get("cause") if isinstance(crash, dict) else None
-    said = (
-        f", last line: {crash['last_line']}"
-        if isinstance(crash, dict) and crash.get("last_line")
-        else ""
-    )
-    going = " so far" if record.get("ongoing") else ""
-    return f"{record.get('cycles')} more crashes like the last{going} ({cause or 'crash'}{said})"
+def _run_row(run: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A routine run with the record that names its row last: the newest checkpoint."""
+    newest = next((r for r in reversed(run) if r.get("kind") == "checkpoint"), run[-1])
+    return [r for r in run if r is not newest] + [newest]
 
 
-def hang_dump_text(record: dict[str, Any]) -> str:
-    """Where the stacks went (from the run's .trainwarden/ on) and the innermost frame, or why
-    there are no Python stacks."""
-    path = record.get("path")
-    where = str(path) if path else "not written"
-    if isinstance(path, str) and "/.trainwarden/" in path:
-        where = ".trainwarden/" + path.rsplit("/.trainwarden/", 1)[1]
-    frames = record.get("top_frames")
-    if isinstance(frames, list) and frames:
-        return f"{where} in {frames[0]}"
-    return f"{where}, no Python stacks: {record.get('error') or 'none found'}"
-
-
-def _words(text: str) -> list[str]:
-    return [word for word in text.split(" ") if word]
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return orjson.dumps(value).decode(errors="replace")
+def routine_pieces(records: list[dict[str, Any]]) -> list[str]:
+    """One row for a run of checkpoints and deletes: the newest checkpoint, then counts."""
+    newest = records[-1]
+    saved = sum(1 for r in records if r.get("kind") == "checkpoint")
+    deleted = sum(1 for r in records if r.get("kind") == "delete")
+    counts = []
+    if saved > 1:
+        counts.append(f"({saved} saved")
+    if deleted:
+        counts.append(f"{'' if counts else '('}{deleted} deleted")
+    if counts:
+        counts[-1] += ")"
+        counts[:-1] = [c + "," for c in counts[:-1]]
+    if newest.get("kind") != "checkpoint":
+        return " ".join(counts).split()
+    step = newest.get("step")
+    head = [f"step={step}"] if step is not None else []
+    return [*head, *" ".join(counts).split(), *summary_pieces(newest)[len(head) :]]
 
 
 def event_key(record: dict[str, Any]) -> str:
@@ -212,10 +185,10 @@ class EventsPanel(Vertical):
         good = str(self.get_component_rich_style("events--good"))
         muted = str(self.get_component_rich_style("events--muted"))
         rows = {}
-        for record in model.events:
+        incident = newest_incident(model.events)
+        for records in folded(model.events):
+            record = records[-1]
             kind = str(record.get("kind", "?"))
-            if kind in ROUTINE:
-                continue
             style = (
                 alarm
                 if kind in ALARMING
@@ -230,10 +203,15 @@ class EventsPanel(Vertical):
                 ts[11 : 11 + clock_width] if isinstance(ts, str) and len(ts) >= 19 else fmt.UNKNOWN
             )
             order = record.get("t") if fmt.finite(record.get("t")) else 0.0
-            rows[event_key(record)] = [
+            key = event_key(record)
+            if record is incident:
+                # Its own key while pinned, so that unpinning re-sorts it by its time.
+                order, key = PINNED, f"{key}|pinned"
+            pieces = summary_pieces(record) if len(records) == 1 else routine_pieces(records)
+            rows[key] = [
                 Cell(clock, muted, order=order),
                 Cell(fmt.shorten(clean(kind, 60), kind_width), style),
-                Cell(fmt.fit([clean(piece, 240) for piece in summary_pieces(record)], width)),
+                Cell(fmt.fit([clean(piece, 240) for piece in pieces], width)),
             ]
         table = self.query_one(DataTable)
         if sync_rows(table, rows.items(), COLUMNS):

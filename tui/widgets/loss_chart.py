@@ -26,6 +26,26 @@ from trainwarden.tui.chart import (
 
 MARKER_KINDS = ("restart", "divergence", "pivot", "crash", "spike", "skip")
 LEGEND = "R restart  C crash  D divergence  P pivot"
+SHORT_LABELS = {"divergence": "div", "validation": "val"}
+"""Labels that have a shorter form, used when the legend does not fit the border."""
+BORDER_CELLS = 6
+"""The border's corners, the spaces around its subtitle and the rule before it."""
+
+
+def legend_text(entries: list[str], prefix: str, width: int) -> str:
+    """The legend in `width` cells: `entries` ("R restart", ...) two spaces apart, then one,
+    then with short labels, then the marks alone (the help explains them), so that it is
+    never cut mid-word."""
+    short = [" ".join(SHORT_LABELS.get(w, w) for w in e.split(" ")) for e in entries]
+    marks = [e.split(" ", 1)[0] for e in entries]
+    candidates = [
+        prefix + "  ".join(entries),
+        prefix + " ".join(entries),
+        prefix + " ".join(short),
+        prefix + " ".join(marks) + "  ? explains",
+        prefix + " ".join(marks),
+    ]
+    return next((c for c in candidates if len(c) <= width), candidates[-1])
 
 
 class LossChart(Widget):
@@ -62,6 +82,7 @@ class LossChart(Widget):
         return self.mode.start_step(newest)
 
     def on_resize(self, event: Resize) -> None:
+        self._title()  # the legend is fitted to the width
         # The width decides how many history points to fetch: ask again at the new size.
         self.app.call_after_refresh(self.app.chart_resized)  # type: ignore[attr-defined]
 
@@ -75,15 +96,19 @@ class LossChart(Widget):
 
     def _title(self) -> None:
         self.border_title = Text(f"loss · {self.mode.title}")
-        legend = LEGEND
+        entries = LEGEND.split("  ")
         if has_spike_markers(self.history):
-            legend += SPIKE_LEGEND
+            entries += SPIKE_LEGEND.strip().split("  ")
         if self.history is not None and validation_points(self.history):
-            legend += "  × val"
+            entries.append("× val")
+        prefix = ""
         if self.overlay is not None:
             own, other = self.names
             val = f" {OVERLAY_VALIDATION_GLYPH} val" if validation_points(self.overlay) else ""
-            legend = f"⠒ {own}  {OVERLAY_GLYPH} {other}{val}  " + legend
+            prefix = f"⠒ {own}  {OVERLAY_GLYPH} {other}{val}  "
+        outer = self.outer_size.width
+        width = outer - BORDER_CELLS if outer else 10_000
+        legend = legend_text(entries, prefix, width)
         self.border_subtitle = Text(legend)
 
     def show_overlay(self, overlay: dict[str, Any] | None, names: tuple[str, str]) -> None:

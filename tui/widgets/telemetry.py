@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from trainwarden.supervisor.protocol import Phase
+from trainwarden.supervisor.protocol import HALTED, Phase
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
@@ -22,6 +22,8 @@ SPARK_MIN_CELLS = 4
 SLOW_START_S = 60.0
 """A start that logged no step for this long shows the trainer's last output line."""
 BLOCKS = "▁▂▃▄▅▆▇█"
+NOT_RUNNING = HALTED | {Phase.BACKOFF}
+"""Phases with no trainer: a crash before any step leaves its last output line to show."""
 
 
 def sparkline(values: list[float], cells: int) -> str:
@@ -103,8 +105,11 @@ class TelemetryPanel(Static):
         row("loss", *loss_parts)
         not_stepping = self._not_stepping(model)
         start_line = self._start_line(model)
+        crash_line = self._crash_line(model)
         if start_line is not None:
             row("start", *start_line)
+        elif crash_line is not None:
+            row("output", *crash_line)
         elif not_stepping is not None:
             # The trainer is not stepping: no speed is true now.
             row("speed", (fmt.UNKNOWN, value), (f"  {not_stepping}", muted))
@@ -139,7 +144,8 @@ class TelemetryPanel(Static):
             )
         else:
             reason = t.get("mfu_unknown_reason")
-            row("MFU", ("unknown", value), (f"  {clean(reason, 200)}" if reason else "", muted))
+            text_room = self.content_size.width - LABEL_WIDTH
+            row("MFU", *mfu_unknown(clean(reason, 200) if reason else "", text_room, value, muted))
         eta = t.get("eta_s")
         if model.phase == Phase.FINISHED and model.connected:
             row("ETA", ("done", value))
@@ -147,11 +153,10 @@ class TelemetryPanel(Static):
             row("ETA", (fmt.UNKNOWN, value), (f"  {not_stepping}", muted))
         else:
             row("ETA", (fmt.duration(eta) if eta is not None else fmt.UNKNOWN, value))
-        last_step = t.get("last_checkpoint_step")
+        last_step, age = model.newest_checkpoint()
         next_step = t.get("next_checkpoint_step")
         parts: list[tuple[str, object]] = []
         if last_step is not None:
-            age = model.checkpoint_age_s()
             parts += [
                 (fmt.integer(last_step), value),
                 (f" {fmt.duration(age)} ago" if age is not None else "", muted),
@@ -217,6 +222,17 @@ class TelemetryPanel(Static):
             (f" ({fmt.duration(age)} ago)" if age is not None else "", muted),
         ]
 
+    def _crash_line(self, model: RunModel) -> list[tuple[str, object]] | None:
+        """A trainer that has not logged a step and is not running (it crashed before its
+        first one, and the daemon backs off or halted): its last output line is the cause."""
+        t = model.telemetry.value or {}
+        line = t.get("last_line")
+        if not model.connected or model.stepping or t.get("step") is not None:
+            return None
+        if model.phase not in NOT_RUNNING or not isinstance(line, str) or not line.strip():
+            return None
+        return [(clean(line, 200), self.get_component_rich_style("telemetry--value"))]
+
     @staticmethod
     def _host_rows(model: RunModel, row: Any, value: Any, muted: Any, alarm: Any) -> None:
         host = model.host or {}
@@ -245,6 +261,25 @@ class TelemetryPanel(Static):
                 (f"{fmt.size(free)} free", alarm if model.disk_low else value),
                 (warning, alarm),
             )
+
+
+def mfu_unknown(reason: str, width: int, value: object, muted: object) -> list[tuple[str, object]]:
+    """The MFU row without a figure: `unknown`, the key to set, then why, as much as fits.
+    The daemon's reason ends in what to do ("unknown GPU 'X': set [telemetry] peak_tflops"):
+    that part is kept first, so that every width names the key."""
+    cause, _, action = reason.rpartition(": set ")
+    if not action or not cause:
+        return [("unknown", value), (f"  {reason}" if reason else "", muted)]
+    key = action.split()[-1]
+    for parts in (
+        [("unknown", value), (f"  {cause}: set {action}", muted)],
+        [("unknown", value), (f"  set {action}", muted)],
+        [("unknown", value), (f"  set {key}", muted)],
+        [("?", value), (f" set {key}", muted)],
+    ):
+        if sum(len(text) for text, _ in parts) <= width:
+            return parts
+    return [("?", value), (f" {key}", muted)]
 
 
 def _seconds(value: float) -> str:
