@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from trainwarden.supervisor.cli.detach import start_detached
 from trainwarden.supervisor.cli.init import write_config
@@ -295,15 +295,9 @@ def ask_to_stop(stdin: TextIO, out: TextIO, own: bool = True, daemon_stays: bool
 def shutdown(cfg: Config, out: TextIO) -> bool:
     """Stop the trainer (it saves first) and the daemon; True once the daemon has exited."""
     say("stopping the trainer (it saves a checkpoint first) and the daemon…", out)
-    try:
-        with Client(cfg.socket_path, timeout=None) as client:
-            result = client.request("shutdown")
-    except DaemonNotRunning:
-        say("the daemon had already exited", out)
-        return True
-    except (CommandRefused, ProtocolError) as exc:
-        say(f"the daemon did not stop: {exc}; try `trainwarden shutdown {cfg.run_dir}`", out)
-        return False
+    done, result = _ask_to_stop(cfg, "shutdown", "daemon", out)
+    if done is not None:
+        return done
     ckpt = (result or {}).get("checkpoint")
     if ckpt:
         say(f"newest checkpoint: step {ckpt.get('step')}", out)
@@ -322,17 +316,25 @@ def stop_trainer(cfg: Config, out: TextIO) -> bool:
     """Stop the trainer (it saves first) and leave the daemon up, as the demo found it;
     True when nothing logged was lost."""
     say("stopping the trainer (it saves a checkpoint first); the daemon stays up…", out)
-    try:
-        with Client(cfg.socket_path, timeout=None) as client:
-            result = client.request("stop")
-    except DaemonNotRunning:
-        say("the daemon had already exited", out)
-        return True
-    except (CommandRefused, ProtocolError) as exc:
-        say(f"the trainer did not stop: {exc}; try `trainwarden stop {cfg.run_dir}`", out)
-        return False
+    done, result = _ask_to_stop(cfg, "stop", "trainer", out)
+    if done is not None:
+        return done
     say(describe_result("stop", result), out)
     return stop_status(result) == 0
+
+
+def _ask_to_stop(cfg: Config, cmd: str, what: str, out: TextIO) -> tuple[bool | None, Any]:
+    """`cmd` (stop or shutdown) sent to the run's daemon: (True, None) when it had already
+    exited, (False, None) when `what` did not stop, else (None, the reply's result)."""
+    try:
+        with Client(cfg.socket_path, timeout=None) as client:
+            return None, client.request(cmd)
+    except DaemonNotRunning:
+        say("the daemon had already exited", out)
+        return True, None
+    except (CommandRefused, ProtocolError) as exc:
+        say(f"the {what} did not stop: {exc}; try `trainwarden {cmd} {cfg.run_dir}`", out)
+        return False, None
 
 
 def run_demo(

@@ -10,25 +10,13 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.supervisor.test_spikes import SPIKES
 from tests.support.policy import decide_all
 from tests.support.policy import of as kinds
 from trainwarden.supervisor.cli.output import format_status
 from trainwarden.supervisor.core import policy as p
 from trainwarden.supervisor.shell.views import state_view
 
-SPIKES = p.SpikeRules(
-    factor=2.0,
-    window=10,
-    patience=3,
-    warmup=5,
-    rollback_steps=20,
-    skip_extra=15,
-    lr_scale=0.5,
-    max_rollbacks=2,
-    horizon=1000,
-    skip_data=True,
-    scales_lr=True,
-)
 RULES = p.Rules(
     keep_last=10,
     backoff_initial_s=0.0,
