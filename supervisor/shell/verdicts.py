@@ -46,6 +46,11 @@ class Checked:
 
 RECOMMITS_PER_CHECK = 3
 """Files renamed over one name while it is read, checked in turn before it is refused."""
+STILL_S = 0.3
+"""A checkpoint written to while it was read is read again once its files have stood still
+this long (another rank's file in a folder its first rank has committed, say)."""
+STILL_WITHIN_S = 30.0
+"""How long such a checkpoint may go on being written before it is refused."""
 
 
 class CheckpointReports:
@@ -70,20 +75,40 @@ class CheckpointReports:
 
         A new file renamed over the name while it was read (a trainer saving the same step
         again, as on a SIGTERM right after a periodic save) is a new commit: checked afresh,
-        a few times at most. Only a file written to in place is refused."""
-        for _ in range(RECOMMITS_PER_CHECK):
-            checked, replaced = self._check_once(name, verdict)
-            if not replaced:
+        a few times at most. One written to while it was read (under torchrun, rank 1 may
+        still write its own file into the folder rank 0 has committed) is read again, and
+        verified again, once its files have stood still for STILL_S; it is refused only if
+        the writing goes on past STILL_WITHIN_S."""
+        recommits = 0
+        deadline = time.monotonic() + STILL_WITHIN_S
+        while True:
+            checked, how = self._check_once(name, verdict)
+            if how == "renamed over" and recommits < RECOMMITS_PER_CHECK - 1:
+                recommits += 1
+            elif how != "written to" or not self._stands_still(name, deadline):
                 return checked
-            verdict = None  # the new file is verified too
-        return checked
+            verdict = None  # what is read again is verified again
 
-    def _check_once(self, name: str, verdict: Verdict | None) -> tuple[Checked, bool]:
-        """The check, and whether another file took the name meanwhile."""
+    def _stands_still(self, name: str, deadline: float) -> bool:
+        """Whether `name`'s files stop changing for STILL_S before `deadline` (polled)."""
+        last = self.signature(name)
+        still_since = time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(STILL_S / 3)
+            now = self.signature(name)
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif time.monotonic() - still_since >= STILL_S:
+                return True
+        return False
+
+    def _check_once(self, name: str, verdict: Verdict | None) -> tuple[Checked, str | None]:
+        """The check, and whether it was "renamed over" (another file took the name) or
+        "written to" while it was read."""
         if verdict is None:
             verdict = self.store.verify(name)
         if verdict.info is None:
-            return Checked(verdict), False
+            return Checked(verdict), None
         paths = self.store.files_of(name)
         try:
             signature = signature_of(paths)
@@ -93,16 +118,17 @@ class CheckpointReports:
             vanished = Verdict(
                 name, verdict.step, core.Outcome.VANISHED, reason="vanished while it was read"
             )
-            return Checked(vanished), False
+            return Checked(vanished), None
         except OSError as exc:
             reason = f"cannot read it for its digest: {exc.strerror or exc}"
-            return Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason)), False
+            return Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason)), None
         if after != signature:
             # Written to while it was read: the digest would describe neither version.
             reason = "written to while its digest was taken"
             invalid = Checked(Verdict(name, verdict.step, core.Outcome.INVALID, reason=reason))
-            return invalid, after[:1] != signature[:1]  # another inode: renamed over it
-        return Checked(verdict, signature, digest), False
+            # Another inode under the name: renamed over it.
+            return invalid, "renamed over" if after[:1] != signature[:1] else "written to"
+        return Checked(verdict, signature, digest), None
 
     def signature(self, name: str) -> Signature:
         try:

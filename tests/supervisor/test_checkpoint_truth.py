@@ -268,7 +268,53 @@ def test_a_checkpoint_saved_again_under_its_name_while_digested_is_a_new_commit(
             f.write(struct.pack("<f", 2.0))
         return real_digest(paths)
 
+    # Written to in place at every read: refused once it has not stood still in time.
+    monkeypatch.setattr(verdicts, "STILL_WITHIN_S", 1.0)
     monkeypatch.setattr(verdicts, "digest_checkpoint", write_in_place)
     refused = reports.check(name)
     assert refused.verdict.outcome == Outcome.INVALID
     assert refused.verdict.reason == "written to while its digest was taken"
+
+
+def test_a_folder_another_rank_still_writes_into_is_read_again_once_it_stands_still(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Under torchrun, rank 0 closed checkpoint-11/trainer_state.json (the folder's commit)
+    while rank 1 still wrote its rng_state_1.pth: the digest saw the folder change and the
+    stop's own checkpoint was quarantined ("written to while its digest was taken"), the
+    stop reported "exited without saving". The folder is read again, and verified again,
+    once its files stand still; the digest is the finished folder's."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from trainwarden.plugins.formats.hf_trainer import HfTrainer
+    from trainwarden.supervisor.core.policy import Outcome
+    from trainwarden.supervisor.shell import verdicts
+    from trainwarden.supervisor.store.checkpoints import CheckpointStore
+    from trainwarden.supervisor.store.digest import digest_checkpoint
+
+    folder = tmp_path / "checkpoint-11"
+    folder.mkdir()
+    save_file({"w": np.zeros(1024, np.float32)}, str(folder / "model.safetensors"))
+    for other in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth"):
+        (folder / other).write_bytes(b"z" * 64)
+    (folder / "trainer_state.json").write_text('{"global_step": 11}')
+    rank1 = folder / "rng_state_1.pth"
+    rank1.write_bytes(b"x" * 100)
+    real_digest = verdicts.digest_checkpoint
+    reads = []
+
+    def rank_1_still_writing(paths):
+        reads.append(1)
+        if len(reads) == 1:
+            with open(rank1, "ab") as f:
+                f.write(b"y" * 1000)
+        return real_digest(paths)
+
+    monkeypatch.setattr(verdicts, "digest_checkpoint", rank_1_still_writing)
+    store = CheckpointStore(tmp_path, HfTrainer())
+    reports = verdicts.CheckpointReports(store, None, lambda event: None)  # type: ignore[arg-type]
+    checked = reports.check("checkpoint-11")
+    assert checked.verdict.outcome == Outcome.VERIFIED, checked.verdict.reason
+    assert len(reads) == 2
+    assert checked.digest == digest_checkpoint(store.files_of("checkpoint-11"))

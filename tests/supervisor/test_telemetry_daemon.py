@@ -380,7 +380,9 @@ def test_a_line_its_trainer_was_killed_in_is_not_glued_to_the_next_starts_first(
     )  # fmt: skip
     with running_daemon(run_dir) as daemon:
         wait_for(lambda: (run_dir / "half-written").exists(), 60, what="the half line")
-        os.kill(daemon.status()["trainer_pid"], signal.SIGKILL)
+        # Under load the file can come before the daemon has heard of the start's pid.
+        pid = wait_for(lambda: daemon.status()["trainer_pid"], 60, what="the trainer's pid")
+        os.kill(pid, signal.SIGKILL)
         daemon.wait_state("finished", timeout=60)
     (crash,) = [r for r in journal(run_dir) if r["kind"] == "crash"]
     assert crash["last_step"] == 7
