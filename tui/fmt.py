@@ -8,6 +8,7 @@ from typing import Any, TypeGuard
 
 from rich.cells import cell_len, set_cell_size
 
+from trainwarden.supervisor.journal_text import loss_text
 from trainwarden.supervisor.protocol import size_text
 
 UNKNOWN = "-"
@@ -29,13 +30,7 @@ def integer(value: Any) -> str:
 
 
 def loss(value: Any) -> str:
-    if isinstance(value, str):  # the journal writes non-finite losses as "nan"/"inf"
-        return value
-    if not is_number(value):
-        return UNKNOWN
-    if not math.isfinite(value):
-        return str(value)
-    return f"{value:.4f}"
+    return loss_text(value)  # as `trainwarden events` writes it
 
 
 def percent(fraction: Any, digits: int = 1) -> str:
