@@ -3,7 +3,7 @@
 A trainer that dies at once, restarted with no backoff and a large restart budget, goes
 round spawn -> trainer_started -> crash -> restart_scheduled (and two `state` records) a
 hundred times a second: about 13 MB of journal a minute. Once FOLD_AFTER crashes in a row
-were the same (cause, exit, last line, last step) and none of those starts logged a step
+were the same (cause, exit, last line with its numbers taken out, last step) and none of those starts logged a step
 line, the next cycles of that crash are folded: their records are counted, not written,
 and a `repeated` record says how many of each kind there were, since when, and carries the
 newest record of each kind. It is written when the folded cycles reach 1, 2, 4, 8, ...
@@ -21,6 +21,7 @@ found at start-up by their markers (a /proc scan), not by their spawn records.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -32,10 +33,15 @@ FOLDED = frozenset({"spawn", "trainer_started", "state", "crash", "restart_sched
 """The kinds of a crash loop's cycle."""
 SIGNATURE = ("cause", "returncode", "signal", "last_line", "last_step", "disk_full", "xid")
 """The crash record's fields that make two crashes the same crash."""
+NUMBERS = re.compile(r"\d+")
 
 
 def signature(fields: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(str(fields.get(key)) for key in SIGNATURE)
+    """What makes two crashes the same crash. The trainer's last line counts with its
+    numbers taken out: one that names its pid, a time or a port differs at every start
+    and would never be folded."""
+    said = {**fields, "last_line": NUMBERS.sub("#", str(fields.get("last_line")))}
+    return tuple(str(said.get(key)) for key in SIGNATURE)
 
 
 def state_of(record: dict[str, Any]) -> dict[str, Any] | None:
