@@ -15,7 +15,8 @@ Beside them:
 - `contract`: the trainer contract: environment names, policy.json, andrea-bin; no torch
 - `config`: the run's `trainwarden.toml`, one frozen dataclass per table, validated
 - `registry`: checkpoint-format and log-parser plugins found by entry point
-- `journal_text`: a journal record as one line of text, for `trainwarden events` and the TUI
+- `journal_text`: a journal record as one line of text, and the figures (loss, counts, rates,
+  durations), written once for the CLI and the TUI
 - `errors`: the exceptions trainwarden raises, each with a one-line message
 - `socket_place`: where the control socket may be bound, and which group may reach it
 - `checkpoint_hints`: the `[checkpoints]` setting that would match unrecognised names

@@ -1,5 +1,7 @@
 """A journal record as one line of text: the one thing to know about it, then its other
-fields. The TUI's events panel and `trainwarden events` both print records this way.
+fields. The TUI's events panel and `trainwarden events` both print records this way, and
+the figures beside them (a loss, a count, a rate, a duration) are written here once for
+`trainwarden status` and the TUI alike.
 
 Standard library and orjson only: the TUI imports it, and a CLI command pays nothing for it.
 """
@@ -95,6 +97,52 @@ def hang_dump_text(record: dict[str, Any]) -> str:
     if isinstance(frames, list) and frames:
         return f"{where} in {frames[0]}"
     return f"{where}, no Python stacks: {record.get('error') or 'none found'}"
+
+
+def _finite(value: Any) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    )
+
+
+def count_text(value: Any) -> str:
+    """A step or any count: 1234567 -> "1,234,567"."""
+    return f"{int(value):,}" if _finite(value) else UNKNOWN
+
+
+def rate_text(value: Any) -> str:
+    """Steps a minute: whole with separators from 100 on ("3,515"), one decimal below."""
+    if not _finite(value):
+        return UNKNOWN
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def compact_text(value: Any) -> str:
+    """A large figure in three digits: 12880 -> "12.9k", 3.2e6 -> "3.20M"."""
+    if not _finite(value):
+        return UNKNOWN
+    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= threshold:
+            scaled = value / threshold
+            return f"{scaled:.2f}{suffix}" if scaled < 10 else f"{scaled:.1f}{suffix}"
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
+
+
+def duration_text(seconds: Any) -> str:
+    """Two units at most: "45s", "12m 05s", "3h 04m", "6d 02h"."""
+    if not _finite(seconds):
+        return UNKNOWN
+    total = max(int(seconds), 0)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
 
 
 def loss_text(value: Any) -> str:

@@ -8,7 +8,13 @@ from typing import Any, TypeGuard
 
 from rich.cells import cell_len, set_cell_size
 
-from trainwarden.supervisor.journal_text import loss_text
+from trainwarden.supervisor.journal_text import (
+    compact_text,
+    count_text,
+    duration_text,
+    loss_text,
+    rate_text,
+)
 from trainwarden.supervisor.protocol import size_text
 
 UNKNOWN = "-"
@@ -23,10 +29,8 @@ def finite(value: Any) -> TypeGuard[int | float]:
 
 
 def integer(value: Any) -> str:
-    """1234567 -> "1,234,567"."""
-    if not finite(value):
-        return UNKNOWN
-    return f"{int(value):,}"
+    """1234567 -> "1,234,567" (as `trainwarden status` writes it)."""
+    return count_text(value)
 
 
 def loss(value: Any) -> str:
@@ -41,30 +45,17 @@ def percent(fraction: Any, digits: int = 1) -> str:
 
 def compact(value: Any) -> str:
     """12880 -> "12.9k", 3.2e6 -> "3.20M"."""
-    if not finite(value):
-        return UNKNOWN
-    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= threshold:
-            scaled = value / threshold
-            return f"{scaled:.2f}{suffix}" if scaled < 10 else f"{scaled:.1f}{suffix}"
-    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.1f}"
+    return compact_text(value)
+
+
+def rate(value: Any) -> str:
+    """Steps a minute: "3,515", "42.5"."""
+    return rate_text(value)
 
 
 def duration(seconds: Any) -> str:
     """Two units at most: "45s", "12m 05s", "3h 04m", "6d 02h"."""
-    if not finite(seconds):
-        return UNKNOWN
-    total = max(int(seconds), 0)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
+    return duration_text(seconds)
 
 
 def size(n: Any) -> str:

@@ -344,10 +344,16 @@ class RunModel:
         return max(self.retry_at - self.clock.monotonic(), 0.0)
 
     def hints(self) -> list[str]:
-        """The daemon's one-line hints for the user: a parser that matches no line, files
-        in the checkpoint directory the format does not read (untrusted text: clean it)."""
+        """The daemon's one-line hints for the user: a config file changed since the daemon
+        read it, a parser that matches no line, files in the checkpoint directory the format
+        does not read (untrusted text: clean it)."""
         t = self.telemetry.value or {}
         found = []
+        # An edit of trainwarden.toml the running daemon does not follow, first: until the
+        # user acts on it, the run goes on under settings they think they changed.
+        changed = (self.state.value or {}).get("config_notice")
+        if isinstance(changed, str) and changed:
+            found.append(changed)
         notice = t.get("parser_no_match")
         if isinstance(notice, dict) and isinstance(notice.get("hint"), str):
             found.append(notice["hint"])

@@ -16,6 +16,7 @@ from trainwarden.supervisor.cli.output import (
     format_checkpoints,
     format_dump,
     format_status,
+    newest_first,
     print_event,
     print_json,
     print_progress,
@@ -158,7 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
         status: StatusResult = client.request("status")
     if args.json:
-        print_json(status)
+        print_json({**status, "checkpoints": newest_first(status.get("checkpoints") or [])})
         return 0
     print(format_status(status))
     return 0
@@ -178,7 +179,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
         result = checkpoints_from_directory(_run_dir(args))
     if args.json:
-        print_json(result)
+        print_json({**result, "checkpoints": newest_first(result.get("checkpoints") or [])})
         return 0
     print(format_checkpoints(result, time.time()))
     return 0

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from trainwarden.supervisor.journal_text import summary
+from trainwarden.supervisor.journal_text import (
+    compact_text,
+    count_text,
+    duration_text,
+    loss_text,
+    rate_text,
+    summary,
+)
 from trainwarden.supervisor.protocol import size_text as size_text
 
 if TYPE_CHECKING:
@@ -52,11 +59,11 @@ def format_status(s: StatusResult) -> str:
     detail = s.get("detail") or {}
     extra = ""
     if "restart_in_s" in detail:
-        extra = f" (restart in {detail['restart_in_s']:.1f} s)"
+        extra = f" (restart in {duration_text(detail['restart_in_s'])})"
     elif "reason" in detail:
         extra = f" ({clean(detail['reason'])})"
     total = s.get("total_steps")
-    step = f"{_fmt(s.get('step'))}" + (f"/{total}" if total else "")
+    step = count_text(s.get("step")) + (f"/{count_text(total)}" if total else "")
     mfu = s.get("mfu")
     mfu_text = (
         f"{mfu * 100:.2f} %"
@@ -73,9 +80,10 @@ def format_status(s: StatusResult) -> str:
         ),
         f"trainer   pid {_fmt(s.get('trainer_pid'))}, {restarts_text(s)}",
         f"handles   {handles_text(s.get('handles'))}",
-        f"step      {step}   loss {_fmt(s.get('loss'), '.4f')}   ema {_fmt(s.get('loss_ema'), '.4f')}",
-        f"speed     {_fmt(s.get('tokens_per_s'), ',.0f')} tok/s   {_fmt(s.get('steps_per_min'), '.1f')} steps/min   "
-        f"eta {_fmt(s.get('eta_s'), '.0f', ' s')}",
+        f"step      {step}   loss {loss_text(s.get('loss'))}   ema {loss_text(s.get('loss_ema'))}",
+        # The TUI's figures, written by the same functions (journal_text).
+        f"speed     {compact_text(s.get('tokens_per_s'))} tok/s   "
+        f"{rate_text(s.get('steps_per_min'))} steps/min   eta {duration_text(s.get('eta_s'))}",
         f"mfu       {mfu_text}",
     ]
     val = s.get("val")
@@ -83,11 +91,11 @@ def format_status(s: StatusResult) -> str:
         lines.append(f"val       {validation_text(val)}")
     gpu = s.get("gpu")
     lines.append(f"gpu       {clean(gpu.get('name')) if gpu else 'no NVIDIA GPU'}")
-    ckpts = s.get("checkpoints") or []
-    names = ", ".join(f"{c['step']}{'*' if c.get('pinned') else ''}" for c in ckpts)
+    ckpts = newest_first(s.get("checkpoints") or [])
+    names = "  ".join(f"{count_text(c['step'])}{'*' if c.get('pinned') else ''}" for c in ckpts)
     lines.append(
-        f"ckpts     {len(ckpts)} verified: {names or 'none'}"
-        + ("  (* pinned)" if "*" in names else "")
+        f"ckpts     {len(ckpts)} verified{', newest first' if len(ckpts) > 1 else ''}:"
+        f" {names or 'none'}" + ("  (* pinned)" if "*" in names else "")
     )
     save = save_text(s)
     if save:
@@ -119,6 +127,12 @@ def format_status(s: StatusResult) -> str:
         waiting = ", ".join(s.get("disk_full_files") or []) or "?"
         lines.append(f"disk      full: held in memory until space returns: {waiting}")
     return "\n".join(lines)
+
+
+def newest_first(checkpoints: list[Any]) -> list[Any]:
+    """A checkpoint list as the command line shows it, newest first (the daemon sends it
+    oldest first)."""
+    return sorted(checkpoints, key=lambda c: c.get("step", 0), reverse=True)
 
 
 SYNC_STALL_SHARE = 0.9

@@ -5,6 +5,7 @@ directory once no daemon runs: newest first, sizes in binary units, reasons in w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -121,6 +122,7 @@ def test_checkpoints_without_a_daemon_reads_the_directory_newest_first(tmp_path:
         daemon.wait_state("running")
         wait_for(lambda: len(verified_steps(daemon)) >= 3, 120, what="three checkpoints")
         live = cli("checkpoints", str(run_dir), cwd=tmp_path)
+        live_json = cli("status", str(run_dir), "--json", cwd=tmp_path)
         daemon.request("shutdown", timeout=120)
         assert daemon.wait_exit(60) == 0
     assert live.returncode == 0, live.stderr
@@ -144,6 +146,11 @@ def test_checkpoints_without_a_daemon_reads_the_directory_newest_first(tmp_path:
     # The JSON is the daemon's shape, marked as read from the directory.
     done = cli("checkpoints", str(run_dir), "--json", cwd=tmp_path)
     assert done.returncode == 0 and '"offline": true' in done.stdout, done.stderr
+    # Newest first in the JSON too, as in every list the CLI prints.
+    listed = [c["step"] for c in json.loads(done.stdout)["checkpoints"]]
+    assert listed == sorted(listed, reverse=True) and listed[0] == 999_999, listed
+    listed = [c["step"] for c in json.loads(live_json.stdout)["checkpoints"]]
+    assert listed == sorted(listed, reverse=True) and len(listed) >= 3, listed
 
 
 def test_the_printed_quarantine_tells_a_pivots_archive_from_a_failure():

@@ -292,3 +292,65 @@ async def test_a_resized_terminal_gets_the_header_fitted_again():
         header = header_of(screen_text(app))
         assert "━" in header and " 24%" in header, header
         assert_numbers_whole(header)
+
+
+# ----------------------------------------------------------------------------- one format
+
+
+def restarted_and_edited() -> dict[str, Any]:
+    """Four restarts of three causes, and a config file edited since the daemon read it."""
+    s = status()
+    s.update(
+        restarts=4,
+        restarts_by_cause={"crash": 2, "divergence": 1, "spike": 1},
+        config_changed=True,
+        config_notice=(
+            "trainwarden.toml changed since the daemon read it at 2026-12-05 09:00:00 UTC:"
+            " the daemon still runs the old settings"
+        ),
+    )
+    return s
+
+
+async def test_status_and_the_tui_write_each_figure_the_same_way():
+    """`trainwarden status` and the TUI: the same step, loss, speed, pace and ETA text,
+    and the checkpoints newest first in both."""
+    from trainwarden.supervisor.cli.output import format_status
+
+    frame = running()
+    printed = format_status(frame)  # type: ignore[arg-type]
+    text = await shown(frozen(running), (120, 40))
+    rows = telemetry_rows(text)
+    for figure, row in (
+        ("12,000", "step"),
+        ("2.3187", "loss"),
+        ("66.0k tok/s", "speed"),
+        ("242", "speed"),
+        ("2h 37m", "ETA"),
+    ):
+        assert figure in rows[row], (figure, rows)
+        assert figure in printed, (figure, printed)
+    assert "eta 2h 37m" in printed and "12,000/50,000" in printed, printed
+    assert "ckpts     4 verified, newest first: 12,000  11,500  11,000  10,000*" in printed
+    shown_steps = [int(n.replace(",", "")) for n in re.findall(r"\b\d{2},\d{3}\b", text)]
+    panel = [n for n in shown_steps if n in (10_000, 11_000, 11_500)]
+    assert panel == sorted(panel, reverse=True), text
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_an_edited_config_is_on_screen_at_every_size(size: tuple[int, int]):
+    text = await shown(frozen(restarted_and_edited), size)
+    header = header_of(text)
+    assert "! CONFIG CHANGED" in header and "! trainwarden.toml" not in header, header
+    if size[0] >= 80:
+        assert "ETA 2h 37m" in header, header
+    # What to do, whole, in the telemetry panel (the first of its hints).
+    assert telemetry_rows(text)["hint"].startswith("trainwarden.toml changed"), text
+
+
+async def test_restarts_by_cause_where_there_is_room():
+    header = header_of(await shown(frozen(restarted_and_edited), (200, 40)))
+    assert "restarts 4 (crash 2, divergence 1, spike 1)" in header, header
+    narrow = header_of(await shown(frozen(restarted_and_edited), (120, 40)))
+    # Dropped whole before anything else when the line is short of room.
+    assert "(crash" not in narrow and "restarts 4" in narrow, narrow

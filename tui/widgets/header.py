@@ -35,7 +35,7 @@ SHOWS_REASON = HALTED - {Phase.FINISHED}
 
 # What goes first when the line is too narrow: the highest number (a field is dropped
 # whole, so no number is ever cut).
-KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, PID, UPTIME, STEPS = range(9)
+KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, PID, UPTIME, STEPS, CAUSES = range(10)
 BAR_MIN, BAR_MAX = 8, 24
 """Cells of the progress bar: it grows into the room the other fields leave."""
 
@@ -44,7 +44,9 @@ BAR_MIN, BAR_MAX = 8, 24
 class Field:
     text: Text
     rank: int
-    """KEEP ... STEPS: the order in which fields are dropped, last first (step/total first: the telemetry panel shows it too; the pid, which a user needs to act on the trainer, late)."""
+    """KEEP ... CAUSES: the order in which fields are dropped, last first (the restarts'
+    causes and step/total first: `trainwarden status` and the telemetry panel show them too;
+    the pid, which a user needs to act on the trainer, late)."""
     bar: float | None = None
     """Set for the progress bar: the fraction done (its text is drawn at fit time)."""
     after: Text | None = None
@@ -86,6 +88,17 @@ def fit(fields: list[Field], width: int) -> Text:
         if f.after is not None:
             line.append_text(f.after)
     return line
+
+
+def causes_text(causes: object) -> str:
+    """The restarts by cause, as `trainwarden status` writes them: "crash 1, spike 2"."""
+    if not isinstance(causes, dict):
+        return ""
+    return ", ".join(
+        f"{clean(cause, 20)} {n}"
+        for cause, n in causes.items()
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0
+    )
 
 
 class RunHeader(Static):
@@ -153,6 +166,9 @@ class RunHeader(Static):
         if isinstance(restarts, int):
             style = "" if restarts == 0 else self.style_of("backoff")
             fields.append(Field(Text(f"  restarts {restarts}", style), RESTARTS))
+            causes = causes_text(state.get("restarts_by_cause"))
+            if causes:
+                fields.append(Field(Text(f" ({causes})", muted), CAUSES))
         audit = (model.telemetry.value or {}).get("resume_audit")
         status = audit.get("status") if isinstance(audit, dict) else None
         if status == "verified":
@@ -166,6 +182,9 @@ class RunHeader(Static):
             fields.append(self._warning(f"DISK FULL: holding {names}"))
         elif model.disk_low:
             fields.append(self._warning("DISK LOW"))
+        if state.get("config_changed") is True:
+            # Short here; the telemetry panel's hint says what to do, whole.
+            fields.append(self._warning("CONFIG CHANGED"))
         if (model.gpu or {}).get("alarming") is True:
             fields.append(self._warning("GPU THROTTLED"))
         reason = model.detail.get("reason")
@@ -173,7 +192,8 @@ class RunHeader(Static):
             fields.append(Field(Text(f"  {clean(reason, 160)}", muted), WARNING))
         fields += self._progress(model)
         line = fit(fields, self.size.width)
-        hints = model.hints()
+        # The edited config is a warning above; its hint is the telemetry panel's.
+        hints = [h for h in model.hints() if h != state.get("config_notice")]
         if hints:
             # The first one on the line, cut at its end if it must; the telemetry panel
             # lists them all, whole.

@@ -115,7 +115,7 @@ class TelemetryPanel(Static):
             row("speed", (fmt.UNKNOWN, value), (f"  {not_stepping}", muted))
         else:
             speed = f"{fmt.compact(t.get('tokens_per_s'))} tok/s"
-            pace = f"{_rate(t.get('steps_per_min'))} st/min"
+            pace = f"{fmt.rate(t.get('steps_per_min'))} st/min"
             # The sparkline takes the room left on the row, if there is enough for a shape.
             room = self.content_size.width - LABEL_WIDTH - len(speed) - len(pace) - 4
             cells = min(room, SPARK_CELLS) if room >= SPARK_MIN_CELLS else 0
@@ -286,7 +286,3 @@ def _seconds(value: float) -> str:
     return f"{value:.2f} s" if value < 10 else f"{value:,.0f} s"
 
 
-def _rate(value: object) -> str:
-    if not fmt.finite(value):
-        return fmt.UNKNOWN
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"  # type: ignore[operator]
