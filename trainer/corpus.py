@@ -62,7 +62,7 @@ def stdlib_root() -> Path:
 
 
 def _python_files(root: Path) -> list[str]:
-    found = []
+    found: list[str] = []
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = [d for d in subdirs if d not in SKIP_DIRS]
         found.extend(os.path.join(directory, f) for f in files if f.endswith(".py"))

@@ -26,8 +26,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, channels = x.shape
         q, k, v = self.qkv(x).split(channels, dim=2)
-        heads = [t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v)]
-        y = F.scaled_dot_product_attention(*heads, is_causal=True)
+        q, k, v = (t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
 
 
