@@ -100,9 +100,7 @@ def hang_dump_text(record: dict[str, Any]) -> str:
 
 
 def _finite(value: Any) -> bool:
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    )
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def count_text(value: Any) -> str:

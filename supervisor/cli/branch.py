@@ -50,9 +50,9 @@ from trainwarden.supervisor.store.branches import BranchInfo, write_branch
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.digest import digest_checkpoint
 from trainwarden.supervisor.store.fixed_folder import copy_folder, layout
-from trainwarden.supervisor.store.journal import read_records
 from trainwarden.supervisor.store.rundir import RunFiles, fsync_dir, write_atomic
 from trainwarden.supervisor.store.snapshots import copy_durably
+from trainwarden.supervisor.store.verdicts import JournalVerdicts, read_verdicts
 
 NOT_INHERITED = (("mirror", "path"), ("metrics", "listen"), ("checkpoints", "pinned"))
 """Settings a branch does not take over: the parent's mirror and metrics port are the
@@ -272,44 +272,35 @@ def _path_like(item: str) -> list[str]:
 def choose_checkpoint(cfg: Config, store: CheckpointStore, step: int | None) -> Chosen:
     """The named step's checkpoint, or the newest verified one; refuses an unknown step,
     a quarantined checkpoint and one that is not verified (journaled, or verified now)."""
-    journaled: dict[str, str] = {}
-    notes: dict[str, quarantine.Note] = {}
-    for record in read_records(RunFiles(cfg.run_dir).journal):
-        kind, name = record.get("kind"), record.get("name")
-        if not isinstance(name, str):
-            continue
-        if kind == "checkpoint":
-            journaled[name] = str(record.get("digest") or "")
-            notes.pop(name, None)
-        elif kind in ("delete", "quarantine"):
-            journaled.pop(name, None)
-            quarantine.remember(notes, record)
+    journal = read_verdicts(RunFiles(cfg.run_dir).journal)
     committed, _ = store.scan()
     by_step = {
         s: name for name in committed if (s := store.fmt.step_of(store.dir / name)) is not None
     }
     if step is None:
         for candidate in sorted(by_step, reverse=True):
-            if by_step[candidate] in notes:
+            if journal.refused(by_step[candidate]) is not None:
                 continue
-            chosen = _verified(store, candidate, by_step[candidate], journaled)
+            chosen = _verified(store, candidate, by_step[candidate], journal)
             if isinstance(chosen, Chosen):
                 return chosen
         raise TrainwardenError(
             f"{cfg.run_dir} has no verified checkpoint to branch from yet; save one first"
             f" (`trainwarden save --wait {cfg.run_dir}`)"
         )
-    set_aside = [e for e in quarantine.entries(store.quarantined(), notes) if e["step"] == step]
+    entries = quarantine.entries(store.quarantined(), journal.notes)
+    set_aside = [e for e in entries if e["step"] == step]
     name = by_step.get(step)
-    if name is None or name in notes:
+    refused = journal.refused(name) if name is not None else None
+    if name is None or refused is not None:
         if set_aside or name is not None:
-            why = set_aside[0]["why"] if set_aside else quarantine.describe(notes[str(name)])[0]
+            why = set_aside[0]["why"] if set_aside else quarantine.describe(refused)[0]
             raise TrainwardenError(
                 f"the checkpoint of step {step} is quarantined ({why}); branch from another step"
             )
         known = ", ".join(str(s) for s in sorted(by_step)) or "none"
         raise UsageError(f"{cfg.run_dir} has no checkpoint of step {step}; its steps: {known}")
-    chosen = _verified(store, step, name, journaled)
+    chosen = _verified(store, step, name, journal)
     if not isinstance(chosen, Chosen):
         raise TrainwardenError(
             f"the checkpoint of step {step} is not verified ({chosen}); branch from another step"
@@ -318,15 +309,16 @@ def choose_checkpoint(cfg: Config, store: CheckpointStore, step: int | None) -> 
 
 
 def _verified(
-    store: CheckpointStore, step: int, name: str, journaled: dict[str, str]
+    store: CheckpointStore, step: int, name: str, journal: JournalVerdicts
 ) -> Chosen | str:
     """The checkpoint, when the daemon journaled it verified or the format verifies it now;
     else why it does not verify."""
-    recorded = journaled.get(name)
-    if recorded is None:
+    journaled = journal.verified(name)
+    if journaled is None:
         verdict = store.verify(name)
         if verdict.outcome != Outcome.VERIFIED:
             return verdict.reason
+    recorded = journaled.digest if journaled is not None else None
     files = store.files_of(name)
     try:
         now = digest_checkpoint(files).hex

@@ -32,8 +32,8 @@ from trainwarden.supervisor.errors import UsageError
 from trainwarden.supervisor.store.branches import BranchFileInvalid, read_branch
 from trainwarden.supervisor.store.checkpoints import QUARANTINE
 from trainwarden.supervisor.store.digest import digest_checkpoint
-from trainwarden.supervisor.store.journal import read_records
 from trainwarden.supervisor.store.rundir import RunFiles
+from trainwarden.supervisor.store.verdicts import JournalVerdicts, read_verdicts
 
 FLOAT_BYTES = 4
 DIGEST_PREFIX = "xxh3:"
@@ -95,25 +95,19 @@ def locate(path: Path) -> Located:
     return Located(path, fmt, run_dir, path.parent.name == QUARANTINE, options)
 
 
-def journaled_digest(run_dir: Path, name: str) -> str | None:
-    """The digest the daemon recorded when `name` was last committed, if it did."""
-    digest = None
-    for record in read_records(RunFiles(run_dir).journal):
-        if record.get("kind") == "checkpoint" and record.get("name") == name:
-            value = record.get("digest")
-            digest = value if isinstance(value, str) else None
-    return digest
-
-
 def inspect_checkpoint(path: Path) -> dict[str, Any]:
     """The inspect report of one checkpoint (its JSON shape is the `--json` output)."""
     where = locate(path)
+    journal = read_verdicts(RunFiles(where.run_dir).journal) if where.run_dir else None
     files = _files(where)
     report: dict[str, Any] = {
         "path": str(path),
         "format": where.format,
         "run_dir": str(where.run_dir) if where.run_dir else None,
-        "quarantined": where.quarantined,
+        # Also a file the journal quarantined whose move out of the folder failed: the
+        # daemon's next start, and `branch`, hold it quarantined as well.
+        "quarantined": where.quarantined
+        or (journal is not None and journal.refused(path.name) is not None),
         "files": [{"name": name, "bytes": size} for name, size in files],
         "bytes": sum(size for _, size in files),
         "step": None,
@@ -133,7 +127,7 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
         report.update(_hf_trainer(path, where.options))
     elif where.format == "torch-pt":
         report.update(_torch_pt(path, where.options))
-    report.update(_digests(where))
+    report.update(_digests(where, journal))
     report["branch"] = _branch(where.run_dir, path.name, report["digest"])
     report["unknown"] = sorted(
         k
@@ -316,9 +310,13 @@ def _check(fmt: AndreaBin | HfTrainer, path: Path) -> dict[str, Any]:
     return {"ok": True, "reason": None}
 
 
-def _digests(where: Located) -> dict[str, Any]:
+def _digests(where: Located, journal: JournalVerdicts | None) -> dict[str, Any]:
     digest = digest_checkpoint(_paths(where)).hex
-    recorded = journaled_digest(where.run_dir, where.path.name) if where.run_dir else None
+    recorded = (
+        journal.committed_digest(where.path.name, in_quarantine=where.quarantined)
+        if journal is not None
+        else None
+    )
     return {
         "digest": digest,
         "recorded_digest": recorded,

@@ -2,8 +2,8 @@
 
 Nothing is verified again here (that is the daemon's work, off its loop); a checkpoint
 counts as verified when the journal recorded it so and recorded nothing that removed it
-since. The view has the daemon's shape plus `"offline": true` (the command line's own key: the
-daemon never sends it).
+since (store.verdicts). The view has the daemon's shape plus `"offline": true` (the
+command line's own key: the daemon never sends it).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from typing import Any
 from trainwarden.supervisor.config import load_config
 from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
-from trainwarden.supervisor.store.journal import read_records
-from trainwarden.supervisor.store.repeats import state_of
 from trainwarden.supervisor.store.rundir import RunFiles
+from trainwarden.supervisor.store.verdicts import read_verdicts
 
 OFFLINE_NOTE = "daemon not running: read from the directory; verification as last journaled"
 
@@ -28,23 +27,10 @@ def checkpoints_from_directory(run_dir: Path) -> dict[str, Any]:
     cfg = load_config(run_dir, check_plugins=False)
     fmt = registry.checkpoint_format(cfg.checkpoints.format, dict(cfg.checkpoints.options))
     store = CheckpointStore(cfg.checkpoint_dir, fmt)
-    verified: dict[str, dict[str, Any]] = {}
-    pinned = set(cfg.checkpoints.pinned)
-    notes: dict[str, quarantine.Note] = {}
-    for record in read_records(RunFiles(cfg.run_dir).journal):
-        kind, name = record.get("kind"), record.get("name")
-        if kind == "checkpoint" and isinstance(name, str):
-            verified[name] = record
-        elif kind in ("delete", "quarantine") and isinstance(name, str):
-            verified.pop(name, None)
-            if kind == "quarantine":
-                notes[name] = quarantine.note_of(record)
-        elif (state := state_of(record)) is not None:
-            pinned = set(cfg.checkpoints.pinned) | {
-                s for s in state.get("pinned") or [] if isinstance(s, int)
-            }
+    journal = read_verdicts(RunFiles(cfg.run_dir).journal)
+    pinned = set(cfg.checkpoints.pinned) | journal.pinned
     committed, _ = store.scan()
-    checkpoints = []
+    checkpoints: list[dict[str, Any]] = []
     for name in committed:
         files = store.files_of(name)
         try:
@@ -55,13 +41,13 @@ def checkpoints_from_directory(run_dir: Path) -> dict[str, Any]:
         step = fmt.step_of(files[0])
         if step is None:
             continue
-        journaled = verified.get(name)
+        journaled = journal.verified(name)
         checkpoints.append(
             {
                 "step": step,
                 "name": name,
                 "path": str(files[0]),
-                "bytes": journaled.get("bytes", size) if journaled else size,
+                "bytes": journaled.bytes if journaled and journaled.bytes is not None else size,
                 "mtime": mtime,
                 "verified": journaled is not None,
                 "pinned": step in pinned,
@@ -71,6 +57,6 @@ def checkpoints_from_directory(run_dir: Path) -> dict[str, Any]:
     checkpoints.sort(key=lambda c: c["step"])
     return {
         "checkpoints": checkpoints,
-        "quarantined": quarantine.entries(store.quarantined(), notes),
+        "quarantined": quarantine.entries(store.quarantined(), journal.notes),
         "offline": True,
     }

@@ -16,6 +16,8 @@
 - `resume_audit`: a resumed trainer's replayed losses against the ones they supersede
 - `checkpoints`: the checkpoint directory: scanning, verification, quarantine, deletion
 - `quarantine`: why each quarantined file is there, from the journal
+- `verdicts`: the checkpoints as the journal last judged them (verified, deleted,
+  quarantined) and the pinned steps, read back with no daemon
 - `digest`: content digests (xxh3-128) of committed checkpoints
 - `snapshots`: snapshots of a checkpoint file the trainer overwrites in place
 - `fixed_folder`: snapshots of a checkpoint folder the trainer overwrites in place

@@ -284,5 +284,3 @@ def mfu_unknown(reason: str, width: int, value: object, muted: object) -> list[t
 
 def _seconds(value: float) -> str:
     return f"{value:.2f} s" if value < 10 else f"{value:,.0f} s"
-
-
