@@ -14,11 +14,13 @@ today (a test holds them to a live daemon's replies); a client still checks what
 reads, since a socket may be forwarded from a daemon of another version.
 
 Who imports what: the daemon (serve/, shell/), the CLI (cli/) and the TUI (trainwarden.tui)
-all take the protocol from this one module and never spell a topic, an error code or a
-phase themselves. It re-exports the framing (wire.py: MAX_LINE, encode, decode,
-connect_path), the clients (client.py: Client, AsyncClient, unreachable,
-not_running_message) and the phases (core/phases.py: Phase, HALTED, TRAINER_UP), and
-imports nothing else of the daemon: no store, no shell, no config, no torch.
+all take the protocol from this one module and never spell a topic, an error code, a
+phase, a journal record's kind or a marker's kind themselves. It re-exports the framing
+(wire.py: MAX_LINE, encode, decode, connect_path), the clients (client.py: Client,
+AsyncClient, unreachable, not_running_message), the phases (core/phases.py: Phase,
+HALTED, TRAINER_UP) and the vocabularies (core/kinds.py: JournalKind, Kind, MarkerKind,
+ErrorCode and their lists), and imports nothing else of the daemon: no store, no shell,
+no config, no torch.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ from trainwarden.supervisor.client import not_running_message as not_running_mes
 from trainwarden.supervisor.client import result_of as result_of
 from trainwarden.supervisor.client import unreachable as unreachable
 from trainwarden.supervisor.contract import MAX_STEP
+from trainwarden.supervisor.core.kinds import ERROR_CODES as ERROR_CODES
+from trainwarden.supervisor.core.kinds import JOURNAL_KINDS as JOURNAL_KINDS
+from trainwarden.supervisor.core.kinds import MARKER_KINDS as MARKER_KINDS
+from trainwarden.supervisor.core.kinds import ErrorCode as ErrorCode
+from trainwarden.supervisor.core.kinds import JournalKind as JournalKind
+from trainwarden.supervisor.core.kinds import Kind as Kind
+from trainwarden.supervisor.core.kinds import MarkerKind as MarkerKind
 from trainwarden.supervisor.core.phases import HALTED as HALTED
 from trainwarden.supervisor.core.phases import STEPPING as STEPPING
 from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
@@ -73,34 +82,8 @@ READ_COMMANDS: Final[tuple[ReadCommand, ...]] = get_args(ReadCommand)
 ACTING_COMMANDS: Final[tuple[ActingCommand, ...]] = get_args(ActingCommand)
 """Operator commands: they go through the policy, one at a time per daemon."""
 COMMANDS: Final[tuple[str, ...]] = (*READ_COMMANDS, *ACTING_COMMANDS)
-
-ErrorCode = Literal[
-    "bad_request",
-    "unknown_command",
-    "bad_argument",
-    "wrong_state",
-    "busy",
-    "timeout",
-    "forbidden",
-    "too_large",
-    "unsupported",
-    "superseded",
-    "internal",
-    "not_a_run",
-    "no_checkpoint",
-]
-ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)
-"""bad_request: not a request at all (bad JSON, no 'cmd', a bad 'id');
-unknown_command; bad_argument: a known command with an unusable argument;
-wrong_state: not possible in the run's current phase; busy: another operator command is
-in progress, or too many connections; timeout: no checkpoint came in time;
-forbidden: a peer uid not in [control] allow_uids; too_large: a line over MAX_LINE;
-unsupported: the trainer does not catch the signal the command sends (save without a
-SIGUSR1 handler; stop or shutdown without a SIGTERM handler, unless `force`);
-superseded: a waiting save answered by a stop or shutdown that pre-empted it;
-internal: the daemon failed (its log says why); not_a_run: history_of named a path that
-is no run directory; no_checkpoint: a start of a run that had verified checkpoints and has
-none left (`from_scratch` starts over at step 0)."""
+# The error codes (ErrorCode, ERROR_CODES), the journal's record kinds and the markers'
+# kinds are core/kinds.py's, re-exported above: the policy answers and journals with them.
 
 # ----------------------------------------------------------------------------- envelopes
 
@@ -459,12 +442,13 @@ class JournalRecord(TypedDict):
     """UTC, ISO 8601."""
     t: float
     """Unix time, seconds."""
-    kind: str
+    kind: JournalKind
+    """One of JOURNAL_KINDS (a daemon of another version may write others)."""
 
 
 class Marker(TypedDict):
     step: int
-    kind: Literal["restart", "divergence", "pivot", "crash"]
+    kind: MarkerKind
 
 
 BanditState = dict[str, Any]

@@ -4,7 +4,8 @@
 Rules (docs/code-map.md): no import cycles; the core imports only the standard library and
 itself, and no I/O module; the package's own top-level modules (`trainwarden.libc`) import
 only the standard library, so every layer may use them; the TUI reaches into the daemon's package only for the protocol,
-the client, the contract, the errors, the phases and the journal's one-line text; neither the daemon nor the TUI imports
+the client, the contract, the errors, the phases, the vocabularies (journal kinds, marker
+kinds, error codes) and the journal's one-line text; neither the daemon nor the TUI imports
 the reference trainer or the integrations; nothing imports the source folders by their bare names.
 """
 
@@ -29,7 +30,15 @@ trainwarden.<module>."""
 CORE = "trainwarden.supervisor.core"
 TUI_MAY_IMPORT = frozenset(
     f"trainwarden.supervisor.{name}"
-    for name in ("protocol", "client", "contract", "errors", "core.phases", "journal_text")
+    for name in (
+        "protocol",
+        "client",
+        "contract",
+        "errors",
+        "core.phases",
+        "core.kinds",
+        "journal_text",
+    )
 )
 CORE_DENIED = frozenset(
     {

@@ -13,10 +13,11 @@
 - `trainwarden.tcss`: the one stylesheet
 
 What it may import from the rest of trainwarden: the protocol
-(trainwarden.supervisor.protocol: messages, topics, phases, error codes and the clients
-it re-exports), the trainer contract (trainwarden.supervisor.contract: the pivot form's
+(trainwarden.supervisor.protocol: messages, topics, phases, error codes, journal and
+marker kinds and the clients it re-exports), the trainer contract (trainwarden.supervisor.contract: the pivot form's
 policy rules) and the errors (trainwarden.supervisor.errors). Never daemon internals
 (core, shell, store, serve, inputs, config), never the trainer, never torch; and it
-declares no topic, phase or protocol field of its own. `python -m trainwarden.tui` is
+declares no topic, phase or protocol field of its own, and spells no journal kind, marker
+kind or error code (tests/test_kinds.py). `python -m trainwarden.tui` is
 the one exception: an alias of `trainwarden tui`, it hands over to the command line.
 """

@@ -62,6 +62,7 @@ PALETTE = (
     ("Save a checkpoint", "Ask the trainer to save now (s)", "save"),
     ("Stop the trainer", "Save, then stop the trainer; the daemon keeps running (x)", "stop"),
     ("Start the trainer", "Start the trainer again from the newest checkpoint (r)", "start"),
+    # not a kind: the pivot action
     ("Pivot the data mix", "Set caps and floors per data arm (p)", "pivot"),
     ("Pin or unpin the checkpoint", "Keep the selected checkpoint from retention (P)", "pin"),
     ("Samples", "Every arm's recent samples, in full (m)", "samples"),
@@ -507,7 +508,7 @@ class TrainwardenApp(App[int]):
         )
 
     def action_pivot(self) -> None:
-        if self.refused_read_only("pivot"):
+        if self.refused_read_only("pivot"):  # not a kind: the command
             return
         arms = (self.model.bandit or {}).get("arms")
         if not isinstance(arms, dict) or not arms:
@@ -524,6 +525,7 @@ class TrainwardenApp(App[int]):
             self.run_worker(self._pivot(request), group="actions")
 
     async def _pivot(self, request: PivotRequest) -> None:
+        # not a kind: the pivot command
         result = await self.send("pivot", "pivot", caps=request.caps, floors=request.floors)
         if result is not None:
             archive = clean(result.get("archive") or "-", 200)

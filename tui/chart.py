@@ -21,20 +21,31 @@ from typing import Any
 from rich.style import Style
 from rich.text import Text
 
+from trainwarden.supervisor.protocol import MarkerKind
 from trainwarden.tui import fmt
 
 BRAILLE_BASE = 0x2800
 # Dot bit for (column 0..1, row 0..3) inside one cell.
 DOT_BITS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 MARKER_GLYPHS = {
-    "restart": "R",
-    "divergence": "D",
-    "pivot": "P",
-    "crash": "C",
-    "spike": "S",
-    "skip": "»",
+    MarkerKind.RESTART: "R",
+    MarkerKind.DIVERGENCE: "D",
+    MarkerKind.PIVOT: "P",
+    MarkerKind.CRASH: "C",
+    MarkerKind.SPIKE: "S",
+    MarkerKind.SKIP: "»",
 }
-MARKER_PRIORITY = ("divergence", "spike", "crash", "pivot", "skip", "restart")
+MARKER_PRIORITY = (
+    MarkerKind.DIVERGENCE,
+    MarkerKind.SPIKE,
+    MarkerKind.CRASH,
+    MarkerKind.PIVOT,
+    MarkerKind.SKIP,
+    MarkerKind.RESTART,
+)
+"""Which marker a cell shows when several fall in it: the first of these."""
+ALARMING_MARKERS = frozenset({MarkerKind.DIVERGENCE, MarkerKind.CRASH, MarkerKind.SPIKE})
+"""Drawn red when the widget gives no style of its own (the others yellow)."""
 SPIKE_LEGEND = "  S spike  » skip"
 """Added to the chart's legend when the history has a spike or skip marker."""
 Y_LABEL_WIDTH = 7
@@ -95,14 +106,15 @@ class ChartStyles:
     def marker(self, kind: str) -> Style:
         if self.markers and kind in self.markers:
             return self.markers[kind]
-        alarm = kind in ("divergence", "crash", "spike")
+        alarm = kind in ALARMING_MARKERS
         return Style(color="red" if alarm else "yellow", bold=True)
 
 
 def has_spike_markers(history: dict[str, Any] | None) -> bool:
     markers = history.get("markers") if isinstance(history, dict) else None
     return isinstance(markers, list) and any(
-        isinstance(m, dict) and m.get("kind") in ("spike", "skip") for m in markers
+        isinstance(m, dict) and m.get("kind") in (MarkerKind.SPIKE, MarkerKind.SKIP)
+        for m in markers
     )
 
 
@@ -347,13 +359,13 @@ def _line(start: tuple[int, int], end: tuple[int, int]) -> list[tuple[int, int]]
 
 
 def _marker_row(markers: Any, cells: int, x_dot: Any, styles: ChartStyles) -> Text:
-    chosen: dict[int, str] = {}
+    chosen: dict[int, MarkerKind] = {}
     for marker in markers if isinstance(markers, list) else []:
         if not isinstance(marker, dict) or not isinstance(marker.get("step"), int):
             continue
-        kind = marker.get("kind")
-        if kind not in MARKER_GLYPHS:
+        if marker.get("kind") not in MARKER_GLYPHS:
             continue
+        kind = MarkerKind(marker["kind"])
         cell = x_dot(marker["step"]) // 2
         current = chosen.get(cell)
         if current is None or MARKER_PRIORITY.index(kind) < MARKER_PRIORITY.index(current):
@@ -361,11 +373,11 @@ def _marker_row(markers: Any, cells: int, x_dot: Any, styles: ChartStyles) -> Te
     line = Text(" " * (Y_LABEL_WIDTH - 1) + " ")
     line.append("└", styles.axis)
     for c in range(cells):
-        kind = chosen.get(c)
-        if kind is None:
+        shown = chosen.get(c)
+        if shown is None:
             line.append("─", styles.axis)
         else:
-            line.append(MARKER_GLYPHS[kind], styles.marker(kind))
+            line.append(MARKER_GLYPHS[shown], styles.marker(shown))
     return line
 
 

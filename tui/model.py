@@ -171,7 +171,7 @@ class RunModel:
             self.telemetry = Stamped(data, now)
             self._sample_speed(data, now)
             self.touch("telemetry", *(("header",) if header_changed else ()))
-        elif topic == "state" and isinstance(data, dict):
+        elif topic == "state" and isinstance(data, dict):  # not a kind: the topic
             self.state = Stamped(data, now)
             self.state_pushed = True
             self.touch("header", "telemetry")

@@ -3,10 +3,12 @@
 No clocks, files, processes or signals in here: time arrives as `event.t`, the outside
 world arrives as events, and what should happen leaves as actions for the executor.
 That is what lets the retention and restart rules be checked by property tests. This
-package imports only the standard library and itself. Importing it (or `phases`, which
-the protocol and the TUI use) loads nothing else: the rest comes with `core.policy`.
+package imports only the standard library and itself. Importing it (or `phases` and
+`kinds`, which the protocol and the TUI use) loads nothing else: the rest comes with
+`core.policy`.
 
 - `phases`: the run's phases and their transition diagram
+- `kinds`: the vocabularies: journal record kinds, loss chart marker kinds, error codes
 - `state`: Rules, State and what of it survives a daemon restart
 - `requests`: the operator's commands, typed, and their parser
 - `events`: what the policy is told

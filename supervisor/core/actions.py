@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trainwarden.supervisor.core.kinds import JournalKind
 from trainwarden.supervisor.core.state import Ckpt
 
 
@@ -69,7 +70,7 @@ class Quarantine:
 class Record:
     """A journal entry that is only a record (the decision itself, a warning)."""
 
-    kind: str
+    kind: JournalKind
     fields: dict[str, Any] = field(default_factory=dict)
 
 

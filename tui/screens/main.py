@@ -25,7 +25,7 @@ ACTING = (
     ("s", "save", "save"),
     ("x", "stop", "stop"),
     ("r", "start", "start"),
-    ("p", "pivot", "pivot"),
+    ("p", "pivot", "pivot"),  # not a kind: the action and its label
     ("P", "pin", "pin"),
 )
 

@@ -18,13 +18,25 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
+from trainwarden.supervisor.protocol import Kind
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
 
-LEADS = frozenset({"crash", "stall", "divergence", "spike", "halt", "trainer_finished"})
+LEADS = frozenset(
+    {Kind.CRASH, Kind.STALL, Kind.DIVERGENCE, Kind.SPIKE, Kind.HALT, Kind.TRAINER_FINISHED}
+)
 """Records that open an incident; the records after them say what the daemon did."""
-FOLLOWS = frozenset({"signal", "trainer_killed", "restart_scheduled", "spawn", "halt", "rollback"})
+FOLLOWS = frozenset(
+    {
+        Kind.SIGNAL,
+        Kind.TRAINER_KILLED,
+        Kind.RESTART_SCHEDULED,
+        Kind.SPAWN,
+        Kind.HALT,
+        Kind.ROLLBACK,
+    }
+)
 CAUSE_CHARS = 20
 """A crash's cause is cut here: the events panel and `trainwarden events` hold all of it."""
 BRIEF_CAUSE_CHARS = 10
@@ -49,13 +61,13 @@ class Incident:
     def key(self) -> str:
         return f"{self.lead.get('ts')}|{self.lead.get('kind')}"
 
-    def last(self, kind: str) -> dict[str, Any] | None:
+    def last(self, kind: Kind) -> dict[str, Any] | None:
         return next((r for r in reversed(self.follows) if r.get("kind") == kind), None)
 
     @property
     def resolved(self) -> bool:
         """A new trainer started, or the run halted: the next crash is a new incident."""
-        return any(r.get("kind") in ("spawn", "halt") for r in self.follows)
+        return any(r.get("kind") in (Kind.SPAWN, Kind.HALT) for r in self.follows)
 
 
 def newest_incident(records: Iterable[dict[str, Any]]) -> Incident | None:
@@ -78,12 +90,12 @@ def _continues(incident: Incident, record: dict[str, Any]) -> bool:
         return True
     # A hang ends in the exit record of the trainer the daemon killed for it.
     lead = incident.lead.get("kind")
-    if lead != "stall":
+    if lead != Kind.STALL:
         return False
     # And its stacks, dumped before the kill.
-    if kind == "hang_dump":
-        return record.get("reason") == "hang" and incident.last("hang_dump") is None
-    return kind == "crash" and incident.last("crash") is None
+    if kind == Kind.HANG_DUMP:
+        return record.get("reason") == "hang" and incident.last(Kind.HANG_DUMP) is None
+    return kind == Kind.CRASH and incident.last(Kind.CRASH) is None
 
 
 def _step(value: Any) -> str:
@@ -104,7 +116,7 @@ def last_output(incident: Incident) -> str | None:
     """The trainer's last output line when it crashed before logging any step: then it is
     the only account of the cause (a missing module, a bad flag)."""
     lead = incident.lead
-    if lead.get("kind") != "crash" or fmt.finite(lead.get("last_step")):
+    if lead.get("kind") != Kind.CRASH or fmt.finite(lead.get("last_step")):
         return None
     line = lead.get("last_line")
     return clean(line, LAST_LINE_CHARS) if isinstance(line, str) and line.strip() else None
@@ -113,18 +125,18 @@ def last_output(incident: Incident) -> str | None:
 def what_happened(incident: Incident, cause_chars: int = CAUSE_CHARS) -> str:
     lead = incident.lead
     kind = lead.get("kind")
-    if kind == "crash":
+    if kind == Kind.CRASH:
         if not fmt.finite(lead.get("last_step")):
             return f"trainer crashed before any step ({_cause(lead, cause_chars)})"
         cause = _cause(lead, cause_chars)
         return f"trainer crashed at step {_step(lead.get('last_step'))} ({cause})"
-    if kind == "stall":
+    if kind == Kind.STALL:
         return f"trainer hung at step {_step(lead.get('last_step'))}"
-    if kind == "divergence":
+    if kind == Kind.DIVERGENCE:
         return f"loss {fmt.loss(lead.get('loss'))} at step {_step(lead.get('step'))}"
-    if kind == "spike":
+    if kind == Kind.SPIKE:
         return f"loss spike at step {_step(lead.get('first_step'))} ({lead.get('factor', '?')}x average)"
-    if kind == "trainer_finished":
+    if kind == Kind.TRAINER_FINISHED:
         return f"trainer finished at step {_step(lead.get('last_step'))}"
     return f"run halted ({lead.get('state') or 'halt'})"
 
@@ -134,9 +146,9 @@ def details(incident: Incident) -> str:
     a hung trainer was stuck, from its stack dump (the events panel has the path); a spike's
     peak."""
     lead = incident.lead
-    if lead.get("kind") == "spike":
+    if lead.get("kind") == Kind.SPIKE:
         return f"; peak {fmt.loss(lead.get('peak'))}"
-    dump = incident.last("hang_dump") if lead.get("kind") == "stall" else None
+    dump = incident.last(Kind.HANG_DUMP) if lead.get("kind") == Kind.STALL else None
     if dump is None:
         return ""
     frames = dump.get("top_frames")
@@ -153,48 +165,48 @@ def details(incident: Incident) -> str:
 def what_the_daemon_did(incident: Incident, short: bool = False) -> str:
     """The action, in words; `short`: the same facts in fewer cells, for narrow screens."""
     lead = incident.lead.get("kind")
-    halt = incident.last("halt") if lead != "halt" else incident.lead
+    halt = incident.last(Kind.HALT) if lead != Kind.HALT else incident.lead
     if halt is not None:
         state = halt.get("state") or "halt"
         if short:
             return f"daemon halted the run ({state}); r restarts"
         return f"daemon halted the run ({state}); r starts it again"
-    if lead == "trainer_finished":
+    if lead == Kind.TRAINER_FINISHED:
         return "the run is done"
-    spawn = incident.last("spawn")
-    killed = "killed it, " if lead in ("stall", "divergence", "spike") else ""
-    if lead == "spike":
+    spawn = incident.last(Kind.SPAWN)
+    killed = "killed it, " if lead in (Kind.STALL, Kind.DIVERGENCE, Kind.SPIKE) else ""
+    if lead == Kind.SPIKE:
         return _rolled_back(incident, short)
     if spawn is not None:
         resume = spawn.get("resume")
         step = resume.get("step") if isinstance(resume, dict) else None
         where = f"from step {_step(step)}" if step is not None else "from scratch"
-        if lead == "divergence":
+        if lead == Kind.DIVERGENCE:
             if short:
                 return f"daemon killed it, rolled back to step {_step(step)}"
             return f"daemon killed the trainer, rolled back to step {_step(step)}"
         return f"daemon {killed}restarted it {where}"
-    scheduled = incident.last("restart_scheduled")
+    scheduled = incident.last(Kind.RESTART_SCHEDULED)
     if scheduled is not None:
         # No seconds here: the header's badge counts the backoff down, and one countdown
         # that moves beats two that disagree.
         step = scheduled.get("resume_step")
         where = f" from step {_step(step)}" if step is not None else ""
         return f"daemon {killed}will restart it{where}"
-    if lead == "crash":
+    if lead == Kind.CRASH:
         return "daemon is deciding"
     return "daemon is stopping the trainer"
 
 
 def _rolled_back(incident: Incident, short: bool = False) -> str:
     """What the daemon did about a spike: the rollback, the data it skips, the restart."""
-    rollback = incident.last("rollback")
+    rollback = incident.last(Kind.ROLLBACK)
     if rollback is None:
         return "daemon is stopping the trainer"
     found = rollback.get("window")
     skipped = isinstance(found, list) and len(found) == 2 and fmt.finite(found[1])
     window: list[Any] = found if isinstance(found, list) and skipped else [None, 1]
-    started = incident.last("spawn") is not None
+    started = incident.last(Kind.SPAWN) is not None
     to = _step(rollback.get("step"))
     if short:
         skip = f", skips {_step(window[0])}-{_step(window[1] - 1)}" if skipped else ", no skip"

@@ -29,6 +29,7 @@ def short_head(why: str, count: int) -> str:
     """A set-aside line's head in fewer cells, its count and step kept whole: "set aside by
     the rollback before the loss spike at step 2,450" -> "set aside (2, rollback at 2,450):"."""
     words = why.split()
+    # not a kind: the causes a set-aside reason names
     cause = next((w for w in ("pivot", "rollback") if w in words), None)
     step = words[-1] if len(words) > 1 and words[-2] == "step" else None
     if cause is None:

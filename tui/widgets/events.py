@@ -15,6 +15,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable
 
 from trainwarden.supervisor.journal_text import summary_pieces
+from trainwarden.supervisor.protocol import Kind
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
 from trainwarden.tui.sanitize import clean
@@ -31,56 +32,64 @@ CELL_PADDING = 2
 """DataTable pads each cell by one cell on either side."""
 DETAIL_MIN = 8
 ALARMING = {
-    "crash",
-    "repeated",
-    "divergence",
-    "spike",
-    "quarantine",
-    "stall",
-    "crash_loop",
-    "resume_drift",
-    "disk_low",
-    "disk_full",
-    "pivot_failed",
-    "pivot_rolled_back",
-    "checkpoint_changed",
-    "verification_overdue",
-    "quarantine_failed",
-    "containment_failed",
-    "checkpoint_dir_moved",
-    "parser_no_match",
-    "checkpoint_unrecognised",
+    Kind.CRASH,
+    Kind.REPEATED,
+    Kind.DIVERGENCE,
+    Kind.SPIKE,
+    Kind.QUARANTINE,
+    Kind.STALL,
+    Kind.RESUME_DRIFT,
+    Kind.DISK_LOW,
+    Kind.DISK_FULL,
+    Kind.PIVOT_FAILED,
+    Kind.PIVOT_ROLLED_BACK,
+    Kind.CHECKPOINT_CHANGED,
+    Kind.VERIFICATION_OVERDUE,
+    Kind.QUARANTINE_FAILED,
+    Kind.CONTAINMENT_FAILED,
+    Kind.CHECKPOINT_DIR_MOVED,
+    Kind.PARSER_NO_MATCH,
+    Kind.CHECKPOINT_UNRECOGNISED,
 }
-ALARMING |= {"gpu_fault", "gpu_throttle", "gpu_busy"}  # GPU faults by class (core.gpu_faults)
+# GPU faults by class (core.gpu_faults)
+ALARMING |= {Kind.GPU_FAULT, Kind.GPU_THROTTLE, Kind.GPU_BUSY}
 NOTABLE = {
-    "disk_recovered",
-    "spawn",
-    "restart_scheduled",
-    "signal",
-    "trainer_stopped",
-    "pivot",
-    "pivot_stage",
-    "pivot_resumed",
-    "boot_recovery",
-    "leftover_trainer",
-    "leftover_processes",
-    "stray_output",
-    "stray_checkpoint",
-    "fallback",
-    "rollback",
-    "spike_outlier",
-    "spike_outcome",
-    "stop_outcome",
-    "awaiting_verification",
-    "hang_dump",
+    Kind.DISK_RECOVERED,
+    Kind.SPAWN,
+    Kind.RESTART_SCHEDULED,
+    Kind.SIGNAL,
+    Kind.TRAINER_STOPPED,
+    Kind.PIVOT,
+    Kind.PIVOT_STAGE,
+    Kind.PIVOT_RESUMED,
+    Kind.BOOT_RECOVERY,
+    Kind.LEFTOVER_TRAINER,
+    Kind.LEFTOVER_PROCESSES,
+    Kind.STRAY_OUTPUT,
+    Kind.STRAY_CHECKPOINT,
+    Kind.FALLBACK,
+    Kind.ROLLBACK,
+    Kind.SPIKE_OUTLIER,
+    Kind.SPIKE_OUTCOME,
+    Kind.STOP_OUTCOME,
+    Kind.AWAITING_VERIFICATION,
+    Kind.HANG_DUMP,
 }
-GOOD = {"checkpoint", "resume_verified", "trainer_started", "daemon_start", "disk_ok"}
-HIDDEN = frozenset({"state"})
+GOOD = {
+    Kind.CHECKPOINT,
+    Kind.RESUME_VERIFIED,
+    Kind.TRAINER_STARTED,
+    Kind.DAEMON_START,
+    Kind.DISK_OK,
+}
+HIDDEN = frozenset({Kind.STATE})
 """Left out of the panel: state snapshots say nothing a reader needs; `trainwarden events`
 lists them."""
-ROUTINE = frozenset({"checkpoint", "delete"})
+ROUTINE = frozenset({Kind.CHECKPOINT, Kind.DELETE})
 """A run of these, one after another, is one row: the newest checkpoint and how many."""
-INCIDENTS = frozenset({"crash", "repeated", "divergence", "stall", "spike", "gpu_fault", "halt"})
+INCIDENTS = frozenset(
+    {Kind.CRASH, Kind.REPEATED, Kind.DIVERGENCE, Kind.STALL, Kind.SPIKE, Kind.GPU_FAULT, Kind.HALT}
+)
 """Records that keep the top row until a newer one of them comes (`repeated`: a fast crash
 loop's folded crashes)."""
 PINNED = float("inf")
@@ -115,15 +124,15 @@ def folded(records: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def _run_row(run: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A routine run with the record that names its row last: the newest checkpoint."""
-    newest = next((r for r in reversed(run) if r.get("kind") == "checkpoint"), run[-1])
+    newest = next((r for r in reversed(run) if r.get("kind") == Kind.CHECKPOINT), run[-1])
     return [r for r in run if r is not newest] + [newest]
 
 
 def routine_pieces(records: list[dict[str, Any]]) -> list[str]:
     """One row for a run of checkpoints and deletes: the newest checkpoint, then counts."""
     newest = records[-1]
-    saved = sum(1 for r in records if r.get("kind") == "checkpoint")
-    deleted = sum(1 for r in records if r.get("kind") == "delete")
+    saved = sum(1 for r in records if r.get("kind") == Kind.CHECKPOINT)
+    deleted = sum(1 for r in records if r.get("kind") == Kind.DELETE)
     counts = []
     if saved > 1:
         counts.append(f"({saved} saved")
@@ -132,7 +141,7 @@ def routine_pieces(records: list[dict[str, Any]]) -> list[str]:
     if counts:
         counts[-1] += ")"
         counts[:-1] = [c + "," for c in counts[:-1]]
-    if newest.get("kind") != "checkpoint":
+    if newest.get("kind") != Kind.CHECKPOINT:
         return " ".join(counts).split()
     step = newest.get("step")
     head = [f"step={step}"] if step is not None else []

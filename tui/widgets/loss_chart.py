@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.events import Click, Resize
 from textual.widget import Widget
 
+from trainwarden.supervisor.protocol import MARKER_KINDS, MarkerKind
 from trainwarden.tui.chart import (
     OVERLAY_GLYPH,
     OVERLAY_VALIDATION_GLYPH,
@@ -24,9 +25,8 @@ from trainwarden.tui.chart import (
     validation_points,
 )
 
-MARKER_KINDS = ("restart", "divergence", "pivot", "crash", "spike", "skip")
 LEGEND = "R restart  C crash  D divergence  P pivot"
-SHORT_LABELS = {"divergence": "div", "validation": "val"}
+SHORT_LABELS = {MarkerKind.DIVERGENCE: "div", "validation": "val"}
 """Labels that have a shorter form, used when the legend does not fit the border."""
 BORDER_CELLS = 6
 """The border's corners, the spaces around its subtitle and the rule before it."""
