@@ -13,6 +13,9 @@ in a stamps file outside the run directory. For each rate, after a settling paus
 - Floor: bench/programs/floor_follower.py, the least a Python program can do to react
   to each line (an asyncio loop woken by inotify, reading and counting newlines), at the
   same rates: what one wake-up per line costs on this machine.
+- watchdog floor: bench/programs/watchdog_follower.py, the same loop handed each line's
+  event by watchdog's inotify observer: what following through watchdog would cost the
+  daemon before any work of its own (the daemon keeps its own binding; docs/benchmarks.md).
 
 Parse throughput is the configured parser (step-line) on the lines this trainer writes,
 in process, best of 3.
@@ -29,6 +32,8 @@ import orjson
 
 from bench.bench_parse import lines_per_s
 from bench.common import (
+    PROGRAMS,
+    PYTHON,
     Context,
     Section,
     Target,
@@ -47,6 +52,8 @@ TITLE = "7. Log following at 10, 100 and 10,000 lines/s"
 RATES = (10, 100, 10_000)
 CPU_TARGET_PCT = 0.5
 PARSE_TARGET = 500_000
+WATCHDOG = "watchdog_follower.py"
+"""Run without -S (watchdog is a site package), unlike the other programs."""
 
 
 def read_stamps(path: Path) -> dict[int, float]:
@@ -129,9 +136,11 @@ def follow_daemon(
 
 
 def follow_floor(
-    ctx: Context, window: dict[int, float], settle: float
+    ctx: Context, window: dict[int, float], settle: float, argv: list[str] | None = None
 ) -> dict[int, dict[str, Any]]:
-    directory = ctx.work.dir("follow", "floor")
+    """A floor follower's CPU at each rate: floor_follower.py, or `argv` + the log."""
+    name = "floor" if argv is None else "watchdog"
+    directory = ctx.work.dir("follow", name)
     rate_file, events, log = directory / "rate", directory / "events", directory / "training.log"
     rate_file.write_text(str(RATES[0]))
     log.write_bytes(b"")
@@ -140,7 +149,8 @@ def follow_floor(
         cwd=directory,
         stdout=log,
     )
-    follower = ctx.work.popen(program("floor_follower.py", log), cwd=directory)
+    argv = program("floor_follower.py", log) if argv is None else [*argv, str(log)]
+    follower = ctx.work.popen(argv, cwd=directory)
     figures: dict[int, dict[str, Any]] = {}
     try:
         if not poll(lambda: read_events(events), 60.0):
@@ -171,6 +181,7 @@ def run(ctx: Context) -> Section:
         settle, n_parse = 2.0, 200_000
     figures, problem = follow_daemon(ctx, window, settle)
     floor = follow_floor(ctx, window, settle)
+    through_watchdog = follow_floor(ctx, window, settle, [PYTHON, str(PROGRAMS / WATCHDOG)])
     parsed_per_s = parse_throughput(n_parse)
 
     section = Section(
@@ -185,7 +196,9 @@ def run(ctx: Context) -> Section:
             "write) to the daemon's time for that step in `.loss.json` (parsed and handed "
             "to the policy), for every line in the window. Floor: "
             "bench/programs/floor_follower.py, an asyncio loop woken by inotify that only "
-            "reads and counts the lines, at the same rates."
+            "reads and counts the lines, at the same rates; watchdog floor: "
+            "bench/programs/watchdog_follower.py, that loop handed each event by watchdog's "
+            "inotify observer."
         ),
         header=[
             "lines/s (asked)",
@@ -194,6 +207,8 @@ def run(ctx: Context) -> Section:
             "daemon CPU us / line",
             "floor % of a core",
             "floor CPU us / line",
+            "watchdog floor % of a core",
+            "watchdog floor CPU us / line",
             "latency p50 ms",
             "p90 ms",
             "p99 ms",
@@ -203,9 +218,9 @@ def run(ctx: Context) -> Section:
         plots=["follow_latency.png", "follow_cpu.png"],
     )
     for rate in RATES:
-        f, fl = figures.get(rate), floor.get(rate, {})
+        f, fl, wd = figures.get(rate), floor.get(rate, {}), through_watchdog.get(rate, {})
         if f is None:
-            section.rows.append([f"{rate:,}", *["-"] * 10])
+            section.rows.append([f"{rate:,}", *["-"] * 12])
             continue
         lat = f["latency"]
         section.rows.append(
@@ -216,6 +231,8 @@ def run(ctx: Context) -> Section:
                 f"{f['cpu_us_per_line']:,.0f}",
                 f"{fl['core_pct']:.2f} %" if fl else "-",
                 f"{fl['cpu_us_per_line']:,.0f}" if fl else "-",
+                f"{wd['core_pct']:.2f} %" if wd else "-",
+                f"{wd['cpu_us_per_line']:,.0f}" if wd else "-",
                 fmt_ms(lat["p50_ms"]),
                 fmt_ms(lat["p90_ms"]),
                 fmt_ms(lat["p99_ms"]),
@@ -238,7 +255,9 @@ def run(ctx: Context) -> Section:
         "The log is read on the event loop itself: inotify's descriptor sits in the loop's "
         "epoll set, so a line costs one wake-up and no thread hop. The floor column is "
         "that wake-up alone; the difference is the daemon's work per line (parse, policy, "
-        "`.loss.json` append, telemetry).",
+        "`.loss.json` append, telemetry). The watchdog floor is the same wake-up reached "
+        "through watchdog's observer (four threads take each event in turn): its excess "
+        "over the floor is what following through watchdog would add to every line.",
         f"Resolution: CPU is counted in 10 ms ticks, so over {window[10]:g} s the 10 lines/s "
         f"figure is known to about {100 * 0.01 / window[10]:.2f} % of a core.",
     ]
@@ -255,6 +274,9 @@ def run(ctx: Context) -> Section:
         {
             "trainwarden": [figures.get(r, {}).get("core_pct", math.nan) for r in RATES],
             "floor (wake-up only)": [floor.get(r, {}).get("core_pct", math.nan) for r in RATES],
+            "watchdog floor": [
+                through_watchdog.get(r, {}).get("core_pct", math.nan) for r in RATES
+            ],
         },
         "% of one core",
         "CPU while following a log",
@@ -265,6 +287,7 @@ def run(ctx: Context) -> Section:
             r: {k: v for k, v in f.items() if k != "latency_samples_ms"} for r, f in figures.items()
         },
         "floor": floor,
+        "watchdog_floor": through_watchdog,
         "parse_lines_per_s": parsed_per_s,
         "window_s": window,
         "problem": problem,

@@ -7,6 +7,11 @@ hop. Without a loop, a `WatchThread` waits on the descriptor instead; with no in
 all (no kernel support, fs.inotify.max_user_instances or max_user_watches spent) the same
 thread only wakes on its timeout, for its owner to poll.
 
+Why not watchdog: following the log through watchdog's observer was measured against this
+(docs/benchmarks.md, "File events"): four thread hand-offs per event doubled the daemon's CPU
+per logged line at 10 and 100 lines/s and raised the idle NaN -> kill p99 from 2.3-2.5 to
+3.7-5.2 ms; section 7 of the bench keeps the comparison (its "watchdog floor" column).
+
 Events come as they are queued (`InotifyEvent`: wd, mask, cookie, name). Two need their
 owner's attention: IN_Q_OVERFLOW (wd -1: events were lost, so look at everything again)
 and IN_IGNORED (the watch is gone: its file was deleted, its filesystem unmounted, or it
