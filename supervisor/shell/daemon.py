@@ -497,6 +497,11 @@ class Daemon:
         for action in actions:
             await self.executor.execute(action)
         self._announce(before)
+        # A start asked for here: its outcome is decided now, before any request queued
+        # while the start was being made (a shutdown decided without the new trainer's pid
+        # would exit and leave it running).
+        while self.executor.outcomes and self.exit_code is None:
+            await self.handle(self.executor.outcomes.popleft())
 
     def _announce(self, before: core.State) -> None:
         """Tell subscribers (and systemd) what changed since `before`."""

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,11 @@ class Executor:
         self.proc: asyncio.subprocess.Process | None = None
         self.mirror: Mirror | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.outcomes: deque[core.Event] = deque()
+        """A start's outcome (TrainerSpawned, SpawnFailed, ResumeRefused), for the daemon to
+        have decided right after the decision that asked for the start, before anything
+        queued while it was being made: a stop or shutdown that came in meanwhile must
+        find the trainer it is to stop."""
         self.steps_held: list[core.Event] | None = None
         """While a spawn is under way: step lines logged meanwhile, reported after it."""
         self.cgroups: StartCgroups | None = None
@@ -220,7 +226,7 @@ class Executor:
             refusal = await self._resume_refusal(action.resume)
             if refusal is not None:
                 step, name = action.resume.step, action.resume.name
-                self.report(core.ResumeRefused(time.monotonic(), step, name, refusal))
+                self.outcomes.append(core.ResumeRefused(time.monotonic(), step, name, refusal))
                 return
         # Nothing of the previous start may run beside the new one, nor its lines count as
         # the new start's: its last processes are gone and their lines read (as stray) first.
@@ -230,7 +236,7 @@ class Executor:
             # Only now, with nothing of the last start left to write it: the fixed file.
             refused = await self.snapshots.prepare(action.resume)
             if refused is not None:
-                self.report(core.SpawnFailed(time.monotonic(), refused))
+                self.outcomes.append(core.SpawnFailed(time.monotonic(), refused))
                 return
         marker = new_marker(action.seg)
         argv = trainer_argv(self.cfg, self.store.dir, action)
@@ -275,7 +281,7 @@ class Executor:
             if self.cgroups is not None:
                 with contextlib.suppress(OSError):
                     self.cgroups.path(marker).rmdir()  # made for a start that never ran
-            self.report(core.SpawnFailed(time.monotonic(), failure))
+            self.outcomes.append(core.SpawnFailed(time.monotonic(), failure))
             self._release_held_steps()
             return
         finally:
@@ -291,7 +297,7 @@ class Executor:
             if refused is not None:
                 started["cgroup_error"] = refused
         self.journal.append("trainer_started", started)
-        self.report(core.TrainerSpawned(time.monotonic(), proc.pid))
+        self.outcomes.append(core.TrainerSpawned(time.monotonic(), proc.pid))
         self._release_held_steps()
         asyncio.get_running_loop().create_task(self._await_exit(proc, marker))
         try:

@@ -150,6 +150,39 @@ def test_a_leftover_trainers_helper_is_stopped_by_the_next_daemon(tmp_path: Path
         kill_helpers(run_dir)
 
 
+def test_a_shutdown_while_a_trainer_is_being_started_stops_it_and_the_run_stays_stopped(
+    tmp_path: Path,
+):
+    """The request reaches the daemon while the start is under way (here a start that takes
+    2 s before its fork): it is decided once the trainer's pid is known, so the shutdown
+    stops that trainer, says so, and the next daemon keeps the run stopped. Before, it was
+    decided without the pid: 'no trainer was running', the daemon exited and left the new
+    trainer running, and the next daemon went on training."""
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--dt", "0.05")
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(FAULT_HOOKS), os.environ.get("PYTHONPATH")) if p
+        ),
+        "TRAINWARDEN_TEST_PAUSE_SPAWN": "2",
+    }
+    daemon = DaemonProcess(run_dir, env)
+    try:
+        daemon.start()
+        wait_for(lambda: records(run_dir, "spawn"), 30, 0.02, what="the start under way")
+        assert daemon.status()["trainer_pid"] is None  # being started: no pid yet
+        daemon.request("shutdown", timeout=60)
+        assert daemon.wait_exit(60) == 0
+        (started,) = records(run_dir, "trainer_started")
+        assert not pid_alive(started["pid"]), "the trainer outlived the daemon's shutdown"
+        (outcome,) = records(run_dir, "stop_outcome")
+        assert outcome["outcome"] != "not_running", outcome
+        daemon.start()
+        assert daemon.wait_state("stopped", "running", timeout=60)["state"] == "stopped"
+        assert len(records(run_dir, "spawn")) == 1
+    finally:
+        daemon.cleanup()
+
+
 # ----------------------------------------------------------------------------- one trainer
 
 POINTS = [

@@ -9,10 +9,15 @@ spawn: `journal:KIND:before` / `journal:KIND:after` (a journal record of KIND, `
 `trainer_started`), `spawn:before` / `spawn:after` (the fork and exec of the trainer),
 `identity:before` / `identity:after` (writing trainer.pid). POINT `delay:SECONDS` kills
 it that long after the `spawn` record instead, wherever the daemon is by then.
+
+With TRAINWARDEN_TEST_PAUSE_SPAWN=SECONDS each trainer start waits that long (on the event
+loop, which goes on answering requests) right before the fork: a slow start, as a large
+checkpoint's digest check or a previous start's processes being stopped make one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.abc
 import importlib.machinery
 import os
@@ -23,6 +28,7 @@ from typing import Any
 
 STAGE = os.environ.get("TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE")
 POINT = os.environ.get("TRAINWARDEN_TEST_DIE_AT")
+PAUSE = os.environ.get("TRAINWARDEN_TEST_PAUSE_SPAWN")
 JOURNAL_MODULE = "trainwarden.supervisor.store.journal"
 PROCESS_MODULE = "trainwarden.supervisor.shell.process"
 
@@ -60,6 +66,8 @@ def _wrap_process(module: Any) -> None:
     spawn = module.spawn
 
     async def wrapped_spawn(*args: Any, **kwargs: Any) -> Any:
+        if PAUSE:
+            await asyncio.sleep(float(PAUSE))
         _at("spawn:before")
         proc = await spawn(*args, **kwargs)
         _at("spawn:after")
@@ -103,5 +111,5 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if STAGE or POINT:
+if STAGE or POINT or PAUSE:
     sys.meta_path.insert(0, _Finder())
