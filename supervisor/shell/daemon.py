@@ -428,8 +428,17 @@ class Daemon:
             await asyncio.sleep(interval)
 
     async def _event_loop(self) -> None:
+        assert self.executor is not None
+        outcomes = self.executor.outcomes
         while self.exit_code is None:
-            if self.queue.empty():
+            if outcomes:
+                # A start's outcome is decided before any request queued while the start
+                # was being made: a shutdown decided without the new trainer's pid would
+                # exit and leave that trainer running. (Taken here, not nested in the
+                # decision that asked for the start: a start that fails at once, backoff 0,
+                # asks for the next one, as many times as the restart budget allows.)
+                event = outcomes.popleft()
+            elif self.queue.empty():
                 self._arm_tick(core.deadline(self.state, self.rules))
                 self._idle = True
                 try:
@@ -497,11 +506,6 @@ class Daemon:
         for action in actions:
             await self.executor.execute(action)
         self._announce(before)
-        # A start asked for here: its outcome is decided now, before any request queued
-        # while the start was being made (a shutdown decided without the new trainer's pid
-        # would exit and leave it running).
-        while self.executor.outcomes and self.exit_code is None:
-            await self.handle(self.executor.outcomes.popleft())
 
     def _announce(self, before: core.State) -> None:
         """Tell subscribers (and systemd) what changed since `before`."""

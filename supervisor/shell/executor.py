@@ -95,10 +95,10 @@ class Executor:
         self.mirror: Mirror | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.outcomes: deque[core.Event] = deque()
-        """A start's outcome (TrainerSpawned, SpawnFailed, ResumeRefused), for the daemon to
-        have decided right after the decision that asked for the start, before anything
-        queued while it was being made: a stop or shutdown that came in meanwhile must
-        find the trainer it is to stop."""
+        """A start's outcome (TrainerSpawned, SpawnFailed, ResumeRefused): the daemon's loop
+        takes these before its queue, so the outcome is decided before anything queued
+        while the start was being made (a stop or shutdown that came in meanwhile must
+        find the trainer it is to stop)."""
         self.steps_held: list[core.Event] | None = None
         """While a spawn is under way: step lines logged meanwhile, reported after it."""
         self.cgroups: StartCgroups | None = None
