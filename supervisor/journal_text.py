@@ -3,7 +3,8 @@ fields. The TUI's events panel and `trainwarden events` both print records this 
 the figures beside them (a loss, a count, a rate, a duration) are written here once for
 `trainwarden status` and the TUI alike.
 
-Standard library and orjson only: the TUI imports it, and a CLI command pays nothing for it.
+Standard library, orjson and the core's vocabulary only: the TUI imports it, and a CLI
+command pays nothing for it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ from typing import Any
 
 import orjson
 
-HINTED = frozenset({"parser_no_match", "checkpoint_unrecognised"})
+from trainwarden.supervisor.core.kinds import Kind
+
+HINTED = frozenset({Kind.PARSER_NO_MATCH, Kind.CHECKPOINT_UNRECOGNISED})
 """Records whose one-line hint says all they hold."""
+LEFT_OUT = frozenset({Kind.STATE})
+"""Kinds the one-line views (the TUI's events panel, `trainwarden events`) leave out unless
+asked for by name: a state snapshot is written at every transition, several hundred
+characters each, and says nothing a reader needs there."""
 SKIPPED_FIELDS = ("ts", "t", "kind", "argv")
 """Fields a summary leaves out: the time and kind are shown beside it, the argv is long."""
 UNKNOWN = "-"
@@ -29,11 +36,11 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
     """The summary as the pieces it may be shortened by: the head's words, then whole
     key=value fields (a field is never split, so no number is cut in two)."""
     kind = record.get("kind")
-    if kind == "crash" and record.get("cause"):
+    if kind == Kind.CRASH and record.get("cause"):
         head = f"{record['cause']}"
     elif kind in HINTED and record.get("hint"):
         return words(f"{record['hint']}")  # it names everything the record holds
-    elif kind == "spawn":
+    elif kind == Kind.SPAWN:
         resume = record.get("resume") or {}
         step = resume.get("step") if isinstance(resume, dict) else None
         head = f"seg {record.get('seg')}, " + (
@@ -42,23 +49,23 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
         if record.get("pivot"):
             head += ", pivot"
         return words(head)
-    elif kind == "state" and isinstance(record.get("state"), dict):
+    elif kind == Kind.STATE and isinstance(record.get("state"), dict):
         state = record["state"]
         head = f"{state.get('phase')}, seg {state.get('seg')}, restarts {state.get('restarts')}"
         if state.get("halt_reason"):
             head += f": {state['halt_reason']}"
-    elif kind == "restart_scheduled" and "backoff_s" in record:
+    elif kind == Kind.RESTART_SCHEDULED and "backoff_s" in record:
         head = f"in {record['backoff_s']} s"
-    elif kind == "spike":
+    elif kind == Kind.SPIKE:
         head = (
             f"loss {loss_text(record.get('peak'))} from step {record.get('first_step')}"
             f" to {record.get('step')}, above {loss_text(record.get('threshold'))}"
         )
-    elif kind == "hang_dump":
+    elif kind == Kind.HANG_DUMP:
         return words(hang_dump_text(record))
-    elif kind == "repeated":
+    elif kind == Kind.REPEATED:
         return words(repeated_text(record))
-    elif kind == "rollback":
+    elif kind == Kind.ROLLBACK:
         window = record.get("window")
         skip = f", skip {window[0]}..{window[1]}" if isinstance(window, list) else ", no skip"
         head = f"to step {record.get('step')}{skip}, lr x{record.get('lr_scale')}"
@@ -67,7 +74,7 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
     rest = [
         f"{key}={_short(value)}"
         for key, value in record.items()
-        if key not in SKIPPED_FIELDS and not (kind == "crash" and key == "cause")
+        if key not in SKIPPED_FIELDS and not (kind == Kind.CRASH and key == "cause")
     ]
     return [*words(head), *rest]
 
@@ -152,6 +159,18 @@ def loss_text(value: Any) -> str:
     if not math.isfinite(value):
         return str(value)
     return f"{value:.4f}"
+
+
+def causes_text(causes: Any) -> str:
+    """The restarts by cause, as `status` and the TUI's header write them:
+    "crash 2, divergence 1, spike 1" ("" when there is none)."""
+    if not isinstance(causes, dict):
+        return ""
+    return ", ".join(
+        f"{cause} {n}"
+        for cause, n in causes.items()
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0
+    )
 
 
 def words(text: str) -> list[str]:

@@ -29,6 +29,7 @@ from trainwarden.supervisor.errors import (
     NobodyAnswers,
     UsageError,
 )
+from trainwarden.supervisor.journal_text import LEFT_OUT
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import (
@@ -249,9 +250,6 @@ EVENTS_ASK_MAX = 100_000
 EVENTS_ASK_GROWTH = 4
 """How much more an `events` request asks for when too few of the newest records match."""
 SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-TEXT_LEAVES_OUT = frozenset({"state"})
-"""Kinds the text view of `events` shows only when --kind names them: a state snapshot is
-written at every transition, several hundred characters each, and would bury the rest."""
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -262,7 +260,7 @@ def cmd_events(args: argparse.Namespace) -> int:
         kind = record.get("kind")
         if kinds and kind not in kinds:
             return False
-        if not kinds and not args.json and kind in TEXT_LEAVES_OUT:
+        if not kinds and not args.json and kind in LEFT_OUT:  # the TUI's too
             return False
         return since is None or _record_time(record) >= since
 

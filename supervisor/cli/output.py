@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trainwarden.supervisor.journal_text import (
+    causes_text,
     compact_text,
     count_text,
     duration_text,
@@ -142,10 +143,7 @@ SYNC_STALL_SHARE = 0.9
 def restarts_text(s: StatusResult) -> str:
     """Every trainer start after the first, and by cause when there was any:
     "restarts 4 (crash 1, hang 1, divergence 1, spike 1)"."""
-    causes = s.get("restarts_by_cause") or {}
-    by_cause = ", ".join(
-        f"{clean(cause, 40)} {n}" for cause, n in causes.items() if isinstance(n, int)
-    )
+    by_cause = clean(causes_text(s.get("restarts_by_cause")), 400)
     return f"restarts {s.get('restarts', 0)}" + (f" ({by_cause})" if by_cause else "")
 
 

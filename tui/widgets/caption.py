@@ -98,10 +98,6 @@ def _continues(incident: Incident, record: dict[str, Any]) -> bool:
     return kind == Kind.CRASH and incident.last(Kind.CRASH) is None
 
 
-def _step(value: Any) -> str:
-    return fmt.integer(value) if fmt.finite(value) else fmt.UNKNOWN
-
-
 def _cause(record: dict[str, Any], chars: int = CAUSE_CHARS) -> str:
     cause = str(record.get("cause") or "")
     if cause.startswith("exit status "):
@@ -129,15 +125,15 @@ def what_happened(incident: Incident, cause_chars: int = CAUSE_CHARS) -> str:
         if not fmt.finite(lead.get("last_step")):
             return f"trainer crashed before any step ({_cause(lead, cause_chars)})"
         cause = _cause(lead, cause_chars)
-        return f"trainer crashed at step {_step(lead.get('last_step'))} ({cause})"
+        return f"trainer crashed at step {fmt.integer(lead.get('last_step'))} ({cause})"
     if kind == Kind.STALL:
-        return f"trainer hung at step {_step(lead.get('last_step'))}"
+        return f"trainer hung at step {fmt.integer(lead.get('last_step'))}"
     if kind == Kind.DIVERGENCE:
-        return f"loss {fmt.loss(lead.get('loss'))} at step {_step(lead.get('step'))}"
+        return f"loss {fmt.loss(lead.get('loss'))} at step {fmt.integer(lead.get('step'))}"
     if kind == Kind.SPIKE:
-        return f"loss spike at step {_step(lead.get('first_step'))} ({lead.get('factor', '?')}x average)"
+        return f"loss spike at step {fmt.integer(lead.get('first_step'))} ({lead.get('factor', '?')}x average)"
     if kind == Kind.TRAINER_FINISHED:
-        return f"trainer finished at step {_step(lead.get('last_step'))}"
+        return f"trainer finished at step {fmt.integer(lead.get('last_step'))}"
     return f"run halted ({lead.get('state') or 'halt'})"
 
 
@@ -180,18 +176,18 @@ def what_the_daemon_did(incident: Incident, short: bool = False) -> str:
     if spawn is not None:
         resume = spawn.get("resume")
         step = resume.get("step") if isinstance(resume, dict) else None
-        where = f"from step {_step(step)}" if step is not None else "from scratch"
+        where = f"from step {fmt.integer(step)}" if step is not None else "from scratch"
         if lead == Kind.DIVERGENCE:
             if short:
-                return f"daemon killed it, rolled back to step {_step(step)}"
-            return f"daemon killed the trainer, rolled back to step {_step(step)}"
+                return f"daemon killed it, rolled back to step {fmt.integer(step)}"
+            return f"daemon killed the trainer, rolled back to step {fmt.integer(step)}"
         return f"daemon {killed}restarted it {where}"
     scheduled = incident.last(Kind.RESTART_SCHEDULED)
     if scheduled is not None:
         # No seconds here: the header's badge counts the backoff down, and one countdown
         # that moves beats two that disagree.
         step = scheduled.get("resume_step")
-        where = f" from step {_step(step)}" if step is not None else ""
+        where = f" from step {fmt.integer(step)}" if step is not None else ""
         return f"daemon {killed}will restart it{where}"
     if lead == Kind.CRASH:
         return "daemon is deciding"
@@ -207,12 +203,16 @@ def _rolled_back(incident: Incident, short: bool = False) -> str:
     skipped = isinstance(found, list) and len(found) == 2 and fmt.finite(found[1])
     window: list[Any] = found if isinstance(found, list) and skipped else [None, 1]
     started = incident.last(Kind.SPAWN) is not None
-    to = _step(rollback.get("step"))
+    to = fmt.integer(rollback.get("step"))
     if short:
-        skip = f", skips {_step(window[0])}-{_step(window[1] - 1)}" if skipped else ", no skip"
+        skip = (
+            f", skips {fmt.integer(window[0])}-{fmt.integer(window[1] - 1)}"
+            if skipped
+            else ", no skip"
+        )
         return f"daemon rolled back to {to}{skip}{', restarted' if started else ''}"
     skip = (
-        f", skipping the data of steps {_step(window[0])}-{_step(window[1] - 1)}"
+        f", skipping the data of steps {fmt.integer(window[0])}-{fmt.integer(window[1] - 1)}"
         if skipped
         else ", no data skipped"
     )

@@ -25,16 +25,19 @@ def checkpoint_name(names: list[str]) -> str:
     return next((n for n in sorted(names) if not n.endswith(".json")), sorted(names)[0])
 
 
-def short_head(why: str, count: int) -> str:
-    """A set-aside line's head in fewer cells, its count and step kept whole: "set aside by
-    the rollback before the loss spike at step 2,450" -> "set aside (2, rollback at 2,450):"."""
-    words = why.split()
-    # not a kind: the causes a set-aside reason names
-    cause = next((w for w in ("pivot", "rollback") if w in words), None)
-    step = words[-1] if len(words) > 1 and words[-2] == "step" else None
-    if cause is None:
-        return f"{why} ({count}):"
-    return f"set aside ({count}, {cause}{f' at {step}' if step else ''}):"
+def short_head(entry: dict[str, Any], count: int) -> str | None:
+    """A set-aside line's head in fewer cells, from the view's own fields (what set it aside
+    and at which step), its count and step whole: "set aside (2, rollback at 2,450):";
+    None for a cause without a short form."""
+    cause = entry.get("cause")
+    if cause not in SHORT_CAUSES:
+        return None
+    at = entry.get("cause_step")
+    return f"set aside ({count}, {cause}{f' at {fmt.integer(at)}' if fmt.finite(at) else ''}):"
+
+
+SHORT_CAUSES = frozenset({"pivot", "rollback"})  # not a kind: quarantine causes
+"""The calm causes of a set-aside (store.quarantine), said in one word when room is short."""
 
 
 class CheckpointsPanel(Vertical):
@@ -156,6 +159,7 @@ class CheckpointsPanel(Vertical):
         width = max(width, 20)
         alarms = [q for q in quarantined if q.get("alarming", True) is not False]
         calm: dict[str, dict[Any, list[str]]] = {}
+        first: dict[str, dict[str, Any]] = {}
         for q in quarantined:
             if q.get("alarming", True) is False:
                 # Grouped by the view's reason in words (the CLI prints the same), and
@@ -163,6 +167,7 @@ class CheckpointsPanel(Vertical):
                 why = clean(q.get("why") or "set aside", 160)
                 step = q.get("step") if fmt.finite(q.get("step")) else q.get("name")
                 calm.setdefault(why, {}).setdefault(step, []).append(clean(q.get("name"), 60))
+                first.setdefault(why, q)
         lines = []
         if alarms:
             head = f"quarantined ({len(alarms)}):"
@@ -176,8 +181,8 @@ class CheckpointsPanel(Vertical):
         for why, files in calm.items():
             names = [checkpoint_name(group) for group in files.values()]
             head = f"{why} ({len(names)}):"
-            short = short_head(why, len(names))
-            if short != head and cell_len(head) + 1 + cell_len(names[0]) > width:
+            short = short_head(first[why], len(names))
+            if short is not None and cell_len(head) + 1 + cell_len(names[0]) > width:
                 head = short
             pieces = [*head.split(), *[f"{n}," for n in names[:-1]], names[-1]]
             lines.append(Text(fmt.fit(pieces, width), muted, no_wrap=True))

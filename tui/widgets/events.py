@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable
 
-from trainwarden.supervisor.journal_text import summary_pieces
+from trainwarden.supervisor.journal_text import LEFT_OUT, summary_pieces
 from trainwarden.supervisor.protocol import Kind
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
@@ -82,9 +82,6 @@ GOOD = {
     Kind.DAEMON_START,
     Kind.DISK_OK,
 }
-HIDDEN = frozenset({Kind.STATE})
-"""Left out of the panel: state snapshots say nothing a reader needs; `trainwarden events`
-lists them."""
 ROUTINE = frozenset({Kind.CHECKPOINT, Kind.DELETE})
 """A run of these, one after another, is one row: the newest checkpoint and how many."""
 INCIDENTS = frozenset(
@@ -108,7 +105,7 @@ def folded(records: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     run: list[dict[str, Any]] = []
     for record in records:
         kind = record.get("kind")
-        if kind in HIDDEN:
+        if kind in LEFT_OUT:  # state snapshots (`trainwarden events --kind state`)
             continue
         if kind in ROUTINE:
             run.append(record)
@@ -133,19 +130,15 @@ def routine_pieces(records: list[dict[str, Any]]) -> list[str]:
     newest = records[-1]
     saved = sum(1 for r in records if r.get("kind") == Kind.CHECKPOINT)
     deleted = sum(1 for r in records if r.get("kind") == Kind.DELETE)
-    counts = []
-    if saved > 1:
-        counts.append(f"({saved} saved")
+    told = [f"{saved} saved"] if saved > 1 else []
     if deleted:
-        counts.append(f"{'' if counts else '('}{deleted} deleted")
-    if counts:
-        counts[-1] += ")"
-        counts[:-1] = [c + "," for c in counts[:-1]]
+        told.append(f"{deleted} deleted")
+    counts = f"({', '.join(told)})".split() if told else []
     if newest.get("kind") != Kind.CHECKPOINT:
-        return " ".join(counts).split()
+        return counts
     step = newest.get("step")
     head = [f"step={step}"] if step is not None else []
-    return [*head, *" ".join(counts).split(), *summary_pieces(newest)[len(head) :]]
+    return [*head, *counts, *summary_pieces(newest)[len(head) :]]
 
 
 def event_key(record: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
+from trainwarden.supervisor.journal_text import causes_text
 from trainwarden.supervisor.protocol import HALTED, Phase
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
@@ -90,17 +91,6 @@ def fit(fields: list[Field], width: int) -> Text:
     return line
 
 
-def causes_text(causes: object) -> str:
-    """The restarts by cause, as `trainwarden status` writes them: "crash 1, spike 2"."""
-    if not isinstance(causes, dict):
-        return ""
-    return ", ".join(
-        f"{clean(cause, 20)} {n}"
-        for cause, n in causes.items()
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0
-    )
-
-
 class RunHeader(Static):
     COMPONENT_CLASSES = {
         "run-header--name",
@@ -166,7 +156,7 @@ class RunHeader(Static):
         if isinstance(restarts, int):
             style = "" if restarts == 0 else self.style_of("backoff")
             fields.append(Field(Text(f"  restarts {restarts}", style), RESTARTS))
-            causes = causes_text(state.get("restarts_by_cause"))
+            causes = clean(causes_text(state.get("restarts_by_cause")), 200)
             if causes:
                 fields.append(Field(Text(f" ({causes})", muted), CAUSES))
         audit = (model.telemetry.value or {}).get("resume_audit")
