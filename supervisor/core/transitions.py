@@ -194,7 +194,8 @@ def stop_result(state: State) -> dict[str, Any]:
     elif lost == 0 and ended.startswith("killed by") and not saved_on_stop(state):
         # The signal ended it (no handler): whatever it had saved before, it saved nothing.
         outcome = "exited_without_saving"
-        message = f"{ended} without saving; nothing lost: its last step is the {where}"
+        kept = f"its last step is the {where}" if newest else "it had logged no step"
+        message = f"{ended} without saving; nothing lost: {kept}"
     elif lost == 0:
         outcome, message = "saved", f"saved and exited ({ended}); {where}"
     else:

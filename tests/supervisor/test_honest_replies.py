@@ -103,6 +103,19 @@ def test_stop_needs_no_force_when_nothing_would_be_lost():
     assert signals(actions) == ["SIGTERM"]
 
 
+def test_a_first_start_stopped_before_any_step_or_checkpoint_says_so_in_words():
+    """A stop that reaches a first trainer still starting (no step logged, no checkpoint):
+    the SIGTERM kills it, nothing is lost, and the sentence says why."""
+    state, _ = decide([p.Startup(0.0, scanned=()), p.TrainerSpawned(0.0, 100)])
+    state, _ = decide([ask(p.Stop(), handles=frozenset())], state)
+    _, actions = decide([p.TrainerExited(3.0, 100, -15, "SIGTERM")], state)
+    (reply,) = of(actions, p.Reply)
+    assert reply.result["outcome"] == "exited_without_saving" and reply.result["steps_lost"] == 0
+    assert reply.result["message"] == (
+        "killed by SIGTERM without saving; nothing lost: it had logged no step"
+    ), reply.result["message"]
+
+
 def test_a_trainer_the_sigterm_killed_is_never_said_to_have_saved():
     """Nothing lost (its last step is checkpointed) but it died of the SIGTERM: it saved
     nothing, and the reply says so; one that saved first and then died of it did save."""
