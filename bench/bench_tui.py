@@ -37,7 +37,7 @@ import orjson  # noqa: E402
 
 from tests.support import make_run  # noqa: E402
 from trainwarden.supervisor.cli.detach import start_detached  # noqa: E402
-from trainwarden.supervisor.config import load_config  # noqa: E402
+from trainwarden.supervisor.cli.start_checks import load_for_start  # noqa: E402
 from trainwarden.supervisor.protocol import Client  # noqa: E402
 
 TARGET_S = 1.5
@@ -181,7 +181,7 @@ def main() -> int:
         t = time.perf_counter()
         build_run(run_dir, args.steps)
         print(f"built a {args.steps:,}-step run in {time.perf_counter() - t:.1f} s")
-        cfg = load_config(run_dir)
+        cfg = load_for_start(run_dir)
         t = time.perf_counter()
         daemon_pid = start_detached(cfg)
         print(f"daemon answering after {time.perf_counter() - t:.3f} s (pid {daemon_pid})")

@@ -19,6 +19,7 @@ Beside them:
   durations), written once for the CLI and the TUI
 - `errors`: the exceptions trainwarden raises, each with a one-line message
 - `socket_place`: where the control socket may be bound, and which group may reach it
+- `run_layout`: the names of the daemon's own files in a run directory; standard library only
 - `checkpoint_hints`: the `[checkpoints]` setting that would match unrecognised names
 - `__main__`: `python -m trainwarden.supervisor`, the same as `trainwarden`
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import json
 import math
 import os
@@ -25,10 +26,16 @@ from typing import Any, Literal
 
 import tomli_w
 
-from trainwarden.supervisor.contract import SUPPORTS
+from trainwarden.supervisor.contract import (
+    BANDIT_STATE_FILE,
+    POLICY_FILE,
+    SAMPLES_FILE,
+    SUPPORTS,
+)
 from trainwarden.supervisor.core.alerts import EVENTS as ALERT_EVENTS
 from trainwarden.supervisor.errors import ConfigError
 from trainwarden.supervisor.registry import check_installed
+from trainwarden.supervisor.run_layout import EVAL_HISTORY, LOSS_HISTORY, STATE_DIR
 
 CONFIG_NAME = "trainwarden.toml"
 
@@ -424,7 +431,10 @@ def _renamed_module(cwd: Path, command: list[str]) -> tuple[int, str, str] | Non
     return None
 
 
-def _check_trainer_command(path: Path, cfg: Config) -> None:
+def check_trainer_command(cfg: Config) -> None:
+    """Raise ConfigError if the trainer command runs `-m` a module that has been renamed
+    (RENAMED_MODULES), suggesting the command with its new name."""
+    path = cfg.path
     command = cfg.trainer.command
     renamed = _renamed_module(cfg.trainer_cwd, command)
     if renamed is None:
@@ -436,6 +446,34 @@ def _check_trainer_command(path: Path, cfg: Config) -> None:
         f"{path}: 'trainer.command' runs `-m {old}`, a module that is now called {new}: "
         f"write command = {toml_value(fixed)} (or run the `trainwarden-trainer` script)"
     )
+
+
+LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+"""Host names that are loopback without a lookup (`[metrics] listen`)."""
+
+
+def parse_listen(listen: str, *, allow_remote: bool = False, source: str = "") -> tuple[str, int]:
+    """(host, port) from "HOST:PORT" or "[V6]:PORT"; ConfigError naming the key if invalid
+    or if it is not a loopback address and remote access was not allowed."""
+    where = f"{source}: " if source else ""
+    example = 'for example listen = "127.0.0.1:9108"'
+    host, sep, port_text = listen.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(
+            f"{where}'metrics.listen' = {listen!r} is invalid: expected HOST:PORT, {example}"
+        )
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host.lower() in LOCAL_NAMES
+    if not loopback and not allow_remote:
+        raise ConfigError(
+            f"{where}'metrics.listen' = {listen!r} serves beyond this machine: set "
+            f"'metrics.allow_remote' = true to allow that, or listen on 127.0.0.1:{port_text}"
+        )
+    return host, int(port_text)
 
 
 def _check_ranges(path: Path, cfg: Config) -> None:
@@ -545,8 +583,6 @@ def _check_ranges(path: Path, cfg: Config) -> None:
     if cfg.mirror.keep_last < 1:
         raise bad("mirror.keep_last", cfg.mirror.keep_last, "an integer >= 1")
     if cfg.metrics.listen is not None:
-        from trainwarden.supervisor.serve.metrics import parse_listen
-
         parse_listen(cfg.metrics.listen, allow_remote=cfg.metrics.allow_remote, source=str(path))
     named = {
         "run.log": cfg.run.log,
@@ -767,18 +803,16 @@ def _owned_by_the_daemon(cfg: Config) -> dict[Path, str]:
     """The paths the daemon (or the trainer, for its sidecars) writes, resolved, and what
     each is: the run log may name none of them (nor anything inside the folders among
     them, FOLDERS_OWNED)."""
-    from trainwarden.supervisor.store.rundir import RunFiles
-
-    files = RunFiles(cfg.run_dir)
+    run_dir = cfg.run_dir
     owned = {
         cfg.path: "the config file",
-        files.state_dir: "the daemon's own folder",
-        files.loss_history: "the loss history",
-        files.eval_history: "the validation history",
-        files.bandit_state: "the trainer's bandit state",
-        files.samples: "the trainer's samples",
-        files.policy: "the data policy",
-        cfg.run_dir / "archive": "the pivot archive",
+        run_dir / STATE_DIR: "the daemon's own folder",
+        run_dir / LOSS_HISTORY: "the loss history",
+        run_dir / EVAL_HISTORY: "the validation history",
+        run_dir / BANDIT_STATE_FILE: "the trainer's bandit state",
+        run_dir / SAMPLES_FILE: "the trainer's samples",
+        run_dir / POLICY_FILE: "the data policy",
+        run_dir / "archive": "the pivot archive",
         cfg.socket_path: "the control socket",
         cfg.checkpoint_dir: "the checkpoint folder",
     }
@@ -791,8 +825,6 @@ def _check_checkpoint_place(path: Path, cfg: Config) -> None:
     """The checkpoint folder holds checkpoints only: never the run directory itself, nor
     the daemon's folder, the pivot archive or the mirror, nor a
     folder inside one of them (quarantine and deletion act on what it holds)."""
-    from trainwarden.supervisor.store.rundir import RunFiles
-
     ckpt = Path(os.path.realpath(cfg.checkpoint_dir))
     run_dir = Path(os.path.realpath(cfg.run_dir))
     example = 'for example dir = "checkpoints"'
@@ -804,7 +836,7 @@ def _check_checkpoint_place(path: Path, cfg: Config) -> None:
             f"a folder of checkpoints only, but it names the run directory: {example}",
         )
     owned = {
-        RunFiles(cfg.run_dir).state_dir: "the daemon's own folder",
+        cfg.run_dir / STATE_DIR: "the daemon's own folder",
         cfg.run_dir / "archive": "the pivot archive",
     }
     if cfg.mirror.path is not None:
@@ -959,36 +991,6 @@ def trainer_script_problem(command: list[str], cwd: Path) -> str:
     return ""
 
 
-def check_mirror_owner(cfg: Config) -> None:
-    """Raise ConfigError if `[mirror] path` serves another run; else record this run as its
-    owner (a starting daemon's check, as check_trainer_program)."""
-    if cfg.mirror.path is None:
-        return
-    from trainwarden.supervisor.store.identity import (
-        claim,
-        ensure_run_id,
-        read_owner,
-        read_run_id,
-    )
-
-    mirror = Path(cfg.mirror.path).expanduser()
-    owner = read_owner(mirror)
-    if owner is None:
-        try:
-            # This run's id (made now if need be), recorded as the mirror's owner.
-            owner = claim(mirror, ensure_run_id(cfg.run_dir), cfg.run_dir, cfg.run.name)
-        except OSError:
-            return  # the daemon's own start reports an unwritable run directory
-    elif owner.run_id == read_run_id(cfg.run_dir):
-        return
-    if owner is not None:
-        raise ConfigError(
-            f"{cfg.path}: 'mirror.path' = {cfg.mirror.path!r} is invalid: it is the mirror of"
-            f" {owner.describe()}, and two runs in one mirror evict each other's copies;"
-            " give this run a folder of its own"
-        )
-
-
 def check_trainer_program(cfg: Config) -> None:
     """Raise ConfigError unless the trainer's working directory is a folder and its program
     can be executed there, here and now.
@@ -1008,34 +1010,15 @@ def check_trainer_program(cfg: Config) -> None:
         )
 
 
-def _check_control(path: Path, cfg: Config) -> None:
-    """The socket's group and place, as the daemon that binds it will need them."""
-    from trainwarden.supervisor.socket_place import (
-        check_group_member,
-        check_socket_place,
-        resolve_group,
-    )
-
-    control = cfg.control
-    if control.allow_uids and control.group is None:
-        raise ConfigError(
-            f"{path}: 'control.allow_uids' = {control.allow_uids!r} needs [control] group: "
-            "the group (name or gid) the socket is given so that those users can reach it, "
-            'for example group = "trainers" (each allowed user must be a member)'
-        )
-    gid = resolve_group(path, control.group)
-    if gid is not None:
-        check_group_member(path, gid)
-    check_socket_place(path, cfg.run_dir, control.socket, gid if control.allow_uids else None)
-
-
 def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     """Read and validate RUN/trainwarden.toml. Raises ConfigError with a one-line message.
 
     check_plugins also checks what only starting a daemon needs: the configured plugins
     are installed and the trainer command does not run a renamed module. Commands that
     only talk to a daemon (status, stop, tui) skip it, so an operator can still reach a
-    running daemon whose config needs fixing before its next start.
+    running daemon whose config needs fixing before its next start. The rest of a start's
+    checks need the store or the socket's rules, above this module: the command line
+    makes them (cli.start_checks).
     """
     run_dir = Path(run_dir).resolve()
     path = run_dir / CONFIG_NAME
@@ -1068,7 +1051,11 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     cfg = Config(run_dir=run_dir, path=path, **tables)
     _check_ranges(path, cfg)
     if check_plugins:
-        _check_trainer_command(path, cfg)
-        _check_control(path, cfg)
-        check_installed(path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)
+        check_trainer_command(cfg)
+        check_plugins_installed(cfg)
     return cfg
+
+
+def check_plugins_installed(cfg: Config) -> None:
+    """Raise ConfigError, naming the config file, unless its format and parser are installed."""
+    check_installed(cfg.path, format_name=cfg.checkpoints.format, parser_name=cfg.telemetry.parser)

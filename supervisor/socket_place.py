@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwarden.supervisor.errors import ConfigError
-from trainwarden.supervisor.store.rundir import STATE_DIR
+from trainwarden.supervisor.run_layout import STATE_DIR
 from trainwarden.supervisor.wire import MAX_SOCKET_PATH
 
 UNIX_PATH_MAX = 107

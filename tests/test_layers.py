@@ -3,10 +3,12 @@
 
 Rules (docs/code-map.md): no import cycles; the core imports only the standard library and
 itself, and no I/O module; the package's own top-level modules (`trainwarden.libc`) import
-only the standard library, so every layer may use them; the TUI reaches into the daemon's package only for the protocol,
-the client, the contract, the errors, the phases, the vocabularies (journal kinds, marker
-kinds, error codes) and the journal's one-line text; neither the daemon nor the TUI imports
-the reference trainer or the integrations; nothing imports the source folders by their bare names.
+only the standard library, so every layer may use them; the config imports none of the layers
+above it (store, serve, shell, inputs, cli), nor `socket_place` or `client`; the TUI reaches
+into the daemon's package only for the protocol, the client, the contract, the errors, the
+phases, the vocabularies (journal kinds, marker kinds, error codes) and the journal's
+one-line text; neither the daemon nor the TUI imports the reference trainer or the
+integrations; nothing imports the source folders by their bare names.
 """
 
 from __future__ import annotations
@@ -68,6 +70,13 @@ CORE_DENIED = frozenset(
     }
 )
 """Modules that touch files, processes, sockets, signals or clocks: the core decides only."""
+CONFIG = "trainwarden.supervisor.config"
+CONFIG_DENIED = tuple(
+    f"trainwarden.supervisor.{name}"
+    for name in ("store", "serve", "shell", "inputs", "cli", "socket_place", "client")
+)
+"""What the config may not import: the layers above it, the socket's rules and the client
+(a start's checks that need them are cli.start_checks')."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +256,15 @@ def test_the_packages_top_level_modules_import_only_the_standard_library():
     assert not wrong, "a top-level module reaches outside the standard library:\n  " + (
         "\n  ".join(wrong)
     )
+
+
+def test_the_config_imports_no_layer_above_it():
+    wrong = [
+        str(imp)
+        for imp in imports()
+        if imp.importer == CONFIG and any(within(imp.target, denied) for denied in CONFIG_DENIED)
+    ]
+    assert not wrong, "the config imports a layer above it:\n  " + "\n  ".join(wrong)
 
 
 def test_the_tui_uses_only_the_daemons_public_modules():

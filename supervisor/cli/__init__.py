@@ -5,6 +5,8 @@
 - `output`: what the commands print: status, checkpoints, replies, events
 - `offline`: `trainwarden checkpoints` with no daemon, from the folder and the journal
 - `init`: `trainwarden init`: a working config for the reference trainer
+- `start_checks`: a config checked for a daemon's start where the config module may not
+  look: the control socket's place and group, the mirror's owner
 - `demo`: `trainwarden demo`: a supervised run of the reference trainer, in the TUI
 - `detach`: `trainwarden daemon --detach`: start the daemon and wait until it answers
 - `units`: systemd units: the packaged templates and concrete units for one run

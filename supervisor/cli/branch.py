@@ -32,6 +32,7 @@ import orjson
 
 from trainwarden.libc import rename_noreplace
 from trainwarden.supervisor.cli.output import print_json
+from trainwarden.supervisor.cli.start_checks import load_for_start
 from trainwarden.supervisor.config import (
     CONFIG_NAME,
     Config,
@@ -406,7 +407,7 @@ def _validated(staging: Path, dest: Path) -> Config:
     """The branch's config as the loader reads it, its errors naming DEST (not the staging
     folder it is checked in)."""
     try:
-        return load_config(staging)
+        return load_for_start(staging)
     except ConfigError as exc:
         message = str(exc).replace(
             str(staging / CONFIG_NAME), f"the branch's {CONFIG_NAME} (the parent's, --set applied)"

@@ -116,14 +116,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from trainwarden.supervisor.config import (
-        check_mirror_owner,
-        check_trainer_program,
-        load_config,
-    )
+    from trainwarden.supervisor.cli.start_checks import check_mirror_owner, load_for_start
+    from trainwarden.supervisor.config import check_trainer_program
 
     run_dir = _run_dir(args)
-    cfg = load_config(run_dir)
+    cfg = load_for_start(run_dir)
     check_trainer_program(cfg)
     check_mirror_owner(cfg)
     if args.detach:
@@ -390,10 +387,10 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
     import subprocess
 
     from trainwarden.supervisor.cli import units
-    from trainwarden.supervisor.config import load_config
+    from trainwarden.supervisor.cli.start_checks import load_for_start
 
     run_dir = _run_dir(args)
-    cfg = load_config(run_dir)
+    cfg = load_for_start(run_dir)
     kind: units.Kind = "system" if args.system or (not args.user and os.getuid() == 0) else "user"
     exe = Path(sys.executable).parent / "trainwarden"
     if not exe.exists():

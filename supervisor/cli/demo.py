@@ -25,7 +25,8 @@ from typing import Any, TextIO
 from trainwarden.supervisor.cli.detach import start_detached
 from trainwarden.supervisor.cli.init import write_config
 from trainwarden.supervisor.cli.output import describe_result, stop_status
-from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
+from trainwarden.supervisor.cli.start_checks import load_for_start
+from trainwarden.supervisor.config import CONFIG_NAME, Config
 from trainwarden.supervisor.errors import CommandRefused, DaemonNotRunning, ProtocolError
 from trainwarden.supervisor.protocol import Client
 from trainwarden.supervisor.store.journal import read_records
@@ -356,7 +357,7 @@ def run_demo(
         return 1
     created = prepare(run_dir)
     say(f"{'created' if created else 'reusing'} the run directory {run_dir}", out)
-    cfg = load_config(run_dir)
+    cfg = load_for_start(run_dir)
     started = ensure_daemon(cfg, out)
 
     from trainwarden.tui.app import main as tui_main

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainwarden.supervisor.config import CONFIG_NAME, load_config, toml_value
+from trainwarden.supervisor.cli.start_checks import load_for_start
+from trainwarden.supervisor.config import CONFIG_NAME, toml_value
 from trainwarden.supervisor.errors import UsageError
 
 GPU_PRESETS = frozenset({"gpt2-124m"})
@@ -99,7 +100,7 @@ def write_config(
         attention="attention = { n_layer = 12, seq_len = 1024, d_model = 768 }" if big else "",
     )
     path.write_text(text, encoding="utf-8")
-    load_config(run_dir)
+    load_for_start(run_dir)
     return path
 
 

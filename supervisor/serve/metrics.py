@@ -20,47 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ipaddress
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainwarden.supervisor.errors import ConfigError
+from trainwarden.supervisor.config import parse_listen
 
 PREFIX = "trainwarden"
 SNAPSHOT_TIMEOUT_S = 2.0
-LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
 def _phases() -> tuple[str, ...]:
     from trainwarden.supervisor.core.phases import Phase
 
     return tuple(str(phase) for phase in Phase)
-
-
-def parse_listen(listen: str, *, allow_remote: bool = False, source: str = "") -> tuple[str, int]:
-    """(host, port) from "HOST:PORT" or "[V6]:PORT"; ConfigError naming the key if invalid
-    or if it is not a loopback address and remote access was not allowed."""
-    where = f"{source}: " if source else ""
-    example = 'for example listen = "127.0.0.1:9108"'
-    host, sep, port_text = listen.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(
-            f"{where}'metrics.listen' = {listen!r} is invalid: expected HOST:PORT, {example}"
-        )
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host.lower() in LOCAL_NAMES
-    if not loopback and not allow_remote:
-        raise ConfigError(
-            f"{where}'metrics.listen' = {listen!r} serves beyond this machine: set "
-            f"'metrics.allow_remote' = true to allow that, or listen on 127.0.0.1:{port_text}"
-        )
-    return host, int(port_text)
 
 
 def _number(value: Any) -> float | None:

@@ -10,9 +10,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainwarden.supervisor.contract import BANDIT_STATE_FILE, POLICY_FILE, SAMPLES_FILE
 from trainwarden.supervisor.errors import LockHeld, UnsafePath
-
-STATE_DIR = ".trainwarden"
+from trainwarden.supervisor.run_layout import EVAL_HISTORY, LOSS_HISTORY, STATE_DIR
 
 APPEND_FLAGS = os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 """How the daemon opens a file it appends to (journal, loss history, logs): never through a
@@ -53,11 +53,11 @@ class RunFiles:
 
     @property
     def loss_history(self) -> Path:
-        return self.run_dir / ".loss.json"
+        return self.run_dir / LOSS_HISTORY
 
     @property
     def eval_history(self) -> Path:
-        return self.run_dir / ".eval.json"
+        return self.run_dir / EVAL_HISTORY
 
     @property
     def branch(self) -> Path:
@@ -65,15 +65,15 @@ class RunFiles:
 
     @property
     def bandit_state(self) -> Path:
-        return self.run_dir / ".state.json"
+        return self.run_dir / BANDIT_STATE_FILE
 
     @property
     def samples(self) -> Path:
-        return self.run_dir / ".samples.json"
+        return self.run_dir / SAMPLES_FILE
 
     @property
     def policy(self) -> Path:
-        return self.run_dir / "policy.json"
+        return self.run_dir / POLICY_FILE
 
     def make_state_dir(self) -> None:
         """.trainwarden/ as a private folder of the daemon's user; a link or a file in its

@@ -376,7 +376,8 @@ def test_a_mirror_serves_one_run_and_restore_installs_only_that_run(tmp_path: Pa
     import subprocess
 
     from tests.support import PYTHON, journal, running_daemon, scripted_run, wait_for
-    from trainwarden.supervisor.config import check_mirror_owner, load_config
+    from trainwarden.supervisor.cli.start_checks import check_mirror_owner
+    from trainwarden.supervisor.config import load_config
     from trainwarden.supervisor.store.identity import read_owner, read_run_id
 
     shared = tmp_path / "shared"
