@@ -19,20 +19,21 @@ import pytest
 from trainwarden import libc
 from trainwarden.supervisor.cli import branch
 from trainwarden.supervisor.errors import UsageError
+from trainwarden.supervisor.inputs import inotify
 from trainwarden.supervisor.shell import containment
 
 ROOT = Path(__file__).resolve().parent.parent
 CTYPES_ALLOWED = frozenset(
     {
         Path("trainwarden/libc.py"),
-        # Replaced by the watchdog library in work of its own.
-        Path("supervisor/inputs/inotify.py"),
         # A peer's way of following a file, reproduced for the benchmark as that peer wrote it.
         Path("bench/programs/floor_follower.py"),
     }
 )
 NOT_SCANNED = frozenset({".venv", "tests"})
-"""The environment, and the tests (their fakes of inotify's failures set ctypes' errno)."""
+"""The environment, and the tests."""
+PACKAGES = ("supervisor", "tui", "trainer", "integrations", "plugins")
+"""The installed folders: none of their modules imports ctypes."""
 
 LIBC_MISSING = [
     pytest.param(None, id="no C library"),
@@ -237,6 +238,72 @@ def test_a_c_library_with_only_one_of_the_two_is_not_glibc(monkeypatch: pytest.M
     assert calls == []
 
 
+# --------------------------------------------------------------------------------- inotify
+
+IN_MODIFY, IN_IGNORED = inotify.IN_MODIFY, inotify.IN_IGNORED
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="inotify is Linux only"
+)
+
+
+def queued_events(fd: int) -> list[tuple[int, int]]:
+    """(wd, mask) of each event queued on the inotify descriptor `fd` now."""
+    try:
+        data = os.read(fd, 4096)
+    except BlockingIOError:
+        return []
+    return [(event.wd, event.mask) for event in inotify.parse_events(data)]
+
+
+@linux_only
+def test_an_inotify_watch_on_a_file_reports_its_writes(tmp_path: Path):
+    watched = write(tmp_path / "log", "")
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        assert not os.get_inheritable(fd) and not os.get_blocking(fd)
+        wd = libc.inotify_add_watch(fd, watched, IN_MODIFY)
+        assert libc.inotify_add_watch(fd, os.fsencode(watched), IN_MODIFY) == wd
+        assert queued_events(fd) == []
+        with watched.open("a") as log:
+            log.write("step: 1\n")
+        assert queued_events(fd) == [(wd, IN_MODIFY)]
+        libc.inotify_rm_watch(fd, wd)
+        assert queued_events(fd) == [(wd, IN_IGNORED)]
+        with pytest.raises(OSError) as caught:
+            libc.inotify_rm_watch(fd, wd)
+        assert caught.value.errno == errno.EINVAL
+    finally:
+        os.close(fd)
+
+
+@linux_only
+def test_an_inotify_watch_on_a_missing_path_raises_enoent_naming_it(tmp_path: Path):
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    try:
+        with pytest.raises(FileNotFoundError) as caught:
+            libc.inotify_add_watch(fd, tmp_path / "missing", IN_MODIFY)
+        assert caught.value.errno == errno.ENOENT
+        assert caught.value.filename == str(tmp_path / "missing")
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("no_libc", LIBC_MISSING, indirect=True)
+@pytest.mark.usefixtures("no_libc")
+def test_without_inotify_each_call_and_the_watcher_raise_libc_unavailable(tmp_path: Path):
+    for call in (
+        lambda: libc.inotify_init1(os.O_CLOEXEC),
+        lambda: libc.inotify_add_watch(0, tmp_path, IN_MODIFY),
+        lambda: libc.inotify_rm_watch(0, 1),
+    ):
+        with pytest.raises(libc.LibcUnavailable):
+            call()
+    # An OSError: the log follower and the checkpoint watcher fall back to polling on it.
+    with pytest.raises(libc.LibcUnavailable):
+        inotify.Inotify()
+    assert issubclass(libc.LibcUnavailable, OSError)
+
+
 # ------------------------------------------------------------------------------ raw memory
 
 
@@ -286,7 +353,8 @@ def test_ctypes_is_imported_only_by_the_libc_module():
     for relative in scanned:
         if relative not in CTYPES_ALLOWED:
             wrong += [f"{relative}:{line}" for line in ctypes_imports(ROOT / relative)]
-    assert Path("supervisor/cli/branch.py") in scanned
+    assert {path.parts[0] for path in scanned} >= set(PACKAGES)
+    assert Path("supervisor/inputs/inotify.py") in scanned
     assert Path("trainwarden/libc.py") in scanned
     assert ctypes_imports(ROOT / "trainwarden/libc.py"), "the scan does not see an import"
     assert not wrong, "ctypes imported outside trainwarden/libc.py:\n  " + "\n  ".join(wrong)

@@ -1,7 +1,7 @@
 """The project's calls into the C library, and its one view of raw memory: all its ctypes.
 
-Every layer that needs one imports it from here (the daemon's store, shell, serve and
-command line, and the reference trainer), so this module imports only the standard
+Every layer that needs one imports it from here (the daemon's inputs, store, shell, serve
+and command line, and the reference trainer), so this module imports only the standard
 library. The library is loaded once, on the first call that needs it. Each function says
 what it does where its call is missing (another C library, another system, an old kernel
 or file system): it returns False, raises `LibcUnavailable`, or does nothing, never
@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 AT_FDCWD = -100
 """Paths relative to the working directory (fcntl.h)."""
@@ -117,6 +117,46 @@ def set_child_subreaper() -> None:
     if prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+
+
+def _raise_errno(call: str, path: bytes | None = None) -> NoReturn:
+    """The OSError of the errno that `call` just left (its subclass: FileNotFoundError for
+    ENOENT, ...), naming the call and `path`."""
+    code = ctypes.get_errno()
+    raise OSError(code, f"{call}: {os.strerror(code)}", None if path is None else os.fsdecode(path))
+
+
+def inotify_init1(flags: int) -> int:
+    """A new inotify instance's descriptor (inotify_init1(2)), opened with `flags`
+    (IN_NONBLOCK, IN_CLOEXEC: os.O_NONBLOCK, os.O_CLOEXEC). Raises LibcUnavailable where
+    the C library has no inotify (not Linux), and the OSError of its errno where the
+    kernel refuses (EMFILE: fs.inotify.max_user_instances spent; ENOSYS)."""
+    fd: int = _function("inotify_init1", [ctypes.c_int])(flags)
+    if fd < 0:
+        _raise_errno("inotify_init1")
+    return fd
+
+
+def inotify_add_watch(fd: int, path: str | bytes | os.PathLike[Any], mask: int) -> int:
+    """Watch `path` for the events in `mask` on the inotify instance `fd`
+    (inotify_add_watch(2)); returns the watch descriptor, the same one again for a path
+    already watched. Raises the OSError of its errno naming `path` (FileNotFoundError for
+    ENOENT; ENOSPC: fs.inotify.max_user_watches spent), and LibcUnavailable where the C
+    library has no inotify."""
+    raw = os.fsencode(path)
+    add_watch = _function("inotify_add_watch", [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32])
+    wd: int = add_watch(fd, raw, mask)
+    if wd < 0:
+        _raise_errno("inotify_add_watch", raw)
+    return wd
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    """Remove the watch `wd` from the inotify instance `fd` (inotify_rm_watch(2)); its
+    IN_IGNORED event follows. Raises the OSError of its errno (EINVAL: no such watch, its
+    file already gone), and LibcUnavailable where the C library has no inotify."""
+    if _function("inotify_rm_watch", [ctypes.c_int, ctypes.c_int])(fd, wd) != 0:
+        _raise_errno("inotify_rm_watch")
 
 
 def _glibc_allocator() -> tuple[Any, Any] | None:

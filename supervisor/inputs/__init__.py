@@ -1,6 +1,6 @@
 """What the daemon observes. Each reports into the loop; none decides anything.
 
-- `inotify`: one event-loop-driven inotify watcher, through libc
+- `inotify`: one event-loop-driven inotify watcher; its calls are `libc`'s
 - `logfollow`: follows the run log as `tail -F` does, without polling
 - `checkpoint_watch`: commits and writes in flight in the checkpoint directory
 - `gpu`: the one module that talks to NVML: cheap GPU figures, never an exception

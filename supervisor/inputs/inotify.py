@@ -1,4 +1,10 @@
-"""inotify(7) through libc: one watcher for the run log and the checkpoint directory.
+"""inotify(7): one watcher for the run log and the checkpoint directory.
+
+The three calls (inotify_init1, inotify_add_watch, inotify_rm_watch) are bound in
+trainwarden/libc.py, the project's one module of C library calls: each raises the OSError
+of its errno, or LibcUnavailable (an OSError too) where the C library has no inotify, so
+an owner that catches OSError falls back to polling. This module opens the descriptor,
+reads and parses the events from it, and keeps the watches' paths.
 
 The descriptor is opened non-blocking and close-on-exec (the trainer never inherits it)
 and, with an asyncio loop, sits in the loop's epoll set: a change wakes the loop once and
@@ -21,8 +27,7 @@ was removed); `Inotify` forgets an ignored watch's path once its owner has seen 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import errno
+import contextlib
 import logging
 import os
 import select
@@ -31,6 +36,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+# Module attributes, so a test can take one away.
+from trainwarden.libc import inotify_add_watch, inotify_init1, inotify_rm_watch
 
 log = logging.getLogger(__name__)
 
@@ -65,35 +73,6 @@ READ_BYTES = 64 * 1024
 _ROOM_FOR_ONE_MORE = 4096
 
 
-def _bind() -> tuple[Callable[..., int], Callable[..., int], Callable[..., int]]:
-    def missing(*_args: object) -> int:
-        ctypes.set_errno(errno.ENOSYS)
-        return -1
-
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        libc = ctypes.CDLL(None, use_errno=True)
-    functions = []
-    for name, argtypes in (
-        ("inotify_init1", [ctypes.c_int]),
-        ("inotify_add_watch", [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]),
-        ("inotify_rm_watch", [ctypes.c_int, ctypes.c_int]),
-    ):
-        function = getattr(libc, name, None)
-        if function is None:  # not Linux: every caller falls back to polling
-            functions.append(missing)
-            continue
-        function.argtypes = argtypes
-        function.restype = ctypes.c_int
-        functions.append(function)
-    return functions[0], functions[1], functions[2]
-
-
-# The raw calls: -1 and errno on failure. Module attributes, so a test can take one away.
-inotify_init1, inotify_add_watch, inotify_rm_watch = _bind()
-
-
 class InotifyEvent(NamedTuple):
     wd: int
     """The watch it came from (-1 for IN_Q_OVERFLOW)."""
@@ -120,23 +99,16 @@ def parse_events(data: bytes) -> list[InotifyEvent]:
     return events
 
 
-def _error(what: str) -> OSError:
-    err = ctypes.get_errno()
-    return OSError(err, f"{what}: {os.strerror(err)}")
-
-
 class Inotify:
     """One inotify instance: its descriptor, its watches, and the events they queue.
 
-    Raises OSError when no instance can be had (ENOSYS, EMFILE); add_watch raises it
-    when the watch cannot be added (ENOENT, ENOSPC: out of watches).
+    Raises OSError when no instance can be had (EMFILE, ENOSYS; LibcUnavailable: no
+    inotify in the C library); add_watch raises it when the watch cannot be added
+    (ENOENT, ENOSPC: out of watches).
     """
 
     def __init__(self) -> None:
-        fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            raise _error("inotify")
-        self.fd = fd
+        self.fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         self.paths: dict[int, bytes] = {}
         """Each watch's path, as it was added."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -144,15 +116,16 @@ class Inotify:
     def add_watch(self, path: Path | str | bytes, mask: int) -> int:
         raw = os.fsencode(path)
         wd = inotify_add_watch(self.fd, raw, mask)
-        if wd < 0:
-            raise _error(f"cannot watch {os.fsdecode(raw)}")
         self.paths[wd] = raw  # the same file added again gets its old wd back
         return wd
 
     def rm_watch(self, wd: int) -> None:
         """Remove a watch; one already gone (its file deleted) is no error."""
         if self.paths.pop(wd, None) is not None:
-            inotify_rm_watch(self.fd, wd)  # its IN_IGNORED follows, and is then ignored
+            # EINVAL: its file went before its IN_IGNORED was read. Otherwise its
+            # IN_IGNORED follows, and is then ignored.
+            with contextlib.suppress(OSError):
+                inotify_rm_watch(self.fd, wd)
 
     def read_events(self) -> list[InotifyEvent]:
         """Every event queued now; none when nothing is (the descriptor does not block)."""

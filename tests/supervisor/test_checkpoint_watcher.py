@@ -4,7 +4,6 @@ without inotify it scans."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import os
 import struct
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainwarden.libc import LibcUnavailable
 from trainwarden.plugins.api import CheckpointInfo
 from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
 from trainwarden.supervisor.errors import CheckpointInvalid
@@ -303,7 +303,10 @@ async def test_lost_events_are_made_up_by_a_rescan(tmp_path: Path):
 
 
 async def test_without_inotify_the_directory_is_scanned(tmp_path: Path, monkeypatch, caplog):
-    monkeypatch.setattr(inotify, "inotify_init1", lambda flags: -1)
+    def no_inotify(flags: int) -> int:
+        raise LibcUnavailable("no inotify_init1")
+
+    monkeypatch.setattr(inotify, "inotify_init1", no_inotify)
     monkeypatch.setattr("trainwarden.supervisor.inputs.checkpoint_watch.POLL_S", 0.1)
     store = CheckpointStore(tmp_path / "checkpoints", Folders())  # type: ignore[arg-type]
     store.ensure()
@@ -334,8 +337,7 @@ async def test_out_of_watches_for_a_folder_falls_back_to_scanning(folders, monke
 
     def out_of_watches(fd: int, path: bytes, mask: int) -> int:
         if b"ckpt-" in path:
-            ctypes.set_errno(errno.ENOSPC)
-            return -1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fsdecode(path))
         return real_add_watch(fd, path, mask)
 
     monkeypatch.setattr(inotify, "inotify_add_watch", out_of_watches)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import os
 import struct
@@ -157,8 +156,7 @@ def test_descriptor_is_not_inherited_and_closed_by_close(tmp_path: Path):
 
 def test_no_inotify_raises_the_reason(monkeypatch: pytest.MonkeyPatch):
     def out_of_instances(flags: int) -> int:
-        ctypes.set_errno(errno.EMFILE)
-        return -1
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr(inotify, "inotify_init1", out_of_instances)
     with pytest.raises(OSError) as raised:

@@ -1,7 +1,6 @@
 """LogFollower against real files, real inotify events and a real asyncio loop."""
 
 import asyncio
-import ctypes
 import errno
 import os
 import threading
@@ -9,6 +8,7 @@ import time
 
 import pytest
 
+from trainwarden.libc import LibcUnavailable
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 
 WAIT_S = 2.0  # generous: these tests check behaviour; latency figures live in bench/
@@ -329,8 +329,7 @@ async def test_inotify_descriptor_is_not_inherited(log, follow):
 async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatch, caplog):
     # Out of inotify instances (fs.inotify.max_user_instances): read often instead.
     def no_inotify(flags):
-        ctypes.set_errno(errno.EMFILE)
-        return -1
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr("trainwarden.supervisor.inputs.inotify.inotify_init1", no_inotify)
     follower, got = follow()
@@ -341,7 +340,10 @@ async def test_without_inotify_the_log_is_still_followed(log, follow, monkeypatc
 
 
 def test_without_inotify_the_thread_mode_follows_too(log, monkeypatch):
-    monkeypatch.setattr("trainwarden.supervisor.inputs.inotify.inotify_init1", lambda flags: -1)
+    def no_inotify(flags):
+        raise LibcUnavailable("no inotify_init1")
+
+    monkeypatch.setattr("trainwarden.supervisor.inputs.inotify.inotify_init1", no_inotify)
     got = []
     follower = LogFollower(log, 0, got.extend)
     follower.start()
