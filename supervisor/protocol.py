@@ -87,16 +87,19 @@ COMMANDS: Final[tuple[str, ...]] = (*READ_COMMANDS, *ACTING_COMMANDS)
 
 # ----------------------------------------------------------------------------- envelopes
 
+RequestId = int | str | None
+"""A request's `id` as its client chose it, echoed in its progress lines and its reply."""
+
 
 class Request(TypedDict):
     """`{"id", "cmd"}`; the command's arguments (the *Args types) sit beside them."""
 
-    id: NotRequired[int | str | None]
+    id: NotRequired[RequestId]
     cmd: str
 
 
 class OkReply(TypedDict):
-    id: int | str | None
+    id: RequestId
     ok: Literal[True]
     result: Any
     """The command's result: RESULTS[cmd]."""
@@ -109,7 +112,7 @@ class ErrorBody(TypedDict):
 
 
 class ErrorReply(TypedDict):
-    id: int | str | None
+    id: RequestId
     """None when the request could not be read far enough to know its id."""
     ok: Literal[False]
     error: ErrorBody
@@ -121,7 +124,7 @@ Reply = OkReply | ErrorReply
 class ProgressLine(TypedDict):
     """Sent for an acting request (stop, shutdown) before its reply, any number of times."""
 
-    id: int | str | None
+    id: RequestId
     progress: str
     """One line for a person: what just happened ("checkpoint step 40 committed")."""
 
@@ -129,7 +132,15 @@ class ProgressLine(TypedDict):
 class Push(TypedDict):
     topic: Topic
     data: Any
-    """TOPIC_DATA[topic]."""
+    """TOPIC_DATA[topic], or TooLarge in its place when the push would exceed MAX_LINE."""
+
+
+class TooLarge(TypedDict):
+    """A push's data that would not fit one line, left out: what is sent in its place."""
+
+    truncated: Literal[True]
+    bytes: int
+    """The encoded size of the push that was not sent, newline included."""
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -218,7 +229,8 @@ class Quarantined(TypedDict):
     step: NotRequired[int | None]
     cause: NotRequired[str | None]
     """"pivot" (set aside: written under the old policy), "divergence" (rolled back
-    past), "verification" (failed it), "failed" (another fault); None: not journaled."""
+    past), "rollback" (the timeline a loss spike's rollback abandoned), "verification"
+    (failed it), "failed" (another fault); None: not journaled."""
     cause_step: NotRequired[int | None]
     """The pivot's or the divergence's step."""
     reason: NotRequired[str | None]
@@ -550,17 +562,10 @@ class HelloResult(TypedDict):
     """The daemon's pid (what `daemon --detach` checks it started)."""
 
 
-class StatusResult(StateView, Telemetry, CheckpointsView):
-    protocol: int
-    version: str
-    run: str
-    run_dir: str
-    daemon_pid: int
-    daemon_started_at: float
-    total_steps: int | None
-    handles: list[str] | None
-    """Of SIGTERM and SIGUSR1, those the trainer's signal target catches (None: unknown,
-    or no trainer)."""
+class StatusFigures(Telemetry):
+    """What status carries beside the state and the checkpoints: the telemetry topic's
+    figures, the newest GPU and host samples, the disk, the run log, the newest evaluation."""
+
     gpu: GpuSample | None
     gpu_status: str
     """"ok", or why there are no GPU figures."""
@@ -577,6 +582,19 @@ class StatusResult(StateView, Telemetry, CheckpointsView):
     log: LogStats | None
     val: Validation | None
     """The newest held-out evaluation (None before the first)."""
+
+
+class StatusResult(StateView, StatusFigures, CheckpointsView):
+    protocol: int
+    version: str
+    run: str
+    run_dir: str
+    daemon_pid: int
+    daemon_started_at: float
+    total_steps: int | None
+    handles: list[str] | None
+    """Of SIGTERM and SIGUSR1, those the trainer's signal target catches (None: unknown,
+    or no trainer)."""
 
 
 class Snapshot(TypedDict, total=False):
@@ -672,7 +690,16 @@ class SaveRequested(TypedDict):
     """The trainer's step when asked."""
 
 
-class SaveCommitted(TypedDict):
+class Unverified(TypedDict, total=False):
+    """What a reply that names a checkpoint (save with wait, stop, shutdown, start) adds
+    while the verification of some committed checkpoint has been given up on."""
+
+    unverified: list[str]
+    """Their names: verifications that ran past their timeout (journaled
+    `verification_overdue`), not waited for any more; absent when there are none."""
+
+
+class SaveCommitted(Unverified):
     """save with wait: the checkpoint that answered it, committed and verified."""
 
     step: int
@@ -689,7 +716,7 @@ class ConfigNoticed(TypedDict, total=False):
     config_notice: str
 
 
-class StopResult(ConfigNoticed):
+class StopResult(ConfigNoticed, Unverified):
     """stop and shutdown: the trainer is gone; what came of it; the newest verified checkpoint."""
 
     state: Literal[Phase.STOPPED]
@@ -706,7 +733,7 @@ class StopResult(ConfigNoticed):
     """The outcome in one line."""
 
 
-class StartResult(ConfigNoticed):
+class StartResult(ConfigNoticed, Unverified):
     state: Phase
     resume_step: NotRequired[int | None]
     """Absent when start resumes an interrupted pivot (the pivot picks the checkpoint)."""

@@ -326,7 +326,10 @@ COMPUTED_KINDS: dict[tuple[str, str], tuple[str, Callable[[], list[str]]]] = {
         "the resume audit's outcome",
         lambda: table_lookup("shell/hub.py", "_finish_audit"),
     ),
-    ("shell/hub.py", "_note_loss_space"): (".loss.json full or written again", _disk_space_change),
+    ("shell/run_history.py", "_note_loss_space"): (
+        ".loss.json full or written again",
+        _disk_space_change,
+    ),
     ("shell/validation.py", "_note_space"): (
         ".eval.json full or written again",
         _disk_space_change,
@@ -393,8 +396,8 @@ def test_every_named_kind_is_registered():
 
 
 def test_the_marker_kinds_are_the_ones_the_hub_sends():
-    """shell/hub.py maps journal kinds to the markers of a history reply."""
-    tree = daemon_trees()["shell/hub.py"]
+    """shell/run_history.py maps journal kinds to the markers of a history reply."""
+    tree = daemon_trees()["shell/run_history.py"]
     table = next(
         node.value
         for node in tree.body

@@ -137,3 +137,35 @@ def test_a_name_mentioned_in_prose_is_not_listed():
     assert TABLE_ROW.findall(section(page, "a/b") or "") == ["x"]
     assert TABLE_ROW.findall(section(page, "a") or "") == ["b/"]
     assert section(page, "b") is None
+
+
+SHELL_FUNCTION_MAX_LINES = 80
+"""The shell's functions fit on a screen (docstring and comments counted): a longer one is
+doing several things and wants its parts named."""
+
+
+def long_functions(source: str, limit: int) -> list[tuple[str, int]]:
+    """(name, lines) of each function or method in `source` longer than `limit` lines."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_in_the_shell_is_over_80_lines():
+    found = {
+        f"{path.name}:{name}": lines
+        for path in sorted((ROOT / "supervisor" / "shell").glob("*.py"))
+        for name, lines in long_functions(path.read_text(), SHELL_FUNCTION_MAX_LINES)
+    }
+    assert found == {}
+
+
+def test_a_long_function_is_found():
+    body = "".join(f"    x{i} = {i}\n" for i in range(81))
+    assert long_functions(f"def short():\n    pass\n\nasync def long():\n{body}", 80) == [
+        ("long", 82)
+    ]

@@ -25,6 +25,10 @@ class Spawn:
     skip window was added, the starts from `first seg` on consume other data from
     `from_step` on than every earlier start did. The resume audit compares a replayed step
     only with a loss of the same timeline (None: no window was ever added)."""
+    leftover: Quarantine | None = None
+    """For a start from no checkpoint (`resume` None) of an in-place trainer: the file left
+    at its fixed name is moved to quarantine/ first, as this says (the policy's answer to
+    FixedFileLeftover). None: a file found there is reported, and nothing is started."""
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,17 @@ class ResumeRefused:
 
 
 @dataclass(frozen=True)
+class FixedFileLeftover:
+    """A start from no checkpoint found a file left at an in-place trainer's fixed name
+    (`[checkpoints] fixed`; one that never verified, or it would have a snapshot to resume
+    from): no trainer was started, and the file is as it was."""
+
+    t: float
+    name: str
+    """The fixed name, in the checkpoint directory."""
+
+
+@dataclass(frozen=True)
 class CheckpointWriting:
     """A checkpoint .tmp file grew: the trainer is busy saving, not hung."""
 
@@ -342,6 +353,7 @@ Event = (
     | CheckpointChanged
     | CheckpointUnchanged
     | ResumeRefused
+    | FixedFileLeftover
     | CheckpointWriting
     | StepLogged
     | ParserNoMatch

@@ -17,6 +17,7 @@ from trainwarden.supervisor.core.actions import (
     SignalTrainer,
 )
 from trainwarden.supervisor.core.events import (
+    FixedFileLeftover,
     Outcome,
     ParserNoMatch,
     Restored,
@@ -335,6 +336,27 @@ def on_resume_refused(
         return state
     # No trainer started for that segment: the next start takes its number.
     return spawn(replace(state, seg=state.seg - 1), ev.t, actions)
+
+
+LEFTOVER_REASON = (
+    "a fresh start, from no snapshot: the fixed file left there is neither resumed from nor"
+    " overwritten"
+)
+"""Why a file left at an in-place trainer's fixed name goes to quarantine/."""
+
+
+def on_fixed_file_leftover(
+    state: State, ev: FixedFileLeftover, rules: Rules, actions: list[Action]
+) -> State:
+    """A start from no checkpoint found a file at the fixed name: it never verified (or it
+    would have a snapshot), so it is not resumed from, and the fresh trainer must not
+    overwrite it either. The start is made again, with that file moved to quarantine/
+    first."""
+    if state.trainer_alive or state.phase in HALTED:
+        return state
+    leftover = Quarantine(step=None, name=ev.name, reason=LEFTOVER_REASON, retract_mirror=False)
+    # No trainer started for that segment: the next start takes its number.
+    return spawn(replace(state, seg=state.seg - 1), ev.t, actions, leftover=leftover)
 
 
 def hang_cause(state: State) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainwarden.supervisor.core.kinds import ErrorCode
+
 MAX_STEP = 2**31 - 1
 """The largest step any checkpoint or request may name (the trainer contract's MAX_STEP,
 repeated here because the core imports nothing outside itself; a test keeps them equal)."""
@@ -163,7 +165,7 @@ class PivotContext:
 class BadRequest:
     """A request that names no command, or a command with unusable arguments."""
 
-    code: str
+    code: ErrorCode
     message: str
 
 

@@ -9,6 +9,7 @@ from trainwarden.supervisor.core.actions import (
     Action,
     Exit,
     Progress,
+    Quarantine,
     Record,
     Reply,
     SignalTrainer,
@@ -54,7 +55,11 @@ def no_checkpoint_left(state: State, actions: list[Action]) -> State:
 
 
 def spawn(
-    state: State, t: float, actions: list[Action], cause: RestartCause | None = None
+    state: State,
+    t: float,
+    actions: list[Action],
+    cause: RestartCause | None = None,
+    leftover: Quarantine | None = None,
 ) -> State:
     """Start a trainer from the newest verified checkpoint, once no checkpoint committed
     before now is still being verified (see core.barrier). From scratch only for a run that
@@ -62,7 +67,9 @@ def spawn(
     no_checkpoint.
 
     `cause`: what the start is counted under once made (see state.with_start_counted);
-    None keeps the cause already decided (a start that waited, or replaces a refused one)."""
+    None keeps the cause already decided (a start that waited, or replaces a refused one).
+    `leftover`: the Spawn's, for a file left at an in-place trainer's fixed name (a start
+    that waits drops it: the file is reported again when the start is made)."""
     if cause is not None:
         state = replace(state, restart_cause=cause)
     if state.pending or state.containing:
@@ -113,6 +120,7 @@ def spawn(
             skip_data=spikes.windows,
             lr_scale=spikes.lr_scale,
             timeline=timeline,
+            leftover=leftover,
         )
     )
     # The new start's spike detector begins from the EMAs as of the step it resumes from.

@@ -22,7 +22,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from trainwarden.supervisor.errors import ProtocolError
-from trainwarden.supervisor.protocol import MAX_LINE, REPLACEABLE_TOPICS, encode
+from trainwarden.supervisor.protocol import (
+    MAX_LINE,
+    REPLACEABLE_TOPICS,
+    ErrorCode,
+    ErrorReply,
+    ProgressLine,
+    Push,
+    Reply,
+    RequestId,
+    TooLarge,
+    encode,
+)
 from trainwarden.supervisor.wire import decode, peer_uid
 
 log = logging.getLogger("trainwarden.control")
@@ -90,7 +101,7 @@ def evictable(connections: Iterable[Connection], owner: int) -> Connection | Non
 
 def admission(
     uid: int | None, owner: int, allowed: set[int], connected: list[int | None], max_clients: int
-) -> tuple[str, str] | None:
+) -> tuple[ErrorCode, str] | None:
     """Why a newcomer from `uid` is refused (code, message), or None to let it in.
 
     The owner's uid and the other allowed uids each have `max_clients` connections: the
@@ -108,16 +119,24 @@ def admission(
     return None
 
 
-def bounded_line(message: dict[str, Any]) -> bytes:
-    """`message` as its line, or, if that would exceed MAX_LINE, what is sent instead: an
-    error for a reply, a `truncated` marker for a push."""
+def bounded_line(message: Reply | ProgressLine) -> bytes:
+    """`message` as its line, or, if that would exceed MAX_LINE, the error sent instead."""
     line = encode(message)
     if len(line) <= MAX_LINE + 1:
         return line
-    if "topic" in message:
-        return encode({"topic": message["topic"], "data": {"truncated": True, "bytes": len(line)}})
     why = f"the reply would be {len(line)} bytes, over the {MAX_LINE}-byte line limit"
-    return encode(error_reply(message.get("id"), "too_large", why))
+    return encode(error_reply(message["id"], "too_large", why))
+
+
+def bounded_push(push: Push) -> bytes:
+    """`push` as its line, or, if that would exceed MAX_LINE, the push with a `truncated`
+    marker in place of its data."""
+    line = encode(push)
+    if len(line) <= MAX_LINE + 1:
+        return line
+    left_out: TooLarge = {"truncated": True, "bytes": len(line)}
+    cut: Push = {"topic": push["topic"], "data": left_out}
+    return encode(cut)
 
 
 class Outbox:
@@ -147,7 +166,7 @@ class Outbox:
         else:
             self.put_line(line)
 
-    def put(self, message: dict[str, Any]) -> None:
+    def put(self, message: Reply | ProgressLine) -> None:
         self.put_line(bounded_line(message))
 
     def put_line(self, line: bytes) -> None:
@@ -404,11 +423,11 @@ def writer_peer_uid(writer: asyncio.StreamWriter) -> int | None:
     return None if sock is None else peer_uid(sock)
 
 
-def error_reply(rid: Any, code: str, message: str) -> dict[str, Any]:
+def error_reply(rid: RequestId, code: ErrorCode, message: str) -> ErrorReply:
     return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
 
 
-def parse_request(line: bytes) -> tuple[Any, str, dict[str, Any]] | dict[str, Any]:
+def parse_request(line: bytes) -> tuple[RequestId, str, dict[str, Any]] | ErrorReply:
     """A request line as (id, command, arguments), or the error reply that refuses it.
     Any bytes at all give one or the other (tests/supervisor/test_request_parsing.py)."""
     try:

@@ -16,18 +16,32 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, get_args
+from typing import Any, TypeGuard, cast, get_args
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.contract import MAX_STEP
-from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
+from trainwarden.supervisor.core.policy import ACTING, BadRequest, Command, parse_command
+from trainwarden.supervisor.core.policy import Reply as PolicyReply
 from trainwarden.supervisor.errors import LockHeld
 from trainwarden.supervisor.protocol import (
     HISTORY_MAX_POINTS,
     MAX_LINE,
     RUN_NAME_MAX,
     TOPICS,
+    CheckpointsView,
+    ErrorCode,
+    EventsResult,
+    HelloResult,
+    JournalRecord,
+    OkReply,
+    ProgressLine,
+    Push,
     ReadCommand,
+    RequestId,
+    Snapshot,
+    StatusResult,
+    SubscribeResult,
+    Topic,
     clip_text,
     connect_path,
     encode,
@@ -37,7 +51,7 @@ from trainwarden.supervisor.serve.connection import (
     WRITE_BUFFER_HIGH,
     Connection,
     admission,
-    bounded_line,
+    bounded_push,
     error_reply,
     evictable,
     hang_up_after,
@@ -164,7 +178,7 @@ class ControlServer:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    def _admission(self, uid: int | None) -> tuple[str, str] | None:
+    def _admission(self, uid: int | None) -> tuple[ErrorCode, str] | None:
         # A closed connection still flushing or finishing its request holds no slot.
         connected = [conn.uid for conn in self.connections if not conn.closed]
         return admission(
@@ -181,16 +195,17 @@ class ControlServer:
 
     # -------------------------------------------------------------- broadcast
 
-    def listening(self, topic: str) -> bool:
+    def listening(self, topic: Topic) -> bool:
         """Whether any client is subscribed to `topic` (nobody: nothing to build)."""
         return any(topic in conn.topics for conn in self.connections)
 
-    def publish(self, topic: str, data: Any) -> None:
+    def publish(self, topic: Topic, data: Any) -> None:
         line: bytes | None = None
         for conn in self.connections:
             if topic in conn.topics:
                 if line is None:  # encoded once, for every subscriber
-                    line = bounded_line({"topic": topic, "data": data})
+                    push: Push = {"topic": topic, "data": data}
+                    line = bounded_push(push)
                 conn.outbox.push_topic(topic, line)
 
     # -------------------------------------------------------------- one connection
@@ -304,7 +319,7 @@ class ControlServer:
         release_memory()
 
     @staticmethod
-    def _parse(conn: Connection, line: bytes) -> tuple[Any, str, dict[str, Any]] | None:
+    def _parse(conn: Connection, line: bytes) -> tuple[RequestId, str, dict[str, Any]] | None:
         """The request on `line` as (id, command, arguments), or None once an error about
         it is queued."""
         request = parse_request(line)
@@ -314,7 +329,7 @@ class ControlServer:
         return request
 
     def _answer(
-        self, conn: Connection, rid: Any, cmd: str, args: dict[str, Any]
+        self, conn: Connection, rid: RequestId, cmd: str, args: dict[str, Any]
     ) -> Coroutine[Any, Any, None] | None:
         """Answer a request now, or return what finishes answering it (a command that
         waits: an acting one, history)."""
@@ -334,27 +349,29 @@ class ControlServer:
         except Exception as exc:
             self._failed(conn, rid, cmd, exc)
             return None
-        conn.outbox.put({"id": rid, "ok": True, "result": result})
+        conn.outbox.put(ok_reply(rid, result))
         return None
 
     async def _reply(
-        self, conn: Connection, rid: Any, cmd: str, answer: Callable[[], Awaitable[Any]]
+        self, conn: Connection, rid: RequestId, cmd: str, answer: Callable[[], Awaitable[Any]]
     ) -> None:
         try:
             result = await answer()
         except Exception as exc:
             self._failed(conn, rid, cmd, exc)
             return
-        conn.outbox.put({"id": rid, "ok": True, "result": result})
+        conn.outbox.put(ok_reply(rid, result))
 
     @staticmethod
-    def _failed(conn: Connection, rid: Any, cmd: str, exc: Exception) -> None:
+    def _failed(conn: Connection, rid: RequestId, cmd: str, exc: Exception) -> None:
         if not isinstance(exc, CommandError):  # never let one request take the daemon down
             log.exception("control request %r failed", cmd, exc_info=exc)
             exc = CommandError("internal", f"{type(exc).__name__}: {exc}")
         conn.outbox.put(error_reply(rid, exc.code, str(exc)))
 
-    async def _acting(self, conn: Connection, rid: Any, cmd: str, args: dict[str, Any]) -> Any:
+    async def _acting(
+        self, conn: Connection, rid: RequestId, cmd: str, args: dict[str, Any]
+    ) -> dict[str, Any] | None:
         command = parse_command(cmd, args)
         if isinstance(command, BadRequest):
             raise CommandError(command.code, command.message)
@@ -380,15 +397,18 @@ class ControlServer:
                 finally:
                     self.acting_cmd = None
         if not reply.ok:
-            raise CommandError(reply.code, reply.message)
+            # The policy's Reply carries its code as a str; every code it answers is an
+            # ErrorCode (tests/test_kinds.py holds the sources to that).
+            raise CommandError(cast(ErrorCode, reply.code), reply.message)
         return reply.result
 
-    async def _operate(self, conn: Connection, rid: Any, command: Any) -> Any:
+    async def _operate(self, conn: Connection, rid: RequestId, command: Command) -> PolicyReply:
         """The daemon's reply to `command`, its progress lines sent as they come; abandoned
         as soon as the client hangs up."""
 
         def progress(message: str) -> None:
-            conn.outbox.put({"id": rid, "progress": message})
+            line: ProgressLine = {"id": rid, "progress": message}
+            conn.outbox.put(line)
 
         loop = asyncio.get_running_loop()
         reply = loop.create_task(self.daemon.operator(command, conn.uid, progress))
@@ -409,7 +429,7 @@ class ControlServer:
 
     # -------------------------------------------------------------- read commands
 
-    def cmd_hello(self, conn: Connection, args: dict[str, Any]) -> Any:
+    def cmd_hello(self, conn: Connection, args: dict[str, Any]) -> HelloResult:
         return {
             "protocol": PROTOCOL_VERSION,
             "version": __version__,
@@ -419,22 +439,25 @@ class ControlServer:
             "pid": os.getpid(),
         }
 
-    def cmd_status(self, conn: Connection, args: dict[str, Any]) -> Any:
+    def cmd_status(self, conn: Connection, args: dict[str, Any]) -> StatusResult:
         view = self.daemon.status_view()
         if isinstance(view.get("run"), str):
             view["run"] = clip_text(view["run"], RUN_NAME_MAX)
         return view
 
-    def cmd_checkpoints(self, conn: Connection, args: dict[str, Any]) -> Any:
+    def cmd_checkpoints(self, conn: Connection, args: dict[str, Any]) -> CheckpointsView:
         return self.daemon.checkpoints_view()
 
-    async def cmd_events(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_events(self, conn: Connection, args: dict[str, Any]) -> EventsResult:
         n = _int_arg(args, "n", 50, 1, 100_000)
         # Read off the loop (up to 100,000 records), then joined on it with what a full
         # disk holds in memory.
         written = await asyncio.to_thread(tail_records, self.daemon.files.journal, n)
         journal = self.daemon.journal
-        return fit_events(written if journal is None else journal.with_held(written, n))
+        records = written if journal is None else journal.with_held(written, n)
+        # The journal reads its records back as plain objects; each is a JournalRecord
+        # (ts, t, kind and the kind's own fields), as the journal wrote it.
+        return fit_events(cast(list[JournalRecord], records))
 
     async def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
         start = _int_arg(args, "start", None, 0, MAX_STEP)
@@ -475,20 +498,26 @@ class ControlServer:
             raise CommandError("wrong_state", "no trainer is running: there are no stacks to dump")
         return result
 
-    def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> Any:
+    def cmd_subscribe(self, conn: Connection, args: dict[str, Any]) -> SubscribeResult:
         topics = args.get("topics", list(TOPICS))
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
             raise CommandError("bad_argument", "'topics' must be a list of topic names")
-        unknown = [t for t in topics if t not in TOPICS]
+        unknown = [t for t in topics if not _is_topic(t)]
         if unknown:
             raise CommandError(
                 "bad_argument", f"unknown topic(s) {', '.join(unknown)}; known: {', '.join(TOPICS)}"
             )
         conn.topics.update(topics)
-        views = {"checkpoints": self.daemon.checkpoints_view, "state": self.daemon.state_view}
-        return {
-            "snapshot": {t: views[t]() if t in views else self.daemon.snapshot(t) for t in topics}
-        }
+        # In the order asked for; a topic asked for twice is sent once, in its first place.
+        snapshot: Snapshot = {}
+        for topic in filter(_is_topic, topics):
+            if topic == "checkpoints":
+                snapshot[topic] = self.daemon.checkpoints_view()
+            elif topic == "state":
+                snapshot[topic] = self.daemon.state_view()
+            else:
+                snapshot[topic] = self.daemon.snapshot(topic)
+        return {"snapshot": snapshot}
 
 
 READS: tuple[str, ...] = get_args(ReadCommand)
@@ -500,9 +529,17 @@ EVENTS_MAX_BYTES = MAX_LINE // 2
 """Encoded journal records one `events` reply holds at most (the newest; then truncated)."""
 
 
-def fit_events(records: list[dict[str, Any]]) -> dict[str, Any]:
+def ok_reply(rid: RequestId, result: Any) -> OkReply:
+    return {"id": rid, "ok": True, "result": result}
+
+
+def _is_topic(name: str) -> TypeGuard[Topic]:
+    return name in TOPICS
+
+
+def fit_events(records: list[JournalRecord]) -> EventsResult:
     """The newest records that fit EVENTS_MAX_BYTES, oldest first; `truncated` if any did not."""
-    kept: list[dict[str, Any]] = []
+    kept: list[JournalRecord] = []
     size = 0
     for record in reversed(records):
         size += len(encode(record))
@@ -513,7 +550,7 @@ def fit_events(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class CommandError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 

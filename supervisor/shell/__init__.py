@@ -13,7 +13,9 @@ the policy's actions.
 - `snapshots`: an in-place trainer's fixed file or folder, snapshotted and restored
 - `pivot_files`: the pivot's file work (archive, policy.json)
 - `views`: the status, state and checkpoint views the socket serves
-- `hub`: telemetry: the log follower, loss history, samplers, subscribers
+- `hub`: the followed log's lines (steps to the queue, then figures), the telemetry frame, topics
+- `run_history`: the loss history: `.loss.json`, its cache rebuilt in a thread, clients' queries
+- `samplers`: GPU and host samples, the bandit and samples files, throttle and low disk
 - `telemetry`: tokens/s, MFU, loss averages, ETA from step lines
 - `validation`: the held-out evaluations: `.eval.json`, the newest, the history
 - `parser_watch`: notices when the configured parser matches none of the trainer's lines

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor import __version__
 from trainwarden.supervisor import registry as plugin_registry
@@ -27,6 +27,7 @@ from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.inputs.gpu import shared_nvml
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
 from trainwarden.supervisor.inputs.proctree import descendants, marked_processes
+from trainwarden.supervisor.protocol import CheckpointsView, StateView, StatusResult
 from trainwarden.supervisor.shell import views
 from trainwarden.supervisor.shell.alerts import Alerter
 from trainwarden.supervisor.shell.boot import (
@@ -72,19 +73,6 @@ if TYPE_CHECKING:
     from trainwarden.supervisor.serve.metrics import MetricsServer
 
 
-class _Decided(NamedTuple):
-    """A decision already made (and its state journaled) whose actions are still to run."""
-
-    before: core.State
-    actions: list[core.Action]
-
-
-class _Failed(NamedTuple):
-    """A decision made on the follower's callback that raised: raised again in the task."""
-
-    error: Exception
-
-
 class Daemon:
     def __init__(self, cfg: Config, notifier: Any = None) -> None:
         self.cfg = cfg
@@ -104,8 +92,6 @@ class Daemon:
         self.cfg = cfg = with_resolved_log(cfg, self.watched)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tick_handle: asyncio.TimerHandle | None = None
-        self._idle = False
-        """The event loop's task is waiting for an event and none is queued."""
         self.state = core.State()
         self.persisted: dict[str, Any] | None = None
         self.journal: Journal | None = None
@@ -146,17 +132,69 @@ class Daemon:
         restored, clean, spawned_seg, refused = last_state_record(
             self.files.journal, self.store.quarantine_notes
         )
-        self.journal = Journal(self.files.journal, self.space)
+        journal = self._open_journal(loop, clean)
+        self._contain(journal)
+        # Decided but not journaled: this is the state the journal already holds.
+        event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
+        self.state, _ = core.decide(self.state, event, self.rules)
+        self.persisted = core.persisted(self.state)
+        hub, executor = self._assemble(loop, journal, spawned_seg)
+        scanned = await self._settle_files(journal, hub)
+        watcher = await self._start_inputs(loop, hub, executor)
+        self.queue.put_nowait(
+            core.Startup(
+                time.monotonic(),
+                last_logged_step=hub.history_last_step(),
+                unclean=not clean,
+                scanned=scanned,
+                diverged=hub.caught_up_divergence,
+                refused=tuple(
+                    (name, note["reason"], note["cause"], note.get("cause_step"))
+                    for name, note in refused.items()
+                ),
+            )
+        )
+        # What start-up built (modules, config, plugins, the loss history's index) lives
+        # as long as the daemon: out of the collector's sight, a full collection scans
+        # only what came since, and no longer holds a step decision off for tens of ms.
+        gc.collect()
+        gc.freeze()
+        chores = [
+            loop.create_task(chore)
+            for chore in (
+                self._watchdog_pings(),
+                report_moved_links(self.watched, journal),
+                self._reap_adopted(),
+                self._retry_writes(),
+                self._watch_config(),
+            )
+        ]
+        try:
+            await self._event_loop()
+        finally:
+            for task in chores:
+                task.cancel()
+            await self._close(loop, journal, hub, executor, watcher)
+        return self.exit_code or 0
+
+    def _open_journal(self, loop: asyncio.AbstractEventLoop, clean: bool) -> Journal:
+        """The journal, its alerts, and this daemon's first records."""
+        journal = self.journal = Journal(self.files.journal, self.space)
         if self.cfg.alerts.urls or self.cfg.alerts.command:
             # Installed first: the start's own records (an unclean exit's) are alerted too.
             self.alerter = Alerter(
-                self.cfg, self.journal, loop, lambda: self.hub.last_step if self.hub else None
+                self.cfg, journal, loop, lambda: self.hub.last_step if self.hub else None
             )
-        self.journal.append(
+        journal.append(
             "daemon_start",
             {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
         )
-        journal_links(self.journal, self.watched)
+        journal_links(journal, self.watched)
+        return journal
+
+    def _contain(self, journal: Journal) -> None:
+        """Become the trainers' subreaper and find where each start's cgroup goes; journal
+        what could be had (`containment`)."""
         not_subreaper = become_subreaper()
         self.cgroups, no_cgroups = StartCgroups.find(self.cfg.run_dir)
         containment: dict[str, Any] = {
@@ -169,152 +207,139 @@ class Daemon:
             log.warning("not a child subreaper: %s", not_subreaper)
         if self.cgroups is None:
             containment["cgroups_error"] = no_cgroups
-        self.journal.append("containment", containment)
-        # Decided but not journaled: this is the state the journal already holds.
-        event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
-        self.state, _ = core.decide(self.state, event, self.rules)
-        self.persisted = core.persisted(self.state)
+        journal.append("containment", containment)
 
-        self.hub = TelemetryHub(
+    def _assemble(
+        self, loop: asyncio.AbstractEventLoop, journal: Journal, spawned_seg: int
+    ) -> tuple[TelemetryHub, Executor]:
+        """The hub (following the log from where the last daemon left it), the commit
+        reports and the executor, wired to this daemon's queue."""
+        hub = self.hub = TelemetryHub(
             self.cfg,
             self.files,
-            self.journal,
+            journal,
             loop,
             self._on_step,
             lambda: self.state.trainer_pid,
             on_no_match=self._on_parser_no_match,
             phase=lambda: self.state.phase,
         )
-        hub = self.hub
-        self.journal.fold_repeats(quiet=lambda: hub.start_steps == 0)
-        self.reports = CheckpointReports(self.store, self.hub, self.queue.put_nowait)
-        self.executor = Executor(
+        journal.fold_repeats(quiet=lambda: hub.start_steps == 0)
+        reports = self.reports = CheckpointReports(self.store, hub, self.queue.put_nowait)
+        executor = self.executor = Executor(
             self.cfg,
             self.files,
             self.store,
-            self.journal,
-            self.hub,
+            journal,
+            hub,
             report=self.queue.put_nowait,
             trainer_pid=lambda: self.state.trainer_pid,
-            forget_commit=self.reports.forget,
+            forget_commit=reports.forget,
             on_trainer_exit=self._trainer_exited,
         )
-        self.executor.cgroups = self.cgroups
+        executor.cgroups = self.cgroups
         if self.fixed is not None:
-            self.snapshots = Snapshots(self.fixed, self.store, self.journal)
-            self.executor.snapshots = self.snapshots
-            snapshots = self.snapshots
-            self.hub.snapshot_failing = lambda: snapshots.failing
-        self.hub.load_history(seg=spawned_seg)
-        self.hub.start_follower()
+            snapshots = self.snapshots = Snapshots(self.fixed, self.store, journal)
+            executor.snapshots = snapshots
+            hub.snapshot_failing = lambda: snapshots.failing
+        hub.load_history(seg=spawned_seg)
+        hub.start_follower()
+        return hub, executor
 
+    async def _settle_files(self, journal: Journal, hub: TelemetryHub) -> tuple[core.Scanned, ...]:
+        """Before the first decision: what an earlier daemon left running is stopped, the
+        checkpoint folder's leftovers cleared and its commits scanned (returned)."""
+        assert self.reports is not None
         await self._stop_leftovers()
         # No start runs yet: lines the log gains until the first one are nobody's.
-        self.hub.end_segment()
+        hub.end_segment()
         with contextlib.suppress(FileNotFoundError):
             self.files.trainer_pid.unlink()
-
         self.store.ensure()
         stale = self.store.remove_stale_in_flight()
         if stale:
-            self.journal.append("stale_tmp_removed", {"names": stale})
+            journal.append("stale_tmp_removed", {"names": stale})
         if self.snapshots is not None:
             # What the trainer last wrote there, before the scan: resumed from if it verifies.
             await self.snapshots.boot()
-        scanned = await self.reports.scan()
+        return await self.reports.scan()
 
-        watcher = CheckpointWatcher(
+    async def _start_inputs(
+        self, loop: asyncio.AbstractEventLoop, hub: TelemetryHub, executor: Executor
+    ) -> CheckpointWatcher:
+        """The checkpoint watcher, signals, the control socket, samplers, GPU events, the
+        mirror and /metrics: from here on events come in."""
+        assert self.reports is not None and self.journal is not None
+        reports = self.reports
+        watcher = self.watcher = CheckpointWatcher(
             self.store,
             loop,
-            on_committed=self.reports.committed,
+            on_committed=reports.committed,
             on_writing=self._on_writing,
-            on_touched=self.reports.touched,
-            on_verified=self.reports.verified,
-            on_unrecognised=self.hub.checkpoint_unrecognised,
-            on_resolved=self.hub.checkpoint_resolved,
+            on_touched=reports.touched,
+            on_verified=reports.verified,
+            on_unrecognised=hub.checkpoint_unrecognised,
+            on_resolved=hub.checkpoint_resolved,
             fixed=self.cfg.checkpoints.fixed,
             on_fixed=self.snapshots.written if self.snapshots is not None else None,
             fixed_commit_file=self.cfg.checkpoints.fixed_commit_file,
         )
         watcher.start()
-        self.watcher = watcher
-        self.executor.settle_commits = watcher.settle
+        executor.settle_commits = watcher.settle
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         from trainwarden.supervisor.serve.control import ControlServer
 
         self.server = ControlServer(self)
         await self.server.start()
-        self.hub.sinks.append(self.server.publish)
-        self.hub.listening = self.server.listening
-        self.hub.start_samplers()
+        hub.sinks.append(self.server.publish)
+        hub.listening = self.server.listening
+        hub.start_samplers()
         self._start_gpu_events(loop)
         self._start_mirror()
         self.metrics = start_metrics(self.cfg, self.journal, self.metrics_snapshot, loop)
+        return watcher
 
-        self.queue.put_nowait(
-            core.Startup(
-                time.monotonic(),
-                last_logged_step=self.hub.history_last_step(),
-                unclean=not clean,
-                scanned=scanned,
-                diverged=self.hub.caught_up_divergence,
-                refused=tuple(
-                    (name, note["reason"], note["cause"], note.get("cause_step"))
-                    for name, note in refused.items()
-                ),
-            )
-        )
-        # What start-up built (modules, config, plugins, the loss history's index) lives
-        # as long as the daemon: out of the collector's sight, a full collection scans
-        # only what came since, and no longer holds a step decision off for tens of ms.
-        gc.collect()
-        gc.freeze()
-        watchdog_task = loop.create_task(self._watchdog_pings())
-        links_task = loop.create_task(report_moved_links(self.watched, self.journal))
-        reaper_task = loop.create_task(self._reap_adopted())
-        space_task = loop.create_task(self._retry_writes())
-        config_task = loop.create_task(self._watch_config())
-        try:
-            await self._event_loop()
-        finally:
-            config_task.cancel()
-            space_task.cancel()
-            watchdog_task.cancel()
-            links_task.cancel()
-            reaper_task.cancel()
-            # The trainer's helpers and orphaned workers end with the start, before the daemon.
-            await self.executor.finish_containment()
-            if self.notifier is not None and not self.state.shutdown:
-                self.notifier.stopping()
-            watcher.stop()
-            if self._gpu_events_task is not None:
-                self._gpu_events_task.cancel()
-            if self.gpu_events is not None:
-                await asyncio.to_thread(self.gpu_events.stop)
-            close_format = getattr(self.fmt, "close", None)
-            if close_format is not None:
-                close_format()  # a format's verifier process (torch-pt) ends with the daemon
-            if self.executor.mirror is not None:
-                self.executor.mirror.close()  # interrupts a copy in progress; latest.json stays
-            # A prune decided before the stop still runs (a slow mirror cannot hold us long).
-            await self.executor.settle_background(BACKGROUND_GRACE_S)
-            if self.metrics is not None:
-                await asyncio.to_thread(self.metrics.close)
-            await self.server.close()
-            self.hub.close()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            with contextlib.suppress(FileNotFoundError):
-                self.files.trainer_pid.unlink()
-            if self.alerter is not None:
-                await asyncio.to_thread(self.alerter.drain)
-                self.alerter.close(grace=0.0)  # drained: journals on the loop, as all do
-            self.journal.append("daemon_exit", {"code": self.exit_code})
-            self.journal.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.files.daemon_pid.unlink()
-        return self.exit_code or 0
+    async def _close(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        journal: Journal,
+        hub: TelemetryHub,
+        executor: Executor,
+        watcher: CheckpointWatcher,
+    ) -> None:
+        """Everything started, ended in order; the journal's last record says the exit."""
+        # The trainer's helpers and orphaned workers end with the start, before the daemon.
+        await executor.finish_containment()
+        if self.notifier is not None and not self.state.shutdown:
+            self.notifier.stopping()
+        watcher.stop()
+        if self._gpu_events_task is not None:
+            self._gpu_events_task.cancel()
+        if self.gpu_events is not None:
+            await asyncio.to_thread(self.gpu_events.stop)
+        close_format = getattr(self.fmt, "close", None)
+        if close_format is not None:
+            close_format()  # a format's verifier process (torch-pt) ends with the daemon
+        if executor.mirror is not None:
+            executor.mirror.close()  # interrupts a copy in progress; latest.json stays
+        # A prune decided before the stop still runs (a slow mirror cannot hold us long).
+        await executor.settle_background(BACKGROUND_GRACE_S)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
+        await self.server.close()
+        hub.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        with contextlib.suppress(FileNotFoundError):
+            self.files.trainer_pid.unlink()
+        if self.alerter is not None:
+            await asyncio.to_thread(self.alerter.drain)
+            self.alerter.close(grace=0.0)  # drained: journals on the loop, as all do
+        journal.append("daemon_exit", {"code": self.exit_code})
+        journal.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.files.daemon_pid.unlink()
 
     async def _stop_leftovers(self) -> None:
         """Stop what an earlier daemon left running: the trainer trainer.pid names and every
@@ -440,19 +465,10 @@ class Daemon:
                 event = outcomes.popleft()
             elif self.queue.empty():
                 self._arm_tick(core.deadline(self.state, self.rules))
-                self._idle = True
-                try:
-                    event = await self.queue.get()
-                finally:
-                    self._idle = False
+                event = await self.queue.get()
             else:
                 event = self.queue.get_nowait()
-            if isinstance(event, _Decided):
-                await self._carry_out(event.before, event.actions)
-            elif isinstance(event, _Failed):
-                raise event.error
-            else:
-                await self.handle(event)
+            await self.handle(event)
 
     def _arm_tick(self, due: float | None) -> None:
         """Have a Tick queued by `due` (time.monotonic()).
@@ -530,33 +546,10 @@ class Daemon:
         self.queue.put_nowait(core.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))
 
     def _on_step(self, step: int, loss: float, grad_norm: float | None = None) -> None:
-        event = core.StepLogged(time.monotonic(), step, loss, grad_norm)
-        held = self.executor.steps_held if self.executor is not None else None
-        if held is not None:
-            held.append(event)
-            return
-        if self._idle and self.queue.empty():
-            # The event loop waits with nothing queued: decide on the line's own callback
-            # rather than wake its task for it (most of a quiet run's cost per step). The
-            # actions, if any (a divergence's kill), run in the task, in order.
-            before = self.state
-            try:
-                actions = self._decide(event)
-            except Exception as exc:
-                # Not the follower's to swallow: the task raises it, as for any event.
-                self.queue.put_nowait(_Failed(exc))
-                return
-            if actions:
-                self.queue.put_nowait(_Decided(before, actions))
-            else:
-                self._announce(before)
-                # As the task would before waiting again (a no-op unless a deadline came
-                # earlier: a step only ever pushes the stall deadline later).
-                self._arm_tick(core.deadline(self.state, self.rules))
-        else:
-            self.queue.put_nowait(event)
-        if not self.ready_sent and self.state.trainer_alive:
-            self._send_ready()
+        """A step line, queued as every event is: the one path from a line to `decide`.
+        (Lines a new trainer prints before its spawn returns are decided after the spawn's
+        outcome, which the loop takes before its queue.)"""
+        self.queue.put_nowait(core.StepLogged(time.monotonic(), step, loss, grad_norm))
 
     def _trainer_exited(self) -> None:
         if not self.ready_sent:
@@ -717,13 +710,13 @@ class Daemon:
         if not self.ready_sent and (self.state.trainer_alive or self.state.phase in core.HALTED):
             self._send_ready()
 
-    def state_view(self) -> dict[str, Any]:
+    def state_view(self) -> StateView:
         return views.state_view(self.state, time.monotonic(), self.config)
 
-    def checkpoints_view(self) -> dict[str, Any]:
+    def checkpoints_view(self) -> CheckpointsView:
         return views.checkpoints_view(self.state, self.rules, self.store)
 
-    def status_view(self) -> dict[str, Any]:
+    def status_view(self) -> StatusResult:
         assert self.hub is not None
         pid = self.state.trainer_pid
         # A file read per status: cheap, and a trainer's handlers may come after its start.

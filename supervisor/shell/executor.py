@@ -99,8 +99,6 @@ class Executor:
         takes these before its queue, so the outcome is decided before anything queued
         while the start was being made (a stop or shutdown that came in meanwhile must
         find the trainer it is to stop)."""
-        self.steps_held: list[core.Event] | None = None
-        """While a spawn is under way: step lines logged meanwhile, reported after it."""
         self.cgroups: StartCgroups | None = None
         """Each start's cgroup, where the daemon may make them (see shell.cgroups)."""
         self.identity_unsaved: TrainerIdentity | None = None
@@ -234,7 +232,10 @@ class Executor:
         await self.hub.drain_log()
         if self.snapshots is not None:
             # Only now, with nothing of the last start left to write it: the fixed file.
-            refused = await self.snapshots.prepare(action.resume)
+            refused = await self.snapshots.prepare(action.resume, action.leftover)
+            if isinstance(refused, core.FixedFileLeftover):
+                self.outcomes.append(refused)  # the policy says what becomes of it
+                return
             if refused is not None:
                 self.outcomes.append(core.SpawnFailed(time.monotonic(), refused))
                 return
@@ -243,20 +244,7 @@ class Executor:
         env = trainer_env(self.cfg, self.store.dir, action, marker)
         # The intent, durable before the fork: a daemon killed at any instant after it finds
         # this start's processes by the marker even if it never learned the trainer's pid.
-        intent: dict[str, Any] = {
-            "seg": action.seg,
-            "resume": core.ckpt_json(action.resume),
-            "pivot": action.pivot,
-            "argv": argv,
-            "marker": marker,
-        }
-        if action.rollback_from is not None:
-            intent["rollback_from"] = action.rollback_from
-        if action.skip_data:
-            intent["skip_data"] = [list(w) for w in action.skip_data]
-        if action.lr_scale != 1.0:
-            intent["lr_scale"] = action.lr_scale
-        self.journal.append("spawn", intent, sync=True)
+        self.journal.append("spawn", spawn_intent(action, argv, marker), sync=True)
         resume_file = resume_path(self.cfg, self.store.dir, action)
         self.hub.begin_segment(
             action.seg,
@@ -265,9 +253,9 @@ class Executor:
             timeline=action.timeline,
             resume_names=(action.resume.name, str(resume_file)) if action.resume else (),
         )
-        # The new trainer may print (a NaN, even) before the spawn returns: its lines wait
-        # and reach the policy after the spawn they belong to, in their order.
-        self.steps_held = []
+        # The new trainer may print (a NaN, even) before the spawn returns: its lines are
+        # queued and reach the policy after the spawn's outcome, which the daemon's loop
+        # takes before its queue.
         procs_fd, no_procs_fd = (
             self.cgroups.open_for_child(marker) if self.cgroups is not None else (None, None)
         )
@@ -282,7 +270,6 @@ class Executor:
                 with contextlib.suppress(OSError):
                     self.cgroups.path(marker).rmdir()  # made for a start that never ran
             self.outcomes.append(core.SpawnFailed(time.monotonic(), failure))
-            self._release_held_steps()
             return
         finally:
             if procs_fd is not None:
@@ -298,12 +285,15 @@ class Executor:
                 started["cgroup_error"] = refused
         self.journal.append("trainer_started", started)
         self.outcomes.append(core.TrainerSpawned(time.monotonic(), proc.pid))
-        self._release_held_steps()
         asyncio.get_running_loop().create_task(self._await_exit(proc, marker))
+        await self._record_identity(proc.pid, marker)
+
+    async def _record_identity(self, pid: int, marker: str) -> None:
+        """Write trainer.pid for a trainer just started (a daemon killed later finds it)."""
         try:
             # In a thread: while the child is still inside execve its cmdline reads empty,
             # and TrainerIdentity.of waits (sleeping) for it.
-            identity = await asyncio.to_thread(TrainerIdentity.of, proc.pid, marker)
+            identity = await asyncio.to_thread(TrainerIdentity.of, pid, marker)
         except Exception as exc:  # it may already have died; its exit is reported anyway
             # A trainer that died at once is no news (its crash is journaled): said once
             # per crash, this line would flood the daemon's log in a fast crash loop.
@@ -330,11 +320,6 @@ class Executor:
             return
         self.identity_unsaved = None
         self.journal.space.emptied(path, "the trainer's identity")
-
-    def _release_held_steps(self) -> None:
-        held, self.steps_held = self.steps_held or [], None
-        for event in held:
-            self.report(event)
 
     async def _await_exit(self, proc: asyncio.subprocess.Process, marker: str) -> None:
         returncode = await proc.wait()
@@ -487,3 +472,21 @@ class Executor:
             return
         latest = await mirror.retract(step)
         self.journal.append("mirror_retracted", {"step": step, "latest": latest})
+
+
+def spawn_intent(action: core.Spawn, argv: list[str], marker: str) -> dict[str, Any]:
+    """The `spawn` record: what a start is to be, journaled before its fork."""
+    intent: dict[str, Any] = {
+        "seg": action.seg,
+        "resume": core.ckpt_json(action.resume),
+        "pivot": action.pivot,
+        "argv": argv,
+        "marker": marker,
+    }
+    if action.rollback_from is not None:
+        intent["rollback_from"] = action.rollback_from
+    if action.skip_data:
+        intent["skip_data"] = [list(w) for w in action.skip_data]
+    if action.lr_scale != 1.0:
+        intent["lr_scale"] = action.lr_scale
+    return intent

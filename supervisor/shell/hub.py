@@ -1,59 +1,41 @@
-"""What the daemon knows about the run besides its state: the followed log, the loss
-and validation histories, the monitor's figures, the resume audit, GPU/host samples and
-the trainer's bandit and sample files, and the topics they are published on.
+"""What the daemon knows about the run besides its state, and the topics it is published
+on: the followed log's lines (steps to the policy, then the monitor's figures, the resume
+audit, save reports, stray output), the newest checkpoint, and the telemetry frame. The
+loss history is `run_history`'s, the GPU/host samples `samplers`', the held-out
+evaluations `validation`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
-import functools
 import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import orjson
 
 from trainwarden.plugins.api import CheckpointInfo, EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.contract import SAVE_REPORT_PREFIX, SaveReport, parse_save_report
-from trainwarden.supervisor.core.gpu_faults import Throttle, throttle_step
 from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.core.progress import is_divergent
 from trainwarden.supervisor.inputs.logfollow import LogFollower
-from trainwarden.supervisor.protocol import (
-    SIDECAR_READ_MAX_BYTES,
-    bounded_sidecar,
-    sidecar_too_large,
-)
-from trainwarden.supervisor.shell.other_runs import OtherRuns
+from trainwarden.supervisor.protocol import StateView
 from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
+from trainwarden.supervisor.shell.run_history import RunHistory
+from trainwarden.supervisor.shell.samplers import Samplers
 from trainwarden.supervisor.shell.telemetry import (
     Monitor,
     SaveCadence,
     grad_norm_of,
-    no_gpu_reason,
     settings_from_config,
 )
 from trainwarden.supervisor.shell.validation import Validation
-from trainwarden.supervisor.store import evaldb, runseries
 from trainwarden.supervisor.store.appendfile import no_space
-from trainwarden.supervisor.store.branch_history import (
-    AncestryKey,
-    Inherited,
-    ancestry_key,
-    inherited,
-)
 from trainwarden.supervisor.store.journal import Journal
-from trainwarden.supervisor.store.lossdb import LossWriter
-from trainwarden.supervisor.store.losshistory import LossHistory
-from trainwarden.supervisor.store.lossquery import HistoryView
 from trainwarden.supervisor.store.resume_audit import ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -63,11 +45,6 @@ PUBLISH_INTERVAL_S = 0.2
 OFFSET_SAVE_INTERVAL_S = 1.0
 STRAY_INTERVAL_S = 5.0
 """At most one `stray_output` record per this many seconds while lines keep coming."""
-CACHE_MIN_ROWS = 100_000
-"""A start-up that parsed this many rows past the loss cache writes a new one first."""
-CACHE_REFRESH_ROWS = 1_000_000
-"""Logged rows after which the loss cache is rebuilt (in a thread), so a start-up after
-a crash parses at most about this many lines."""
 SPAWN_LOOKBACK_RECORDS = 5000
 """Journal records searched back for the current segment's spawn at a daemon restart."""
 UNRECOGNISED_SHOWN = 20
@@ -77,14 +54,6 @@ LAST_LINE_CHARS = 300
 LIVE_FIGURES = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
 """The figures of the trainer's pace now, withheld while it is not stepping (the run
 averages, mfu_avg and loss_avg, stay: they say what the run did)."""
-MARKER_KINDS = {
-    "spawn": "restart",
-    "divergence": "divergence",
-    "pivot": "pivot",
-    "crash": "crash",
-    "spike": "spike",
-    "rollback": "skip",
-}
 
 
 class TelemetryHub:
@@ -105,8 +74,7 @@ class TelemetryHub:
         self.journal = journal
         self.loop = loop
         self.on_step = on_step
-        self.trainer_pid = trainer_pid
-        """The daemon's own knowledge of the live trainer (for process figures)."""
+        """The daemon's queue for a step line's StepLogged: the policy decides each."""
         self.phase = phase
         """The run's phase now: the pace figures are published only while it steps."""
         self.parser = plugin_registry.log_parser(
@@ -121,56 +89,41 @@ class TelemetryHub:
             no_match_after_s(cfg.restart.stall_timeout_s),
             self._parser_matches_nothing,
         )
-        self.history = LossHistory()
-        self.writer: LossWriter | None = None
+        self.runs = RunHistory(cfg, files, journal, loop, cache_refresh_rows)
+        """The loss history: .loss.json, its cache, the queries clients make of it."""
         self.validation = Validation(files, journal)
+        self.samplers = Samplers(
+            cfg, files, journal, self.monitor, self.publish, trainer_pid, phase,
+            lambda: self.newest_checkpoint,
+        )  # fmt: skip
+        self.latest = self.samplers.latest
+        """Each topic's newest data (the samplers' and the state), for snapshots."""
         self.follower: LogFollower | None = None
-        self.audit: ResumeAudit | None = None
-        self.audit_result: dict[str, Any] | None = None
-        self.seg = 0
-        self.last_step: int | None = None
         self.sinks: list[Callable[[str, Any], None]] = []
         self.listening: Callable[[str], bool] = lambda topic: True
         """Whether a topic has subscribers: telemetry frames are built only for someone."""
-        self.latest: dict[str, Any] = {"gpu": None, "host": None, "bandit": None, "samples": None}
-        self.newest_checkpoint: CheckpointInfo | None = None
-        self.newest_checkpoint_t: float | None = None
-        """Wall time the newest checkpoint was committed (its file's mtime)."""
         self.cadence = SaveCadence(cfg.trainer.total_steps)
         self.cadence.replay(journal.tail(SPAWN_LOOKBACK_RECORDS))
+        self.snapshot_failing: Callable[[], dict[str, Any] | None] = lambda: None
+        """Why the in-place snapshots fail, if they do ([checkpoints] fixed)."""
+        self._init_lines()
+        self._init_start()
+        self._init_checkpoints()
+
+    def _init_lines(self) -> None:
+        """What the lines read so far told: the newest step, line and save."""
+        self.seg = 0
+        self.last_step: int | None = None
+        self.last_step_t: float | None = None
+        """Wall time the newest step line was seen (from .loss.json after a restart)."""
         self.last_line: str | None = None
         """The trainer's newest non-blank output line (clipped), for a start that hangs."""
         self.last_line_t: float | None = None
-        self.start_last_line: str | None = None
-        self.start_steps = 0
-        """Step lines the current start has logged."""
-        """The current (or last ended) start's newest non-blank line: a crash's cause."""
-        self._resume_names: tuple[str, ...] = ()
-        """The checkpoint the current start was given (name, path), until its first step."""
-        self.resume_mentioned = False
-        """The current start printed its checkpoint's name before its first step: evidence
-        that it read it (see inputs.resume_read)."""
-        self.last_step_t: float | None = None
-        """Wall time the newest step line was seen (from .loss.json after a restart)."""
         self.last_save: SaveReport | None = None
         """The newest save a trainer reported (its stall and write time): a fact about
         the newest save, kept across trainer starts; not journaled (a daemon restart
         starts without one)."""
         self.last_save_t: float | None = None
-        self.unrecognised: dict[str, dict[str, str]] = {}
-        """Names in the checkpoint directory the format does not read, oldest first."""
-        self.disk_low = False
-        self._publish_handle: asyncio.Handle | None = None
-        self._offset_saved_t = 0.0
-        self._offset_fd: int | None = None
-        self._sampler_task: asyncio.Task[None] | None = None
-        self._file_mtimes: dict[str, float] = {}
-        self.gpu_sampler: Any = None
-        self.throttle = Throttle()
-        """GPU 0's throttle episode (see core.gpu_faults.throttle_step)."""
-        self.host_sampler: Any = None
-        self.snapshot_failing: Callable[[], dict[str, Any] | None] = lambda: None
-        """Why the in-place snapshots fail, if they do ([checkpoints] fixed)."""
         self.accepting = True
         """Lines belong to a start whose main process runs (or the one it just left)."""
         self.catching_up = True
@@ -178,45 +131,46 @@ class TelemetryHub:
         it did not live to read (its trainer went on while no daemon ran)."""
         self.caught_up_divergence: tuple[int, float] | None = None
         """The first of those lines with a non-finite or too high loss (step, loss)."""
+        self._publish_handle: asyncio.Handle | None = None
+        self._offset_saved_t = 0.0
+        self._offset_fd: int | None = None
         self._stray: dict[str, Any] | None = None
         self._stray_handle: asyncio.TimerHandle | None = None
-        self._history_thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="history"
-        )
-        """History queries and cache rebuilds, one at a time, off the event loop."""
-        self._others = OtherRuns()
-        """Other runs' histories (history_of, related_runs): their own thread and bounds."""
-        self._inherited: tuple[AncestryKey, Inherited] | None = None
-        """A branch's ancestors' history, by what it was read for (history thread only)."""
-        self._rows_since_cache = 0
-        self._cache_job: asyncio.Future[LossHistory | None] | None = None
-        self.cache_refresh_rows = cache_refresh_rows or CACHE_REFRESH_ROWS
-        """Logged rows between cache rebuilds (a parameter for tests)."""
+
+    def _init_start(self) -> None:
+        """What the current start has shown: its lines, steps, and its resume's audit."""
+        self.audit: ResumeAudit | None = None
+        self.audit_result: dict[str, Any] | None = None
+        self.start_last_line: str | None = None
+        """The current (or last ended) start's newest non-blank line: a crash's cause."""
+        self.start_steps = 0
+        """Step lines the current start has logged."""
+        self._resume_names: tuple[str, ...] = ()
+        """The checkpoint the current start was given (name, path), until its first step."""
+        self.resume_mentioned = False
+        """The current start printed its checkpoint's name before its first step: evidence
+        that it read it (see inputs.resume_read)."""
+
+    def _init_checkpoints(self) -> None:
+        self.newest_checkpoint: CheckpointInfo | None = None
+        self.newest_checkpoint_t: float | None = None
+        """Wall time the newest checkpoint was committed (its file's mtime)."""
+        self.unrecognised: dict[str, dict[str, str]] = {}
+        """Names in the checkpoint directory the format does not read, oldest first."""
 
     # -------------------------------------------------------------- history and log
 
     def load_history(self, seg: int) -> None:
         """Rebuild telemetry from .loss.json (not the whole log) at daemon start."""
         self.seg = seg
-        path, cache = self.files.loss_history, self.loss_cache_dir
-        try:
-            # Many rows past the cache go into a new generation as they are parsed, so the
-            # first start of a long run holds one chunk of them in memory, not all.
-            self.history = LossHistory.load(path, cache, cache_rows=CACHE_MIN_ROWS)
-        except OSError as exc:
-            # Only a start-up's speed depends on the cache: the run goes on without it.
-            log.warning("could not write the loss cache in %s: %s", cache, exc)
-            self.history = LossHistory.load(path, cache)
-        for step, loss, dt, t in self.history.recent(self.cfg.telemetry.window * 2):
+        self.runs.load()
+        history = self.runs.history
+        for step, loss, dt, t in history.recent(self.cfg.telemetry.window * 2):
             self.monitor.observe(step, loss, dt, t)
             self.last_step_t = t
-        self.last_step = self.history.last_step
-        self.writer = LossWriter(self.files.loss_history)
-        self._note_loss_space()
+        self.last_step = history.last_step
         self.validation.load()
         self._continue_count(seg)
-        # A branch's first history query need not wait for its parent's history to load.
-        self._history_thread.submit(self._ancestry, self.history.first_step)
 
     @property
     def counts_lines(self) -> bool:
@@ -231,7 +185,7 @@ class TelemetryHub:
         if not self.counts_lines:
             return
         resume_step = self._resume_step_of(seg)
-        last = self.history.last_step_of(seg, above=resume_step)
+        last = self.runs.history.last_step_of(seg, above=resume_step)
         self.parser.resume_at(last if last is not None else resume_step or 0)  # type: ignore[attr-defined]
 
     def _resume_step_of(self, seg: int) -> int | None:
@@ -243,52 +197,8 @@ class TelemetryHub:
                 return step if isinstance(step, int) else None
         return None
 
-    @property
-    def loss_cache_dir(self) -> Path:
-        return self.files.state_dir / "loss-cache"
-
-    def _rebuild_cache(self, upto: int) -> LossHistory | None:
-        """In the history thread: the cache for .loss.json's first `upto` bytes (what had
-        been logged when the rebuild began), and the history over it."""
-        try:
-            return LossHistory.load(
-                self.files.loss_history, self.loss_cache_dir, upto=upto, cache_rows=1
-            )
-        except OSError as exc:
-            log.warning("could not write the loss cache in %s: %s", self.loss_cache_dir, exc)
-            return None
-
-    def _count_for_cache(self, rows: int) -> None:
-        self._rows_since_cache += rows
-        if self._rows_since_cache < self.cache_refresh_rows or self._cache_job is not None:
-            return
-        upto = self.writer.size() if self.writer is not None else None
-        if upto is None:
-            return  # lines held on a full disk: the file is behind the history for now
-        self._rows_since_cache = 0
-        self.history.mark()
-        job = self.loop.run_in_executor(self._history_thread, self._rebuild_cache, upto)
-        self._cache_job = job
-        job.add_done_callback(self._cache_rebuilt)
-
-    def _cache_rebuilt(self, job: asyncio.Future[LossHistory | None]) -> None:
-        """On the loop: the running history trades the rows the new cache holds for maps
-        of it (the steps logged meanwhile are added again), so its memory stays about
-        CACHE_REFRESH_ROWS rows however long the daemon runs."""
-        self._cache_job = None
-        base = None
-        if not job.cancelled():
-            if job.exception() is not None:
-                log.warning("loss cache rebuild failed: %r", job.exception())
-            else:
-                base = job.result()
-        if base is None:
-            self.history.remap_cancel()
-            return
-        self.history.remap(base)
-
     def history_last_step(self) -> int | None:
-        return self.history.last_step
+        return self.runs.history.last_step
 
     def start_follower(self) -> None:
         offset = self._saved_offset()
@@ -323,6 +233,7 @@ class TelemetryHub:
                 self._write_offset()
             return
         parse = self.parser.parse
+        history = self.runs.history
         rows = []
         evals: list[EvalRecord] = []
         reported = False
@@ -355,7 +266,7 @@ class TelemetryHub:
                 self.caught_up_divergence = (record.step, record.loss)
             now = time.time()
             rows.append((record.step, record.loss, record.dt, now, self.seg))
-            self.history.add(record.step, record.loss, record.dt, now, self.seg)
+            history.add(record.step, record.loss, record.dt, now, self.seg)
             self.monitor.observe_record(record, now)
             self.last_step = record.step
             self.last_step_t = now
@@ -371,10 +282,8 @@ class TelemetryHub:
                 self.parser_watch.matched()
             else:
                 self.parser_watch.unmatched(lines)
-        if rows and self.writer is not None:
-            self.writer.append_many(rows)
-            self._note_loss_space()
-            self._count_for_cache(len(rows))
+        if rows:
+            self.runs.append(rows)
         if evals:
             self.validation.observe(evals, self.seg, time.time())
         if rows or evals or reported:
@@ -411,7 +320,7 @@ class TelemetryHub:
 
     def _write_offset(self) -> None:
         assert self.follower is not None and self._offset_fd is not None
-        if (self.writer is not None and self.writer.full) or self.validation.full:
+        if self.runs.full or self.validation.full:
             # Lines past the saved offset are in memory only: a daemon killed now reads
             # them again from the log rather than lose them.
             return
@@ -424,22 +333,8 @@ class TelemetryHub:
 
     def retry_writes(self) -> None:
         """Write the step lines held since the disk filled (the daemon's retry timer)."""
-        if self.writer is not None and self.writer.full:
-            self.writer.retry()
-            self._note_loss_space()
+        self.runs.retry_writes()
         self.validation.retry()
-
-    def _note_loss_space(self) -> None:
-        """Journal (and log) .loss.json's change between full and written again."""
-        writer = self.writer
-        if writer is None:
-            return
-        change = self.journal.space.change(
-            writer.path, writer.file.error, "holding its step lines in memory", "step",
-            writer.take_lost, time.time(),
-        )  # fmt: skip
-        if change is not None:
-            self.journal.append(*change)
 
     def end_segment(self) -> None:
         """The start's main process is gone and its last lines are read: what the log gains
@@ -510,18 +405,18 @@ class TelemetryHub:
         if self.counts_lines:
             # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
             self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]
-        last = self.history.last_step
+        last = self.runs.history.last_step
         if last is not None and timeline is not None:
             last = min(last, self._timeline_reach(seg, *timeline))
         if not pivot and resume_step is not None and last is not None and last > resume_step:
             self.audit = ResumeAudit(
-                self.history, resume_step, last, self.cfg.telemetry.resume_tolerance
+                self.runs.history, resume_step, last, self.cfg.telemetry.resume_tolerance
             )
 
     def _timeline_reach(self, seg: int, first_seg: int, changed_from: int) -> int:
         """The newest step whose standing loss was logged in this data timeline (or before
         its change): past it, the history holds an abandoned timeline's losses."""
-        logged = (self.history.last_step_of(k) for k in range(first_seg, seg))
+        logged = (self.runs.history.last_step_of(k) for k in range(first_seg, seg))
         return max((s for s in logged if s is not None), default=changed_from - 1)
 
     def _finish_audit(self, result: Any) -> None:
@@ -536,84 +431,17 @@ class TelemetryHub:
     async def history_query(
         self, start: int | None, end: int | None, points: int
     ) -> dict[str, Any]:
-        """Decimated in the history thread over a snapshot, so the loop keeps deciding on
-        steps however long the run (and however many clients ask)."""
-        view = self.history.snapshot()
-        own_first = self.history.first_step
-        val_steps, val_losses = self.validation.snapshot()
-
-        def answer() -> dict[str, Any]:
-            ancestry = self._ancestry(own_first)
-            whole = HistoryView([*ancestry.parts, *view.parts]) if ancestry.parts else view
-            steps = [p.step for p in ancestry.evals] + val_steps
-            losses = [p.loss for p in ancestry.evals] + val_losses
-            return {
-                **whole.query(start, end, points),
-                "markers": self._markers(),
-                "branch_step": ancestry.branch_step,
-                "ancestors": ancestry.ancestors,
-                "val": evaldb.series(steps, losses, start, end, points),
-            }
-
-        result = await self.loop.run_in_executor(self._history_thread, answer)
+        result = await self.runs.query(start, end, points, self.validation.snapshot())
         result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
         return result
 
     async def history_of_query(
         self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
     ) -> dict[str, Any]:
-        """Another run's history, read from its files (read only: its own daemon, if any,
-        owns them) in the other runs' thread, never this run's history thread. For `peer`,
-        a client of another user than the daemon's (or root), only a related run that user
-        may read (resolve_for_peer)."""
-        run_dir = self.files.run_dir
-
-        def answer() -> dict[str, Any]:
-            if peer is None:
-                path = runseries.resolve_run(run_dir, run)
-            else:
-                path = runseries.resolve_for_peer(run_dir, run, peer)
-            return runseries.decimated(self._others.series(path), start, end, points)
-
-        return await self._others.run(self.loop, answer)
+        return await self.runs.query_other(run, start, end, points, peer)
 
     async def related_runs(self) -> list[dict[str, Any]]:
-        return await self._others.run(
-            self.loop, functools.partial(runseries.related_runs, self.files.run_dir)
-        )
-
-    def _ancestry(self, own_first: int | None) -> Inherited:
-        """In the history thread: a branch's inherited steps, read again only when its
-        lineage changed (a parent now reachable, say) or its own steps reach below its
-        branch step."""
-        key = ancestry_key(self.cfg.run_dir, own_first)
-        if self._inherited is None or self._inherited[0] != key:
-            self._inherited = (key, inherited(self.cfg.run_dir, key[1]))
-        return self._inherited[1]
-
-    def _markers(self) -> list[dict[str, Any]]:
-        markers = []
-        for record in self.journal.tail(2000):
-            kind = MARKER_KINDS.get(record.get("kind", ""))
-            if kind is None:
-                continue
-            step = record.get("step")
-            if kind == "restart":
-                if record.get("seg", 0) <= 1:
-                    continue  # the run's first start is no restart
-                resume = record.get("resume") or {}
-                step = resume.get("step", 0)
-            elif kind == "crash":
-                step = record.get("last_step")
-            elif kind == "spike":
-                step = record.get("first_step")
-            elif kind == "skip":
-                # Where the data jumps: the first step of the window (none: a plain rollback).
-                window = record.get("window")
-                step = window[0] if isinstance(window, list) and window else None
-            if isinstance(step, int):
-                markers.append({"step": step, "kind": kind})
-        return markers
+        return await self.runs.related_runs()
 
     # -------------------------------------------------------------- checkpoints
 
@@ -657,7 +485,7 @@ class TelemetryHub:
         for sink in self.sinks:
             sink(topic, data)
 
-    def publish_state(self, data: dict[str, Any]) -> None:
+    def publish_state(self, data: StateView) -> None:
         self.latest["state"] = data
         self.publish("state", data)
         # The pace figures come and go with the phase: a stop must not leave the last
@@ -720,9 +548,9 @@ class TelemetryHub:
     def status_fields(self) -> dict[str, Any]:
         fields = self.telemetry()
         fields["gpu"] = self.latest.get("gpu")
-        fields["gpu_status"] = self.gpu_status()
+        fields["gpu_status"] = self.samplers.gpu_status()
         fields["host"] = self.latest.get("host")
-        fields["disk_low"] = self.disk_low
+        fields["disk_low"] = self.samplers.disk_low
         fields["disk_full"] = self.journal.space.full
         fields["disk_full_files"] = sorted(self.journal.space.full_files)
         fields["snapshot_failing"] = self.snapshot_failing()
@@ -730,107 +558,11 @@ class TelemetryHub:
         fields["val"] = self.validation.status(time.time())
         return fields
 
-    def gpu_status(self) -> str:
-        if self.gpu_sampler is None:
-            return "not sampled yet"
-        if not getattr(self.gpu_sampler, "available", False):
-            return getattr(self.gpu_sampler, "reason", None) or no_gpu_reason()
-        return "ok"
-
-    # -------------------------------------------------------------- samplers
-
     def start_samplers(self) -> None:
-        self._sampler_task = self.loop.create_task(self._sample_forever())
-
-    async def _sample_forever(self) -> None:
-        from trainwarden.supervisor.inputs.gpu import GpuSampler
-        from trainwarden.supervisor.inputs.host import HostSampler
-
-        self.gpu_sampler = await asyncio.to_thread(GpuSampler)
-        self.host_sampler = HostSampler(self.cfg.checkpoint_dir)
-        if not self.gpu_sampler.available:
-            if self.cfg.telemetry.peak_tflops == "auto":
-                self.monitor.set_peak_tflops(None, no_gpu_reason())
-        else:
-            name = await asyncio.to_thread(self.gpu_sampler.name)
-            if self.cfg.telemetry.peak_tflops == "auto":
-                self.monitor.set_gpu_name(name)
-        while True:
-            try:
-                await self._sample_once()
-            except Exception:  # a sampler failure must never stop supervision
-                log.exception("sampling failed")
-            await asyncio.sleep(self.cfg.telemetry.sample_interval_s)
-
-    async def _sample_once(self) -> None:
-        from trainwarden.supervisor.inputs.host import disk_low
-
-        gpu = await asyncio.to_thread(self.gpu_sampler.sample)
-        gpu_data = gpu.to_dict() if gpu is not None else None
-        self.latest["gpu"] = gpu_data
-        self.publish("gpu", gpu_data)
-        if gpu is not None:
-            self._watch_throttle(gpu.index, gpu.throttle_reasons)
-        pid = self.trainer_pid()
-        host = await asyncio.to_thread(self.host_sampler.sample, pid)
-        host_data = host.to_dict()
-        self.latest["host"] = host_data
-        self.publish("host", host_data)
-        newest = self.newest_checkpoint
-        if newest is not None:
-            low = disk_low(host.disk_free_bytes, newest.bytes)
-            if low != self.disk_low:
-                self.disk_low = low
-                self.journal.append(
-                    "disk_low" if low else "disk_ok",
-                    {"free_bytes": host.disk_free_bytes, "checkpoint_bytes": newest.bytes},
-                )
-        for topic, path in (("bandit", self.files.bandit_state), ("samples", self.files.samples)):
-            data = await asyncio.to_thread(self._read_if_changed, topic, path)
-            if data is not None:
-                self.latest[topic] = data
-                self.publish(topic, data)
-
-    def _watch_throttle(self, index: int, reasons: Any) -> None:
-        """Journal `gpu_throttle` once per episode of heat or hardware slowdown that lasts
-        [gpu] throttle_after_s, with the MFU it cost."""
-        from trainwarden.supervisor.inputs.gpu import ALARMING_REASONS
-
-        alarming = tuple(r for r in reasons or () if r in ALARMING_REASONS)
-        mfu = self.monitor.snapshot().get("mfu") if self.phase() in STEPPING else None
-        self.throttle, record = throttle_step(
-            self.throttle, time.monotonic(), alarming, mfu, self.cfg.gpu.throttle_after_s
-        )
-        if record is not None:
-            self.journal.append("gpu_throttle", {"gpu": index, **record})
-
-    def _read_if_changed(self, topic: str, path: Path) -> Any:
-        try:
-            info = path.stat()
-        except OSError:
-            return None
-        mtime = info.st_mtime
-        if self._file_mtimes.get(topic) == mtime:
-            return None
-        self._file_mtimes[topic] = mtime
-        if info.st_size > SIDECAR_READ_MAX_BYTES:
-            return sidecar_too_large(info.st_size)
-        try:
-            raw = path.read_bytes()
-            data = orjson.loads(raw)
-        except (OSError, orjson.JSONDecodeError) as exc:
-            # The trainer writes these atomically; a bad one is its bug, not ours.
-            log.warning("ignoring %s: %s", path.name, exc)
-            return None
-        # Cut to what a subscribe's one line can carry (the cut is marked `truncated`).
-        return bounded_sidecar(data, len(raw)) if isinstance(data, dict) else None
+        self.samplers.start(self.loop)
 
     def close(self) -> None:
-        if self._sampler_task is not None:
-            self._sampler_task.cancel()
-        # A cache rebuild under way finishes (its manifest rename is what makes it count).
-        self._history_thread.shutdown(wait=False, cancel_futures=True)
-        self._others.close()
+        self.samplers.close()
         if self.follower is not None:
             self.follower.read_new()
             self.follower.stop()
@@ -843,6 +575,5 @@ class TelemetryHub:
         if self._offset_fd is not None:
             os.close(self._offset_fd)
             self._offset_fd = None
-        if self.writer is not None:
-            self.writer.close()
+        self.runs.close()
         self.validation.close()

@@ -4,8 +4,10 @@ chosen snapshot back at the fixed name (see store.snapshots for the file work, a
 store.fixed_folder for a fixed folder, `fixed_commit_file`).
 
 A start that resumes from nothing finds no fixed file: one left there (which did not
-verify, or it would have a snapshot) is moved to quarantine/, never resumed from and
-never silently overwritten by the fresh trainer.
+verify, or it would have a snapshot) is never resumed from and never silently overwritten
+by the fresh trainer. What becomes of it is the policy's to say: the start reports it
+(FixedFileLeftover) and is not made; the policy's next Spawn says to move it to
+quarantine/ first (`Spawn.leftover`), and that is done here.
 """
 
 from __future__ import annotations
@@ -220,9 +222,15 @@ class Snapshots:
             self.failing = None
         self.journal.space.emptied(self.fixed.path, "its snapshot was taken")
 
-    async def prepare(self, resume: core.Ckpt | None) -> str | None:
+    async def prepare(
+        self, resume: core.Ckpt | None, leftover: core.Quarantine | None = None
+    ) -> str | core.FixedFileLeftover | None:
         """Before a start: the snapshot it resumes from at the fixed name, or no fixed file
         for a fresh start. Why it could not be done, or None.
+
+        A fresh start that finds a file at the fixed name moves it to quarantine/ as
+        `leftover` (the policy's) says; with no `leftover`, nothing is done and the event
+        for the policy (FixedFileLeftover) is returned instead.
 
         What the fixed file holds is snapshotted first (a write whose snapshot failed, on a
         full disk say): if that is newer than `resume`, it is not overwritten; the start is
@@ -243,7 +251,7 @@ class Snapshots:
                     f" snapshotted as {taken.name} and not overwritten"
                 )
         if resume is None:
-            return await self._clear()
+            return await self._clear(leftover)
         self._restoring = True
         try:
             how = await asyncio.to_thread(self.fixed.restore, resume.name)
@@ -264,25 +272,26 @@ class Snapshots:
         )
         return None
 
-    async def _clear(self) -> str | None:
+    async def _clear(self, leftover: core.Quarantine | None) -> str | core.FixedFileLeftover | None:
         if not self.path.exists() and not self.path.is_symlink():
             return None
+        if leftover is None:
+            return core.FixedFileLeftover(time.monotonic(), self.fixed.fixed)
         try:
-            moved = await asyncio.to_thread(self.store.quarantine, self.fixed.fixed)
+            moved = await asyncio.to_thread(self.store.quarantine, leftover.name)
         except (OSError, ValueError) as exc:
-            reason = f"cannot move {self.fixed.fixed} to quarantine/: " + (
+            reason = f"cannot move {leftover.name} to quarantine/: " + (
                 f"{getattr(exc, 'strerror', None) or exc}"
             )
-            self.journal.append("quarantine_failed", {"name": self.fixed.fixed, "error": reason})
+            self.journal.append("quarantine_failed", {"name": leftover.name, "error": reason})
             return reason
         self.journal.append(
             "quarantine",
             {
-                "step": None,
-                "name": self.fixed.fixed,
+                "step": leftover.step,
+                "name": leftover.name,
                 "moved": moved,
-                "reason": "a fresh start, from no snapshot: the fixed file left there is "
-                "neither resumed from nor overwritten",
+                "reason": leftover.reason,
             },
         )
         return None

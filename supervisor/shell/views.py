@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import cast
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
+from trainwarden.supervisor.protocol import (
+    CheckpointsView,
+    Quarantined,
+    StateDetail,
+    StateView,
+    StatusFigures,
+    StatusResult,
+)
 from trainwarden.supervisor.shell.config_watch import ConfigWatch
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 
-def state_view(s: State, now: float, config: ConfigWatch | None = None) -> dict[str, Any]:
+def state_view(s: State, now: float, config: ConfigWatch | None = None) -> StateView:
     """The `state` topic; `now` is time.monotonic(); `config`: the config file as the
     daemon read it (one stat per view)."""
-    detail: dict[str, Any] = {}
+    detail: StateDetail = {}
     if s.phase == Phase.BACKOFF and s.backoff_until is not None:
         detail["restart_in_s"] = round(max(0.0, s.backoff_until - now), 3)
     if s.halt_reason and s.phase in HALTED:
@@ -30,8 +38,9 @@ def state_view(s: State, now: float, config: ConfigWatch | None = None) -> dict[
     uptime = None
     if s.trainer_started_t is not None and s.trainer_alive:
         uptime = round(now - s.trainer_started_t, 3)
+    notice = config.notice() if config is not None else None
     return {
-        "state": str(s.phase),
+        "state": s.phase,
         "detail": detail,
         "trainer_pid": s.trainer_pid,
         "trainer_uptime_s": uptime,
@@ -46,20 +55,20 @@ def state_view(s: State, now: float, config: ConfigWatch | None = None) -> dict[
             "watching": s.spikes.watch[0] if s.spikes.watch else None,
         },
         "skips": [list(w) for w in s.spikes.windows],
-        **config_fields(config),
+        "config_changed": notice is not None,
+        "config_notice": notice,
     }
 
 
-def config_fields(config: ConfigWatch | None) -> dict[str, Any]:
-    """Whether the config file changed since the daemon read it, and the line that says so."""
-    notice = config.notice() if config is not None else None
-    return {"config_changed": notice is not None, "config_notice": notice}
-
-
-def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> dict[str, Any]:
+def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> CheckpointsView:
     """The `checkpoints` topic: the verified ones, oldest first, and the quarantined with
     their reasons."""
     doomed = next_to_delete(s, rules)
+    # store.quarantine makes each entry with Quarantined's keys, as a plain dict (the store
+    # does not import the protocol).
+    quarantined = cast(
+        list[Quarantined], quarantine.entries(store.quarantined(), store.quarantine_notes)
+    )
     return {
         "checkpoints": [
             {
@@ -74,21 +83,23 @@ def checkpoints_view(s: State, rules: Rules, store: CheckpointStore) -> dict[str
             }
             for c in s.checkpoints
         ],
-        "quarantined": quarantine.entries(store.quarantined(), store.quarantine_notes),
+        "quarantined": quarantined,
     }
 
 
 def status_view(
     cfg: Config,
     started_t: float,
-    state: dict[str, Any],
-    checkpoints: dict[str, Any],
+    state: StateView,
+    checkpoints: CheckpointsView,
     hub: TelemetryHub,
     handles: frozenset[str] | None = None,
-) -> dict[str, Any]:
+) -> StatusResult:
     """The `status` command's answer: the run, the state view, which of SIGTERM and
     SIGUSR1 the trainer catches (`handles`, None: unknown), telemetry and checkpoints."""
-    view: dict[str, Any] = {
+    # The hub gives its figures (StatusFigures' keys) as a plain dict.
+    figures = cast(StatusFigures, hub.status_fields())
+    return {
         "protocol": PROTOCOL_VERSION,
         "version": __version__,
         "run": cfg.run.name,
@@ -98,8 +109,7 @@ def status_view(
         "total_steps": cfg.trainer.total_steps,
         **state,
         "handles": sorted(handles) if handles is not None else None,
+        **figures,
+        "step": hub.last_step,
+        **checkpoints,
     }
-    view.update(hub.status_fields())
-    view["step"] = hub.last_step
-    view.update(checkpoints)
-    return view

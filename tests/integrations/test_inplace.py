@@ -291,6 +291,11 @@ def test_a_torn_ckpt_pt_at_a_fresh_start_goes_to_quarantine(tmp_path: Path) -> N
     assert (run_dir / "checkpoints" / "quarantine" / "ckpt.pt").read_bytes() == torn
     first = records(run_dir, "spawn")[0]
     assert first["resume"] is None
+    # Moved by the start the policy made again, before that start's fork; one record.
+    (moved,) = records(run_dir, "quarantine")
+    assert (moved["step"], moved["name"], moved["moved"]) == (None, "ckpt.pt", ["ckpt.pt"])
+    kinds = [r["kind"] for r in journal(run_dir)]
+    assert kinds.index("quarantine") < kinds.index("spawn")
     assert snapshot_steps(run_dir) == [10, 20]
 
 

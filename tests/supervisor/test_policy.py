@@ -210,6 +210,26 @@ def test_from_scratch_is_refused_while_a_verified_checkpoint_is_there():
     assert not kinds(actions, p.Spawn)
 
 
+def test_a_file_left_at_the_fixed_name_is_quarantined_by_the_start_made_again():
+    # An in-place trainer's fresh start found a file at its fixed name and was not made.
+    state, actions = run([p.Startup(0.0)])
+    (refused,) = kinds(actions, p.Spawn)
+    assert refused.resume is None and refused.leftover is None
+    state, actions = run([p.FixedFileLeftover(0.5, "ckpt.bin")], state)
+    # The same start again, moving that file to quarantine/ first: never resumed from,
+    # never overwritten by the fresh trainer.
+    (spawn,) = actions
+    reason = (
+        "a fresh start, from no snapshot: the fixed file left there is neither resumed from"
+        " nor overwritten"
+    )
+    leftover = p.Quarantine(None, "ckpt.bin", reason, retract_mirror=False)
+    assert spawn == replace(refused, leftover=leftover)
+    assert state.seg == refused.seg and state.phase == "starting"
+    state, _ = run([p.TrainerSpawned(1.0, 100)], state)
+    assert state.phase == "starting" and state.trainer_pid == 100
+
+
 def test_a_run_that_never_had_a_checkpoint_starts_from_scratch_as_before():
     state, _ = started()
     state, actions = run(
@@ -512,6 +532,8 @@ def materialise(kind: tuple, state: p.State, t: float, pid: int) -> object:
 @given(st.lists(events, max_size=60), st.integers(min_value=1, max_value=4))
 # A restarted trainer still loading its checkpoint when a newer one commits.
 @example([("commit", 5), ("crash",), ("tick",), ("commit", 10)], 1)
+# Its first step past that checkpoint frees it in the same decision.
+@example([("crash",), ("stop",), ("commit", 1), ("start",), ("commit", 2), ("step", 2)], 1)
 def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
     rules = replace(RULES, keep_last=keep_last)
     state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 999)], rules=rules)
@@ -543,13 +565,8 @@ def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
             newer = [c for c in state.checkpoints if c.step > step and c.step not in state.pinned]
             assert len(newer) >= rules.keep_last
         # Never the one a live trainer was started from, before it logged a step past it
-        # (tracked from the spawns and step lines themselves, not the policy's fields).
-        if loading_from is not None:
-            assert loading_from not in deleted
-        remaining_unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
-        verified_unpinned = [s for s in verified_before - quarantined if s not in state.pinned]
-        assert len(remaining_unpinned) >= min(rules.keep_last, len(verified_unpinned))
-        on_disk -= deleted | quarantined
+        # (tracked from the spawns and step lines themselves, not the policy's fields); the
+        # line that steps past it may free it at once.
         if (
             isinstance(event, p.StepLogged)
             and before.trainer_alive
@@ -557,6 +574,12 @@ def test_retention_invariants_hold_for_any_event_sequence(sequence, keep_last):
             and event.step > loading_from
         ):
             loading_from = None
+        if loading_from is not None:
+            assert loading_from not in deleted
+        remaining_unpinned = [c for c in state.checkpoints if c.step not in state.pinned]
+        verified_unpinned = [s for s in verified_before - quarantined if s not in state.pinned]
+        assert len(remaining_unpinned) >= min(rules.keep_last, len(verified_unpinned))
+        on_disk -= deleted | quarantined
         if not state.trainer_alive:
             loading_from = None
         for spawn in (a for a in actions if isinstance(a, p.Spawn)):

@@ -429,9 +429,13 @@ async def wait(condition: object, timeout: float = 10.0) -> None:
 async def test_without_inotify_a_settled_new_version_of_the_fixed_file_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    from trainwarden.libc import LibcUnavailable
     from trainwarden.supervisor.inputs import inotify
 
-    monkeypatch.setattr(inotify, "inotify_init1", lambda flags: -1)
+    def no_inotify(flags: int) -> int:
+        raise LibcUnavailable("no inotify_init1")
+
+    monkeypatch.setattr(inotify, "inotify_init1", no_inotify)
     monkeypatch.setattr("trainwarden.supervisor.inputs.checkpoint_watch.POLL_S", 0.05)
     store = CheckpointStore(tmp_path / "checkpoints", AndreaBin())
     store.ensure()
@@ -458,6 +462,22 @@ async def test_without_inotify_a_settled_new_version_of_the_fixed_file_is_report
         watcher.stop()
 
 
+async def fresh_start(taking: Any) -> str | None:
+    """A fresh start's prepare as the daemon has it made: a file left at the fixed name is
+    reported and left alone, then moved to quarantine/ by the start the policy makes again."""
+    from trainwarden.supervisor.core import policy as core
+
+    left = await taking.prepare(None)
+    assert isinstance(left, core.FixedFileLeftover), "a leftover moved without the policy"
+    assert os.path.lexists(taking.path)
+    _, actions = core.decide(core.State(), left, core.Rules())
+    (spawn,) = actions
+    assert spawn.resume is None and spawn.leftover is not None
+    refused = await taking.prepare(None, spawn.leftover)
+    assert not isinstance(refused, core.FixedFileLeftover)
+    return refused
+
+
 async def test_a_snapshot_that_fails_is_journaled_and_never_breaks_a_start(tmp_path: Path):
     from trainwarden.supervisor.core.state import Ckpt
     from trainwarden.supervisor.shell.snapshots import Snapshots
@@ -476,7 +496,7 @@ async def test_a_snapshot_that_fails_is_journaled_and_never_breaks_a_start(tmp_p
     taking.written()
     await taking.settle()
     # A fresh start then: the fixed file that never verified goes to quarantine/.
-    assert await taking.prepare(None) is None
+    assert await fresh_start(taking) is None
     # A start from a snapshot that is not there fails as a spawn would, with the reason.
     refused = await taking.prepare(Ckpt(10, "step_000010.bin", 100))
     journal.close()
@@ -845,7 +865,7 @@ async def test_a_fresh_start_moves_a_torn_fixed_folder_to_quarantine(tmp_path: P
     journal = Journal(tmp_path / "journal.jsonl")
     taking = Snapshots(fixed, store, journal)
     await taking.boot()
-    assert await taking.prepare(None) is None
+    assert await fresh_start(taking) is None
     journal.close()
     kinds = [r["kind"] for r in read_records(tmp_path / "journal.jsonl")]
     assert kinds == ["fixed_write_rejected", "quarantine"]

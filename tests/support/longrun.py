@@ -18,8 +18,8 @@ time.sleep(3600)
 
 SMALL_REFRESH = """
 import runpy, sys
-from trainwarden.supervisor.shell import hub
-hub.CACHE_REFRESH_ROWS = int(sys.argv[1])
+from trainwarden.supervisor.shell import run_history
+run_history.CACHE_REFRESH_ROWS = int(sys.argv[1])
 sys.argv = ["trainwarden", *sys.argv[5:]]
 runpy.run_module("trainwarden.supervisor", run_name="__main__", alter_sys=True)
 """
@@ -33,6 +33,6 @@ def fast_trainer_argv(steps: int, per_second: int = 20_000) -> list[str]:
 
 
 def small_refresh_wrap(rows: int) -> list[str]:
-    """DaemonProcess `wrap`: the daemon with hub.CACHE_REFRESH_ROWS set to `rows` (the
+    """DaemonProcess `wrap`: the daemon with run_history.CACHE_REFRESH_ROWS set to `rows` (the
     daemon's own argv follows it)."""
     return [PYTHON, "-c", SMALL_REFRESH, str(rows)]
