@@ -213,8 +213,9 @@ def run(ctx: Context) -> Section:
         key="restart",
         title=TITLE,
         intro=(
-            "A trainer that crashes as soon as it starts (it prints one line, then "
-            "`os._exit(1)`), restarted by each supervisor with no backoff: trainwarden "
+            "A trainer that crashes as soon as it starts (it prints one step line, then "
+            "`os._exit(1)`; a step line, so that the daemon journals every start: a crash "
+            "loop of starts that log no step is folded into `repeated` records), restarted by each supervisor with no backoff: trainwarden "
             "(`backoff_initial_s = 0`), torchrun's elastic agent (`--max-restarts`, default "
             "`--monitor-interval` 0.1 s), supervisord (`autorestart=true`, `startsecs=0`) and "
             "a bash `while true` loop. Latency = the child's last instruction before the "

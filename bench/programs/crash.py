@@ -2,7 +2,7 @@
 
     python -S crash.py EVENTS [GATE]
 
-EVENTS gets `start PID T` as the first thing the interpreter runs and `exit PID T WALL`
+It prints one step line. EVENTS gets `start PID T` as the first thing the interpreter runs and `exit PID T WALL`
 just before os._exit; T is time.monotonic(), one clock for every process on a Linux
 machine, and WALL is time.time(), to compare with the daemon's journal.
 While the file GATE exists the child waits between the two (so the benchmark can let one
@@ -17,7 +17,10 @@ import time
 started = time.monotonic()
 events = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 os.write(events, f"start {os.getpid()} {started!r}\n".encode())
-print("crash.py: started, crashing now", flush=True)
+# A step line: a start that logs one is journaled whole (a crash loop of starts that log
+# no step is folded into `repeated` records, leaving the journal-derived figure a handful
+# of samples).
+print("step: 1, loss: 2.0, dt: 0.01", flush=True)
 while len(sys.argv) > 2 and os.path.exists(sys.argv[2]):
     time.sleep(0.02)
 os.write(events, f"exit {os.getpid()} {time.monotonic()!r} {time.time()!r}\n".encode())

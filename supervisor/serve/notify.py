@@ -9,6 +9,7 @@ notification that cannot be delivered must not stop the supervisor.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -104,6 +105,17 @@ class Notifier:
                 log.warning("cannot notify systemd at %r: %s", self.address, exc)
             return False
         return True
+
+
+async def watchdog_pings(notifier: Notifier | None) -> None:
+    """WATCHDOG=1 from the event loop itself, so a wedged loop gets the unit restarted
+    (nothing to do where systemd expects no pings)."""
+    interval = getattr(notifier, "watchdog_interval_s", None)
+    if notifier is None or not interval:
+        return
+    while True:
+        notifier.watchdog()
+        await asyncio.sleep(interval)
 
 
 def _parse_address(value: str) -> str | bytes | None:

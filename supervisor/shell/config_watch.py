@@ -9,11 +9,15 @@ the stat differs from the last one seen (an editor's save of the same bytes is n
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from trainwarden.supervisor.store.journal import Journal
 
 StatKey = tuple[int, int, int]
 """(size, mtime_ns, inode): what tells a check that the file may have changed."""
@@ -81,3 +85,26 @@ class ConfigWatch:
             f" settings; `trainwarden shutdown {run}` then `trainwarden daemon --detach {run}`"
             " to use the new ones"
         )
+
+
+async def watch(
+    config: ConfigWatch, journal: Journal, interval_s: float, told: Callable[[], None]
+) -> None:
+    """Every `interval_s`: journal `config_changed` the first time the file is seen changed,
+    and call `told` whenever that answer changes (the daemon pushes its state topic;
+    status asks on its own)."""
+    changed_before = False
+    journaled = False
+    while True:
+        await asyncio.sleep(interval_s)
+        changed = config.changed()
+        if changed == changed_before:
+            continue
+        changed_before = changed
+        if changed and not journaled:
+            journaled = True
+            journal.append(
+                "config_changed",
+                {"path": str(config.path), "read_at": config.read_at, "notice": config.notice()},
+            )
+        told()

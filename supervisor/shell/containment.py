@@ -16,6 +16,7 @@ each by its own pid, so the trainer's exit status stays asyncio's to collect.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -23,6 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -36,6 +38,9 @@ from trainwarden.supervisor.inputs.proctree import (
     start_marker_of,
     zombie_children,
 )
+from trainwarden.supervisor.shell.cgroups import StartCgroups
+from trainwarden.supervisor.shell.process import TrainerIdentity
+from trainwarden.supervisor.store.journal import Journal
 
 RESCAN_S = 0.5
 KILL_WAIT_S = 10.0
@@ -179,3 +184,54 @@ class Reaper:
             if pid in reaped or not os.path.exists(f"/proc/{pid}"):
                 del self.members[pid]
         return reaped
+
+
+async def stop_leftovers(
+    trainer_pid_file: Path,
+    run_dir: str,
+    cgroups: StartCgroups | None,
+    stop_timeout_s: float,
+    journal: Journal,
+) -> bool:
+    """Stop what an earlier daemon left running: the trainer `trainer_pid_file` names and
+    every process of any start of this run, found by marker (and, where the daemon makes
+    them, in the starts' cgroups), so also a trainer whose pid the old daemon never
+    recorded (it was killed between the fork and the pid file). Whether any was found."""
+    identity = TrainerIdentity.load(trainer_pid_file)
+    main = identity if identity is not None and identity.alive() else None
+    old_starts = cgroups.markers() if cgroups is not None else []
+
+    def find() -> list[int]:
+        found = set(marked_processes(run_dir))
+        if main is not None and main.alive():
+            found.add(main.pid)
+            found.update(descendants(main.pid))
+        if cgroups is not None:
+            for marker in old_starts:
+                found.update(cgroups.procs(marker))
+        return sorted(found)
+
+    leftovers = await asyncio.to_thread(find)
+    if not leftovers:
+        if cgroups is not None:
+            for marker in old_starts:
+                await asyncio.to_thread(cgroups.end, marker)
+        return False
+    pid = main.pid if main is not None else None
+    journal.append("leftover_trainer", {"pid": pid, "processes": leftovers, "action": "stopping"})
+    ended = await asyncio.to_thread(stop_processes, find, stop_timeout_s)
+    if cgroups is not None:
+        for marker in old_starts:
+            killed = await asyncio.to_thread(cgroups.end, marker)
+            ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed]
+    journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
+    return True
+
+
+async def reap_adopted(trainer: Callable[[], set[int]], interval_s: float) -> None:
+    """Reap the orphans the subreaper adopted once they exit (see Reaper), every
+    `interval_s`; `trainer`: the live trainer's pid, which is asyncio's to reap."""
+    reaper = Reaper(trainer)
+    while True:
+        await asyncio.sleep(interval_s)
+        reaper.sweep()

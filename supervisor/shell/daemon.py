@@ -26,9 +26,9 @@ from trainwarden.supervisor.inputs import signals
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.inputs.gpu import shared_nvml
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
-from trainwarden.supervisor.inputs.proctree import descendants, marked_processes
 from trainwarden.supervisor.protocol import CheckpointsView, StateView, StatusResult
-from trainwarden.supervisor.shell import views
+from trainwarden.supervisor.serve.notify import watchdog_pings
+from trainwarden.supervisor.shell import config_watch, views
 from trainwarden.supervisor.shell.alerts import Alerter
 from trainwarden.supervisor.shell.boot import (
     journal_links,
@@ -41,13 +41,16 @@ from trainwarden.supervisor.shell.boot import (
 )
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.config_watch import ConfigWatch
-from trainwarden.supervisor.shell.containment import Reaper, become_subreaper, stop_processes
+from trainwarden.supervisor.shell.containment import (
+    become_subreaper,
+    reap_adopted,
+    stop_leftovers,
+)
 from trainwarden.supervisor.shell.executor import Executor
 from trainwarden.supervisor.shell.hangdump import dump_stacks
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
-from trainwarden.supervisor.shell.process import TrainerIdentity
 from trainwarden.supervisor.shell.snapshots import Snapshots, fixed_file
 from trainwarden.supervisor.shell.verdicts import CheckpointReports
 from trainwarden.supervisor.store.appendfile import DiskSpace, no_space
@@ -162,11 +165,16 @@ class Daemon:
         chores = [
             loop.create_task(chore)
             for chore in (
-                self._watchdog_pings(),
+                watchdog_pings(self.notifier),
                 report_moved_links(self.watched, journal),
-                self._reap_adopted(),
+                reap_adopted(executor.live_pids, REAP_INTERVAL_S),
                 self._retry_writes(),
-                self._watch_config(),
+                config_watch.watch(
+                    self.config,
+                    journal,
+                    CONFIG_CHECK_S,
+                    lambda: hub.publish_state(self.state_view()),
+                ),
             )
         ]
         try:
@@ -250,7 +258,15 @@ class Daemon:
         """Before the first decision: what an earlier daemon left running is stopped, the
         checkpoint folder's leftovers cleared and its commits scanned (returned)."""
         assert self.reports is not None
-        await self._stop_leftovers()
+        stopped = await stop_leftovers(
+            self.files.trainer_pid,
+            str(self.cfg.run_dir),
+            self.cgroups,
+            self.cfg.trainer.stop_timeout_s,
+            journal,
+        )
+        if stopped:
+            await hub.drain_log()  # their last lines, before the first start's
         # No start runs yet: lines the log gains until the first one are nobody's.
         hub.end_segment()
         with contextlib.suppress(FileNotFoundError):
@@ -341,46 +357,6 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             self.files.daemon_pid.unlink()
 
-    async def _stop_leftovers(self) -> None:
-        """Stop what an earlier daemon left running: the trainer trainer.pid names and every
-        process of any start of this run, found by marker, so also a trainer whose pid the
-        old daemon never recorded (it was killed between the fork and the pid file)."""
-        assert self.journal is not None and self.hub is not None
-        identity = TrainerIdentity.load(self.files.trainer_pid)
-        main = identity if identity is not None and identity.alive() else None
-        run_dir = str(self.cfg.run_dir)
-
-        cgroups = self.cgroups
-        old_starts = cgroups.markers() if cgroups is not None else []
-
-        def find() -> list[int]:
-            found = set(marked_processes(run_dir))
-            if main is not None and main.alive():
-                found.add(main.pid)
-                found.update(descendants(main.pid))
-            if cgroups is not None:
-                for marker in old_starts:
-                    found.update(cgroups.procs(marker))
-            return sorted(found)
-
-        leftovers = await asyncio.to_thread(find)
-        if not leftovers:
-            if cgroups is not None:
-                for marker in old_starts:
-                    await asyncio.to_thread(cgroups.end, marker)
-            return
-        pid = main.pid if main is not None else None
-        self.journal.append(
-            "leftover_trainer", {"pid": pid, "processes": leftovers, "action": "stopping"}
-        )
-        ended = await asyncio.to_thread(stop_processes, find, self.cfg.trainer.stop_timeout_s)
-        if cgroups is not None:
-            for marker in old_starts:
-                killed = await asyncio.to_thread(cgroups.end, marker)
-                ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed]
-        self.journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
-        await self.hub.drain_log()
-
     def _write_pid_file(self) -> None:
         path = self.files.daemon_pid
         try:
@@ -406,51 +382,6 @@ class Daemon:
             self.hub.retry_writes()
             if self.executor is not None:
                 await self.executor.save_identity()
-
-    async def _watch_config(self) -> None:
-        """Journal `config_changed` the first time the config file is seen changed, and
-        push the state topic whenever that answer changes (status asks on its own)."""
-        assert self.journal is not None and self.hub is not None
-        told = False
-        journaled = False
-        while True:
-            await asyncio.sleep(CONFIG_CHECK_S)
-            changed = self.config.changed()
-            if changed == told:
-                continue
-            told = changed
-            if changed and not journaled:
-                journaled = True
-                self.journal.append(
-                    "config_changed",
-                    {
-                        "path": str(self.cfg.path),
-                        "read_at": self.config.read_at,
-                        "notice": self.config.notice(),
-                    },
-                )
-            self.hub.publish_state(self.state_view())
-
-    async def _reap_adopted(self) -> None:
-        """Reap the orphans the subreaper adopted once they exit (see containment.Reaper)."""
-
-        def trainer() -> set[int]:
-            proc = self.executor.proc if self.executor is not None else None
-            return {proc.pid} if proc is not None and proc.returncode is None else set()
-
-        reaper = Reaper(trainer)
-        while True:
-            await asyncio.sleep(REAP_INTERVAL_S)
-            reaper.sweep()
-
-    async def _watchdog_pings(self) -> None:
-        """WATCHDOG=1 from the event loop itself, so a wedged loop gets the unit restarted."""
-        interval = getattr(self.notifier, "watchdog_interval_s", None)
-        if not interval:
-            return
-        while True:
-            self.notifier.watchdog()
-            await asyncio.sleep(interval)
 
     async def _event_loop(self) -> None:
         assert self.executor is not None

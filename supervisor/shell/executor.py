@@ -409,6 +409,11 @@ class Executor:
             self.journal.append("leftover_processes", {"marker": marker, "processes": ended})
             log.warning("stopped %d leftover processes of start %s", len(ended), marker)
 
+    def live_pids(self) -> set[int]:
+        """The live trainer's pid (its exit status is asyncio's to collect), or none."""
+        proc = self.proc
+        return {proc.pid} if proc is not None and proc.returncode is None else set()
+
     async def finish_containment(self) -> None:
         if self.containing is not None:
             await self.containing
