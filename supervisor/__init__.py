@@ -13,7 +13,13 @@ Beside them:
 - `wire`: the framing: one JSON object per line, and the socket's address
 - `client`: the control socket's clients, blocking (CLI) and asyncio (TUI)
 - `contract`: the trainer contract: environment names, policy.json, andrea-bin; no torch
-- `config`: the run's `trainwarden.toml`, one frozen dataclass per table, validated
+- `config`: the run's `trainwarden.toml`: `load_config`, the one way to a validated `Config`
+- `config_schema`: the config's schema: one frozen dataclass per table, and `Config`
+- `config_toml`: the config's TOML read into the schema's tables (unknown keys, types), and
+  values written as TOML
+- `config_checks`: the config's values in their ranges, and `[metrics] listen`
+- `config_paths`: what the config's run log and checkpoint folder may name on disk
+- `config_trainer`: the trainer's command, working directory, program and script checked
 - `registry`: checkpoint-format and log-parser plugins found by entry point
 - `journal_text`: a journal record as one line of text, and the figures (loss, counts, rates,
   durations), written once for the CLI and the TUI

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from trainwarden.supervisor.config import toml_value
+from trainwarden.supervisor.config_toml import toml_value
 from trainwarden.supervisor.contract import LIGHTNING_CHECKPOINT_PATTERN
 
 HF_FOLDER = re.compile(r"^(?:tmp-)?checkpoint-\d+$")

@@ -3,8 +3,9 @@
 
 Rules (docs/code-map.md): no import cycles; the core imports only the standard library and
 itself, and no I/O module; the package's own top-level modules (`trainwarden.libc`) import
-only the standard library, so every layer may use them; the config imports none of the layers
-above it (store, serve, shell, inputs, cli), nor `socket_place` or `client`; the TUI reaches
+only the standard library, so every layer may use them; the config (`config` and the
+`config_*` modules it is made of) imports none of the layers above it (store, serve, shell,
+inputs, cli), nor `socket_place` or `client`; the TUI reaches
 into the daemon's package only for the protocol, the client, the contract, the errors, the
 phases, the vocabularies (journal kinds, marker kinds, error codes) and the journal's
 one-line text; neither the daemon nor the TUI imports the reference trainer or the
@@ -71,6 +72,8 @@ CORE_DENIED = frozenset(
 )
 """Modules that touch files, processes, sockets, signals or clocks: the core decides only."""
 CONFIG = "trainwarden.supervisor.config"
+"""The config's public face (`Config`, `load_config`); the modules it is made of are named
+after it: `config_schema`, `config_toml`, `config_checks`, ... (is_config)."""
 CONFIG_DENIED = tuple(
     f"trainwarden.supervisor.{name}"
     for name in ("store", "serve", "shell", "inputs", "cli", "socket_place", "client")
@@ -258,11 +261,33 @@ def test_the_packages_top_level_modules_import_only_the_standard_library():
     )
 
 
+def is_config(module: str) -> bool:
+    """The config or one of its modules: `supervisor/config.py` and `supervisor/config_*.py`
+    (not `shell.config_watch`, which is the shell's)."""
+    return module == CONFIG or (
+        module.startswith(CONFIG + "_") and module.count(".") == CONFIG.count(".")
+    )
+
+
+def test_the_config_rule_holds_the_config_and_each_of_its_modules():
+    held = {name for name in project_files() if is_config(name)}
+    modules = (
+        "config",
+        "config_schema",
+        "config_toml",
+        "config_checks",
+        "config_paths",
+        "config_trainer",
+    )
+    assert {f"trainwarden.supervisor.{name}" for name in modules} <= held
+    assert "trainwarden.supervisor.shell.config_watch" not in held
+
+
 def test_the_config_imports_no_layer_above_it():
     wrong = [
         str(imp)
         for imp in imports()
-        if imp.importer == CONFIG and any(within(imp.target, denied) for denied in CONFIG_DENIED)
+        if is_config(imp.importer) and any(within(imp.target, denied) for denied in CONFIG_DENIED)
     ]
     assert not wrong, "the config imports a layer above it:\n  " + "\n  ".join(wrong)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from trainwarden.supervisor.cli.main import build_parser
-from trainwarden.supervisor.config import TABLES
+from trainwarden.supervisor.config_schema import TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 README_PATH = ROOT / "README.md"

@@ -33,15 +33,9 @@ import orjson
 from trainwarden.libc import rename_noreplace
 from trainwarden.supervisor.cli.output import print_json
 from trainwarden.supervisor.cli.start_checks import load_for_start
-from trainwarden.supervisor.config import (
-    CONFIG_NAME,
-    Config,
-    load_config,
-    toml_key,
-    toml_value,
-    too_long,
-    trainer_script_problem,
-)
+from trainwarden.supervisor.config import CONFIG_NAME, Config, load_config
+from trainwarden.supervisor.config_toml import toml_key, toml_value, too_long
+from trainwarden.supervisor.config_trainer import trainer_script_problem
 from trainwarden.supervisor.contract import POLICY_FILE, normalized_policy, sidecar_path
 from trainwarden.supervisor.core.events import Outcome
 from trainwarden.supervisor.errors import ConfigError, TrainwardenError, UsageError

@@ -117,7 +117,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.start_checks import check_mirror_owner, load_for_start
-    from trainwarden.supervisor.config import check_trainer_program
+    from trainwarden.supervisor.config_trainer import check_trainer_program
 
     run_dir = _run_dir(args)
     cfg = load_for_start(run_dir)

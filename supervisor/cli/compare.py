@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trainwarden.supervisor.cli.output import print_json
-from trainwarden.supervisor.config import TelemetryConfig
+from trainwarden.supervisor.config_schema import TelemetryConfig
 from trainwarden.supervisor.errors import TrainwardenError, UsageError
 from trainwarden.supervisor.store.branches import BranchFileInvalid, read_branch
 from trainwarden.supervisor.store.lossdb import encode_loss

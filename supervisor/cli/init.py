@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainwarden.supervisor.cli.start_checks import load_for_start
-from trainwarden.supervisor.config import CONFIG_NAME, toml_value
+from trainwarden.supervisor.config import CONFIG_NAME
+from trainwarden.supervisor.config_toml import toml_value
 from trainwarden.supervisor.errors import UsageError
 
 GPU_PRESETS = frozenset({"gpt2-124m"})

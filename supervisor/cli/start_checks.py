@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainwarden.supervisor.config import (
-    Config,
-    check_plugins_installed,
-    check_trainer_command,
-    load_config,
-)
+from trainwarden.supervisor.config import Config, check_plugins_installed, load_config
+from trainwarden.supervisor.config_trainer import check_trainer_command
 from trainwarden.supervisor.errors import ConfigError
 from trainwarden.supervisor.socket_place import (
     check_group_member,
@@ -61,7 +57,7 @@ def check_control(cfg: Config) -> None:
 
 def check_mirror_owner(cfg: Config) -> None:
     """Raise ConfigError if `[mirror] path` serves another run; else record this run as its
-    owner (a starting daemon's check, as config.check_trainer_program)."""
+    owner (a starting daemon's check, as config_trainer.check_trainer_program)."""
     if cfg.mirror.path is None:
         return
     mirror = Path(cfg.mirror.path).expanduser()

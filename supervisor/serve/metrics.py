@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainwarden.supervisor.config import parse_listen
+from trainwarden.supervisor.config_checks import parse_listen
 
 PREFIX = "trainwarden"
 SNAPSHOT_TIMEOUT_S = 2.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import psutil
 
-from trainwarden.supervisor.config import trainer_program_problem
+from trainwarden.supervisor.config_trainer import trainer_program_problem
 from trainwarden.supervisor.inputs.proctree import descendants
 from trainwarden.supervisor.store.rundir import APPEND_FLAGS, write_atomic
 

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from trainwarden.plugins.api import StepRecord
-from trainwarden.supervisor.config import TelemetryConfig
+from trainwarden.supervisor.config_schema import TelemetryConfig
 from trainwarden.supervisor.shell.telemetry import (
     PEAK_TFLOPS,
     Monitor,

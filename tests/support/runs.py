@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from trainwarden.supervisor.config import toml_key, toml_value
+from trainwarden.supervisor.config_toml import toml_key, toml_value
 from trainwarden.supervisor.store.journal import read_records
 
 PYTHON = sys.executable
