@@ -774,6 +774,8 @@ class DumpResult(TypedDict):
     """The trainer's last logged step."""
     path: str | None
     """The dump file (None: it could not be written; see write_error)."""
+    write_error: NotRequired[str]
+    """Why the dump file could not be written ("PATH: reason"); absent when it was."""
     top_frames: list[str]
     """The innermost frames of the main thread, innermost first ("function (file:line)")."""
     error: str | None

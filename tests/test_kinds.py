@@ -432,6 +432,7 @@ def code_parameters() -> dict[str, int]:
                 if "code" in names and ast.unparse(fields[names.index("code")].annotation) in {
                     "str",
                     "ErrorCode",
+                    "ErrorCode | None",  # the policy's Reply: None for an ok reply
                 }:
                     found[node.name] = names.index("code")
                 for method in node.body:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainwarden.supervisor.core.kinds import JournalKind
+from trainwarden.supervisor.core.kinds import ErrorCode, JournalKind
 from trainwarden.supervisor.core.state import Ckpt
 
 
@@ -83,7 +83,8 @@ class Reply:
     request_id: int
     ok: bool
     result: dict[str, Any] | None = None
-    code: str = ""
+    code: ErrorCode | None = None
+    """Why the request was refused (None: an ok reply)."""
     message: str = ""
 
 

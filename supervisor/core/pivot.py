@@ -31,6 +31,7 @@ from trainwarden.supervisor.core.actions import (
     WritePolicy,
 )
 from trainwarden.supervisor.core.events import Operator, PivotProgress
+from trainwarden.supervisor.core.kinds import ErrorCode
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.requests import Pivot
 from trainwarden.supervisor.core.retention import apply_retention
@@ -241,7 +242,7 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
     return spawn(state, t, actions, "pivot")
 
 
-def abort(state: State, actions: list[Action], why: str, code: str = "wrong_state") -> State:
+def abort(state: State, actions: list[Action], why: str, code: ErrorCode = "wrong_state") -> State:
     """Give up a pivot that has not reached `archiving`: the old policy stays."""
     plan = state.pivot
     if plan is None or plan.stage in ("archiving", "writing_policy"):

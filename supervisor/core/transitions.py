@@ -15,6 +15,7 @@ from trainwarden.supervisor.core.actions import (
     SignalTrainer,
     Spawn,
 )
+from trainwarden.supervisor.core.kinds import ErrorCode
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Detector
 from trainwarden.supervisor.core.state import RestartCause, Rules, State, StopReason, ckpt_json
@@ -271,7 +272,7 @@ def exit_text(returncode: int, signal_name: str | None = None) -> str:
     return f"exited {returncode}"
 
 
-def reply_error(actions: list[Action], request_id: int, code: str, message: str) -> None:
+def reply_error(actions: list[Action], request_id: int, code: ErrorCode, message: str) -> None:
     actions.append(Reply(request_id, ok=False, code=code, message=message))
 
 
@@ -285,7 +286,7 @@ def settle_waiters(
     return replace(state, waiters=tuple(w for w in state.waiters if w.kind != kind))
 
 
-def fail_waiters(state: State, actions: list[Action], code: str, message: str) -> State:
+def fail_waiters(state: State, actions: list[Action], code: ErrorCode, message: str) -> State:
     for w in state.waiters:
         reply_error(actions, w.request_id, code, message)
     return replace(state, waiters=())

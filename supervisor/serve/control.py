@@ -397,9 +397,7 @@ class ControlServer:
                 finally:
                     self.acting_cmd = None
         if not reply.ok:
-            # The policy's Reply carries its code as a str; every code it answers is an
-            # ErrorCode (tests/test_kinds.py holds the sources to that).
-            raise CommandError(cast(ErrorCode, reply.code), reply.message)
+            raise CommandError(reply.code or "internal", reply.message)
         return reply.result
 
     async def _operate(self, conn: Connection, rid: RequestId, command: Command) -> PolicyReply:

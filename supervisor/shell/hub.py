@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from trainwarden.plugins.api import CheckpointInfo, EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugin_registry
@@ -23,7 +23,15 @@ from trainwarden.supervisor.contract import SAVE_REPORT_PREFIX, SaveReport, pars
 from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.core.progress import is_divergent
 from trainwarden.supervisor.inputs.logfollow import LogFollower
-from trainwarden.supervisor.protocol import StateView
+from trainwarden.supervisor.protocol import (
+    AuditResult,
+    LogStats,
+    ParserNoMatch,
+    StateView,
+    StatusFigures,
+    Telemetry,
+    UnrecognisedCheckpoint,
+)
 from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
 from trainwarden.supervisor.shell.run_history import RunHistory
 from trainwarden.supervisor.shell.samplers import Samplers
@@ -34,8 +42,10 @@ from trainwarden.supervisor.shell.telemetry import (
     settings_from_config,
 )
 from trainwarden.supervisor.shell.validation import Validation
+from trainwarden.supervisor.store import resume_audit
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
+from trainwarden.supervisor.store.lossdb import encode_loss
 from trainwarden.supervisor.store.resume_audit import ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
@@ -51,7 +61,7 @@ UNRECOGNISED_SHOWN = 20
 """Unrecognised names status lists at most (the newest; the journal has every one)."""
 LAST_LINE_CHARS = 300
 """The trainer's newest output line is kept this long at most (status and telemetry)."""
-LIVE_FIGURES = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
+LIVE_FIGURES: Final = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
 """The figures of the trainer's pace now, withheld while it is not stepping (the run
 averages, mfu_avg and loss_avg, stay: they say what the run did)."""
 
@@ -140,7 +150,7 @@ class TelemetryHub:
     def _init_start(self) -> None:
         """What the current start has shown: its lines, steps, and its resume's audit."""
         self.audit: ResumeAudit | None = None
-        self.audit_result: dict[str, Any] | None = None
+        self.audit_result: AuditResult | None = None
         self.start_last_line: str | None = None
         """The current (or last ended) start's newest non-blank line: a crash's cause."""
         self.start_steps = 0
@@ -155,7 +165,7 @@ class TelemetryHub:
         self.newest_checkpoint: CheckpointInfo | None = None
         self.newest_checkpoint_t: float | None = None
         """Wall time the newest checkpoint was committed (its file's mtime)."""
-        self.unrecognised: dict[str, dict[str, str]] = {}
+        self.unrecognised: dict[str, UnrecognisedCheckpoint] = {}
         """Names in the checkpoint directory the format does not read, oldest first."""
 
     # -------------------------------------------------------------- history and log
@@ -344,10 +354,10 @@ class TelemetryHub:
         self.catching_up = False
         self.parser_watch.end()
 
-    def _parser_matches_nothing(self, notice: dict[str, Any]) -> None:
+    def _parser_matches_nothing(self, notice: ParserNoMatch) -> None:
         self.journal.append("parser_no_match", notice)
         log.warning("%s", notice["hint"])
-        self.on_no_match(notice)
+        self.on_no_match(dict(notice))  # the daemon's handler takes a plain dict
         self._schedule_publish()
 
     def _note_stray(self, lines: list[str]) -> None:
@@ -419,11 +429,11 @@ class TelemetryHub:
         logged = (self.runs.history.last_step_of(k) for k in range(first_seg, seg))
         return max((s for s in logged if s is not None), default=changed_from - 1)
 
-    def _finish_audit(self, result: Any) -> None:
+    def _finish_audit(self, result: resume_audit.AuditResult) -> None:
         self.audit = None
-        fields = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+        fields = audit_result(result)
         kind = {"verified": "resume_verified", "drift": "resume_drift"}.get(
-            fields.get("status", ""), "resume_unverified"
+            fields["status"], "resume_unverified"
         )
         self.audit_result = fields
         self.journal.append(kind, fields)
@@ -502,40 +512,38 @@ class TelemetryHub:
         self._publish_handle = None
         self.publish("telemetry", self.telemetry())
 
-    def telemetry(self) -> dict[str, Any]:
-        data = self.monitor.snapshot()
+    def telemetry(self) -> Telemetry:
+        figures = self.monitor.snapshot()
         phase = self.phase()
-        if phase not in STEPPING:
-            data.update(dict.fromkeys(LIVE_FIGURES))
-        data["step"] = self.last_step
         newest = self.newest_checkpoint
         now = time.time()
-        data["step_age_s"] = (
-            round(max(now - self.last_step_t, 0.0), 1) if self.last_step_t is not None else None
-        )
-        data["last_checkpoint_step"] = newest.step if newest else None
-        data["last_checkpoint_age_s"] = (
-            round(max(now - self.newest_checkpoint_t, 0.0), 1) if self.newest_checkpoint_t else None
-        )
         at = self.last_step if self.last_step is not None else (newest.step if newest else None)
-        data["next_checkpoint_step"] = (
-            None if phase == Phase.FINISHED else self.cadence.next_after(at)
-        )
         save = self.last_save
-        data["last_save_name"] = save.name if save else None
-        data["last_save_stall_s"] = save.stall_s if save else None
-        data["last_save_write_s"] = save.write_s if save else None
-        data["last_save_age_s"] = (
-            round(max(now - self.last_save_t, 0.0), 1) if self.last_save_t is not None else None
-        )
-        data["last_line"] = self.last_line
-        data["last_line_age_s"] = (
-            round(max(now - self.last_line_t, 0.0), 1) if self.last_line_t is not None else None
-        )
-        data["resume_audit"] = self.audit_result
-        data["parser_no_match"] = self.parser_watch.notice
-        data["checkpoints_unrecognised"] = list(self.unrecognised.values())
-        data.update(self.validation.telemetry())
+        val = self.validation.status(now)
+        data: Telemetry = {
+            **figures,
+            "step": self.last_step,
+            "step_age_s": _age_s(now, self.last_step_t),
+            "last_checkpoint_step": newest.step if newest else None,
+            "last_checkpoint_age_s": _age_s(now, self.newest_checkpoint_t or None),
+            "next_checkpoint_step": (
+                None if phase == Phase.FINISHED else self.cadence.next_after(at)
+            ),
+            "last_save_name": save.name if save else None,
+            "last_save_stall_s": save.stall_s if save else None,
+            "last_save_write_s": save.write_s if save else None,
+            "last_save_age_s": _age_s(now, self.last_save_t),
+            "last_line": self.last_line,
+            "last_line_age_s": _age_s(now, self.last_line_t),
+            "resume_audit": self.audit_result,
+            "parser_no_match": self.parser_watch.notice,
+            "checkpoints_unrecognised": list(self.unrecognised.values()),
+            "val_step": val["step"] if val else None,
+            "val_loss": val["loss"] if val else None,
+        }
+        if phase not in STEPPING:
+            for key in LIVE_FIGURES:
+                data[key] = None
         return data
 
     def snapshot(self, topic: str) -> Any:
@@ -545,18 +553,19 @@ class TelemetryHub:
             return self.journal.tail(50)
         return self.latest.get(topic)
 
-    def status_fields(self) -> dict[str, Any]:
-        fields = self.telemetry()
-        fields["gpu"] = self.latest.get("gpu")
-        fields["gpu_status"] = self.samplers.gpu_status()
-        fields["host"] = self.latest.get("host")
-        fields["disk_low"] = self.samplers.disk_low
-        fields["disk_full"] = self.journal.space.full
-        fields["disk_full_files"] = sorted(self.journal.space.full_files)
-        fields["snapshot_failing"] = self.snapshot_failing()
-        fields["log"] = self.follower.stats_dict() if self.follower else None
-        fields["val"] = self.validation.status(time.time())
-        return fields
+    def status_fields(self) -> StatusFigures:
+        return {
+            **self.telemetry(),
+            "gpu": self.latest.get("gpu"),
+            "gpu_status": self.samplers.gpu_status(),
+            "host": self.latest.get("host"),
+            "disk_low": self.samplers.disk_low,
+            "disk_full": self.journal.space.full,
+            "disk_full_files": sorted(self.journal.space.full_files),
+            "snapshot_failing": self.snapshot_failing(),
+            "log": log_stats(self.follower) if self.follower else None,
+            "val": self.validation.status(time.time()),
+        }
 
     def start_samplers(self) -> None:
         self.samplers.start(self.loop)
@@ -577,3 +586,36 @@ class TelemetryHub:
             self._offset_fd = None
         self.runs.close()
         self.validation.close()
+
+
+def _age_s(now: float, since: float | None) -> float | None:
+    """Seconds since `since` (wall time), to a tenth; None: never."""
+    return round(max(now - since, 0.0), 1) if since is not None else None
+
+
+def audit_result(result: resume_audit.AuditResult) -> AuditResult:
+    """The resume audit's outcome as status shows it and its record journals it:
+    non-finite losses as "nan", "inf", "-inf", as in the history file."""
+    return {
+        "status": result.status,
+        "checkpoint_step": result.checkpoint_step,
+        "checked": result.checked,
+        "expected": result.expected,
+        "seg": result.seg,
+        "step": result.step,
+        "old_loss": None if result.old_loss is None else encode_loss(result.old_loss),
+        "new_loss": None if result.new_loss is None else encode_loss(result.new_loss),
+    }
+
+
+def log_stats(follower: LogFollower) -> LogStats:
+    """How the run log is being read: the follower's counts and where it is."""
+    stats = follower.stats
+    return {
+        "lines": stats.lines,
+        "skipped_long": stats.skipped_long,
+        "undecodable": stats.undecodable,
+        "truncations": stats.truncations,
+        "rotations": stats.rotations,
+        "offset": follower.offset,
+    }

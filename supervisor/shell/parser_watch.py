@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+
+from trainwarden.supervisor.protocol import ParserNoMatch
 
 NO_MATCH_MAX_S = 60.0
 """The longest a start's lines may match nothing before the daemon says so."""
@@ -41,7 +42,7 @@ class ParserWatch:
         loop: asyncio.AbstractEventLoop,
         parser: str,
         after_s: float,
-        on_report: Callable[[dict[str, Any]], None],
+        on_report: Callable[[ParserNoMatch], None],
     ) -> None:
         self.loop = loop
         self.parser = parser
@@ -49,7 +50,7 @@ class ParserWatch:
         self.on_report = on_report
         self.open = False
         """The current start has printed no matching line yet: batches are worth a look."""
-        self.notice: dict[str, Any] | None = None
+        self.notice: ParserNoMatch | None = None
         """The report while it stands (cleared by a match or the next start)."""
         self._seg = 0
         self._sample: str | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.protocol import Marker, MarkerKind
 from trainwarden.supervisor.shell.other_runs import OtherRuns
 from trainwarden.supervisor.store import evaldb, runseries
 from trainwarden.supervisor.store.branch_history import (
@@ -234,23 +235,24 @@ class RunHistory:
             self._inherited = (key, inherited(self.cfg.run_dir, key[1]))
         return self._inherited[1]
 
-    def _markers(self) -> list[dict[str, Any]]:
-        markers = []
+    def _markers(self) -> list[Marker]:
+        markers: list[Marker] = []
         for record in self.journal.tail(MARKERS_SEARCHED):
-            kind = MARKER_KINDS.get(record.get("kind", ""))
-            if kind is None:
+            name = MARKER_KINDS.get(record.get("kind", ""))
+            if name is None:
                 continue
+            kind = MarkerKind(name)
             step = record.get("step")
-            if kind == "restart":
+            if kind == MarkerKind.RESTART:
                 if record.get("seg", 0) <= 1:
                     continue  # the run's first start is no restart
                 resume = record.get("resume") or {}
                 step = resume.get("step", 0)
-            elif kind == "crash":
+            elif kind == MarkerKind.CRASH:
                 step = record.get("last_step")
-            elif kind == "spike":
+            elif kind == MarkerKind.SPIKE:
                 step = record.get("first_step")
-            elif kind == "skip":
+            elif kind == MarkerKind.SKIP:
                 # Where the data jumps: the first step of the window (none: a plain rollback).
                 window = record.get("window")
                 step = window[0] if isinstance(window, list) and window else None

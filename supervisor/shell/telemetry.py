@@ -21,7 +21,7 @@ import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 ETA_WINDOW_S = 300.0
 """Seconds of this segment's steps the ETA's rate is taken over. The 20-step window that
@@ -90,6 +90,24 @@ def flops_per_token(n_params: int, attention: Mapping[str, int] | None = None) -
 
 
 GPU_NOT_YET_REASON = 'GPU not identified yet (peak_tflops = "auto")'
+
+
+class StepFigures(TypedDict):
+    """The monitor's figures of the newest step (all None before the first): the first
+    fields of the protocol's Telemetry, which the hub completes."""
+
+    step: int | None
+    loss: float | None
+    loss_ema: float | None
+    loss_avg: float | None
+    dt: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    mfu_avg: float | None
+    mfu_unknown_reason: str | None
+    steps_per_min: float | None
+    eta_s: float | None
+    collapse_loss: float | None
 
 
 class _Step(NamedTuple):
@@ -307,8 +325,8 @@ class Monitor:
             tokens += line.tokens * (line.step - before.step)
         return tokens / span_s
 
-    def snapshot(self) -> dict[str, Any]:
-        """The telemetry frame for the latest step (all None before the first one)."""
+    def snapshot(self) -> StepFigures:
+        """The figures of the latest step (all None before the first one)."""
         last = self._recent[-1] if self._recent else None
         finite_losses = [s.loss for s in self._recent if math.isfinite(s.loss)]
         tokens_per_s = self._tokens_per_s()

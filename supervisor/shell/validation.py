@@ -13,9 +13,9 @@ import bisect
 import logging
 import math
 import time
-from typing import Any
 
 from trainwarden.plugins.api import EvalRecord
+from trainwarden.supervisor import protocol
 from trainwarden.supervisor.store.evaldb import EvalPoint, EvalWriter, number_extras, read_evals
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import encode_loss
@@ -99,14 +99,7 @@ class Validation:
         if change is not None:
             self.journal.append(*change)
 
-    def telemetry(self) -> dict[str, Any]:
-        newest = self.newest
-        return {
-            "val_step": newest.step if newest else None,
-            "val_loss": encode_loss(newest.loss) if newest else None,
-        }
-
-    def status(self, now: float) -> dict[str, Any] | None:
+    def status(self, now: float) -> protocol.Validation | None:
         """The newest evaluation for `status` (None before the first)."""
         newest = self.newest
         if newest is None:

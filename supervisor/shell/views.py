@@ -13,7 +13,6 @@ from trainwarden.supervisor.protocol import (
     Quarantined,
     StateDetail,
     StateView,
-    StatusFigures,
     StatusResult,
 )
 from trainwarden.supervisor.shell.config_watch import ConfigWatch
@@ -97,8 +96,7 @@ def status_view(
 ) -> StatusResult:
     """The `status` command's answer: the run, the state view, which of SIGTERM and
     SIGUSR1 the trainer catches (`handles`, None: unknown), telemetry and checkpoints."""
-    # The hub gives its figures (StatusFigures' keys) as a plain dict.
-    figures = cast(StatusFigures, hub.status_fields())
+    figures = hub.status_fields()
     return {
         "protocol": PROTOCOL_VERSION,
         "version": __version__,

@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,7 @@ class Journal:
     def append(
         self,
         kind: str,
-        fields: dict[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
         *,
         t: float | None = None,
         sync: bool = False,
@@ -152,7 +152,7 @@ class Journal:
         return True
 
     def _write(
-        self, kind: str, fields: dict[str, Any] | None, now: float, keep: bool = False
+        self, kind: str, fields: Mapping[str, Any] | None, now: float, keep: bool = False
     ) -> dict[str, Any]:
         record = {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **_json_safe(fields or {})}
         self.file.write(orjson.dumps(record) + b"\n", keep=keep)

@@ -22,7 +22,7 @@ found at start-up by their markers (a /proc scan), not by their spawn records.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 FOLD_AFTER = 5
@@ -36,7 +36,7 @@ SIGNATURE = ("cause", "returncode", "signal", "last_line", "last_step", "disk_fu
 NUMBERS = re.compile(r"\d+")
 
 
-def signature(fields: dict[str, Any]) -> tuple[Any, ...]:
+def signature(fields: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes two crashes the same crash. The trainer's last line counts with its
     numbers taken out: one that names its pid, a time or a port differs at every start
     and would never be folded."""
@@ -104,7 +104,7 @@ class RepeatFold:
         self.reported_t = 0.0
         self.next_report = 0
 
-    def takes(self, kind: str, fields: dict[str, Any], t: float, durable: bool) -> bool:
+    def takes(self, kind: str, fields: Mapping[str, Any], t: float, durable: bool) -> bool:
         """Whether this record is folded (counted, not written). Ends the fold (writing
         its `repeated` record first) when the record is not one of a repeat's."""
         if kind not in FOLDED or (durable and kind != "spawn"):
@@ -147,7 +147,7 @@ class RepeatFold:
         self.first_t = self.reported_t = t
         self.next_report = 1
 
-    def _count(self, kind: str, fields: dict[str, Any], t: float) -> None:
+    def _count(self, kind: str, fields: Mapping[str, Any], t: float) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.last[kind] = {"t": round(t, 6), "kind": kind, **fields}
 
