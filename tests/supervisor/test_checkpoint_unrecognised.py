@@ -16,7 +16,8 @@ import pytest
 from tests.support import PYTHON, journal, running_daemon, scripted_run, wait_for
 from trainwarden.plugins.formats.andrea_bin import AndreaBin, checkpoint_name
 from trainwarden.plugins.formats.hf_trainer import HfTrainer
-from trainwarden.supervisor.inputs.checkpoint_watch import JUDGE_AFTER_S, CheckpointWatcher
+from trainwarden.supervisor.inputs.checkpoint_unrecognised import JUDGE_AFTER_S
+from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 pytestmark = pytest.mark.timeout(120)
