@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from trainwarden.supervisor.core.exit_codes import RESTART_PREVENTED, ExitCode
 from trainwarden.supervisor.errors import UsageError
 
 Kind = Literal["system", "user"]
@@ -43,6 +44,9 @@ SYSTEMD_PATH: Mapping[Kind, str] = {
 unless environment.d adds to it): the daemon's, and so the trainer's unless [trainer] env
 sets one. A login shell's PATH, a venv's bin/ among it, is not there."""
 
+RESTART_PREVENT_EXIT_STATUS = " ".join(str(int(code)) for code in RESTART_PREVENTED)
+"""RestartPreventExitStatus=: the exit statuses a restart cannot help (core.exit_codes)."""
+
 REQUIRED_KEYS: Mapping[str, str | None] = {
     "Type": "notify",
     "NotifyAccess": "main",
@@ -52,6 +56,7 @@ REQUIRED_KEYS: Mapping[str, str | None] = {
     "Delegate": "yes",
     "TimeoutStopSec": None,
     "Restart": "on-failure",
+    "RestartPreventExitStatus": RESTART_PREVENT_EXIT_STATUS,
     "NoNewPrivileges": "yes",
     "ProtectSystem": "strict",
     "ReadWritePaths": None,
@@ -86,7 +91,7 @@ _START_LIMIT = """\
 # A flapping GPU (Xid errors, a driver reset) can fail the daemon again and again for
 # hours; nobody is awake to run `systemctl reset-failed`. So no start limit at all: the
 # daemon is retried every RestartSec for as long as the machine is up. Config errors
-# (exit status 2) are not retried (RestartPreventExitStatus below).
+# and halts are not retried (RestartPreventExitStatus below).
 StartLimitIntervalSec=0
 """
 
@@ -116,8 +121,10 @@ Delegate=yes
 TimeoutStopSec=300
 Restart=on-failure
 RestartSec=30
-# Exit status 2 is a configuration or usage error: restarting cannot fix it.
-RestartPreventExitStatus=2
+# The exit status is a contract (docs/exit-codes.md). 0 (finished, or stopped) is not
+# restarted; nor are these, which a restart cannot help: {config} a configuration or usage
+# error, {halted} a halted run (crash loop, divergence, GPU fault) that was shut down.
+RestartPreventExitStatus={restart_prevented}
 """
 
 _HARDENING: Mapping[Kind, str] = {
@@ -166,10 +173,18 @@ WantedBy=default.target
 }
 
 
+def _service_section() -> str:
+    return _SERVICE_SECTION.format(
+        config=int(ExitCode.CONFIG),
+        halted=int(ExitCode.HALTED),
+        restart_prevented=RESTART_PREVENT_EXIT_STATUS,
+    )
+
+
 def _body(kind: Kind) -> str:
     after = "After=network-online.target nvidia-persistenced.service\n" if kind == "system" else ""
     unit = f"[Unit]\nDescription=trainwarden supervisor for %f\n{after}{_START_LIMIT}"
-    return f"{unit}\n{_SERVICE_SECTION}{_HARDENING[kind]}\n{_INSTALL[kind]}"
+    return f"{unit}\n{_service_section()}{_HARDENING[kind]}\n{_INSTALL[kind]}"
 
 
 def template_unit(kind: Kind) -> str:

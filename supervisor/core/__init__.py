@@ -27,6 +27,7 @@ package imports only the standard library and itself. Importing it (or `phases` 
 - `pivot`: the pivot transaction
 - `decide`: the dispatch, and the next deadline
 - `decision_table`: the policy on one page: each event, its handler, the actions it may produce
+- `exit_codes`: the daemon's exit status, a contract with whatever started it
 - `policy`: all of the above that the shell and the tests use, in one namespace
 - `alerts`: which journal records become alerts, and when (used by shell.alerts)
 """

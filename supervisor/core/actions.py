@@ -98,6 +98,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class Exit:
+    """End the daemon with this status (core.exit_codes.ExitCode: docs/exit-codes.md)."""
+
     code: int = 0
 
 

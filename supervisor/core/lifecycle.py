@@ -31,6 +31,7 @@ from trainwarden.supervisor.core.events import (
     TrainerExited,
     TrainerSpawned,
 )
+from trainwarden.supervisor.core.exit_codes import exit_code_for
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.plausible import implausible_at_startup, largest_gap
 from trainwarden.supervisor.core.progress import diverged_unseen
@@ -603,5 +604,5 @@ def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list
             # Already on its way down; exit once it is gone rather than restarting it.
             return replace(state, stop_reason="shutdown")
         return stop_trainer(state, ev.t, rules, "shutdown", actions)
-    actions.append(Exit(0))
+    actions.append(Exit(exit_code_for(state.phase)))
     return state

@@ -31,6 +31,7 @@ from trainwarden.supervisor.core.actions import (
     WritePolicy,
 )
 from trainwarden.supervisor.core.events import Operator, PivotProgress
+from trainwarden.supervisor.core.exit_codes import exit_code_for
 from trainwarden.supervisor.core.kinds import ErrorCode
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.requests import Pivot
@@ -237,7 +238,7 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
         )
     state = replace(state, pivot=None, last_pivot_step=plan.step)
     if state.shutdown:
-        actions.append(Exit(0))
+        actions.append(Exit(exit_code_for(Phase.STOPPED)))
         return replace(state, phase=Phase.STOPPED, halt_reason="stopped by operator")
     return spawn(state, t, actions, "pivot")
 

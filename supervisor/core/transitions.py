@@ -15,6 +15,7 @@ from trainwarden.supervisor.core.actions import (
     SignalTrainer,
     Spawn,
 )
+from trainwarden.supervisor.core.exit_codes import exit_code_for
 from trainwarden.supervisor.core.kinds import ErrorCode
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Detector
@@ -244,7 +245,7 @@ def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> S
     state = settle_waiters(state, actions, kind="stop", result=result)
     state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
     if state.shutdown:
-        actions.append(Exit(0))
+        actions.append(Exit(exit_code_for(state.phase)))
     return replace(state, stop_due=False, stop_exit=None, stop_from=None)
 
 

@@ -23,6 +23,7 @@ from trainwarden.supervisor.cli.units import (
     unit_install_path,
     unit_name,
 )
+from trainwarden.supervisor.core.exit_codes import RESTART_PREVENTED, ExitCode
 from trainwarden.supervisor.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,6 +119,22 @@ def test_template_details() -> None:
     assert "User" not in user["Service"]
     assert system["Install"]["WantedBy"] == "multi-user.target"
     assert user["Install"]["WantedBy"] == "default.target"
+
+
+def restart_prevented(text: str) -> set[int]:
+    return {int(word) for word in parse_unit(text)["Service"]["RestartPreventExitStatus"].split()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_restart_prevent_exit_status_is_the_exit_code_tables(kind: Kind, tmp_path: Path) -> None:
+    rendered = render_unit(kind, make_executable(tmp_path / "tw"), tmp_path / "run")
+    for text in (template_unit(kind), (REPO / TEMPLATE_PATHS[kind]).read_text(), rendered):
+        prevented = restart_prevented(text)
+        assert prevented == {int(code) for code in RESTART_PREVENTED}
+        # A halted daemon the operator shut down stays down; a crash is retried.
+        assert {ExitCode.CONFIG, ExitCode.HALTED} <= prevented
+        assert not prevented & {ExitCode.FINISHED, ExitCode.STOPPED, ExitCode.ERROR}
+        assert parse_unit(text)["Service"]["Restart"] == "on-failure"
 
 
 @needs_analyze
