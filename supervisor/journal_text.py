@@ -63,6 +63,8 @@ def summary_pieces(record: dict[str, Any]) -> list[str]:
         )
     elif kind == Kind.HANG_DUMP:
         return words(hang_dump_text(record))
+    elif kind == Kind.SLURM_JOB:
+        return words(slurm_text(record))
     elif kind == Kind.REPEATED:
         return words(repeated_text(record))
     elif kind == Kind.ROLLBACK:
@@ -171,6 +173,39 @@ def causes_text(causes: Any) -> str:
         for cause, n in causes.items()
         if isinstance(n, int) and not isinstance(n, bool) and n > 0
     )
+
+
+def slurm_text(job: Any) -> str:
+    """The Slurm job as `trainwarden status` and the journal write it: "job 4242 (train-gpt)
+    on node01, segment 3 (restart count 2), time limit 2h 00m, ends in 1h 12m" (the end
+    only where `ends_in_s` is given)."""
+    if not isinstance(job, dict):
+        return ""
+    name = f" ({job['name']})" if job.get("name") else ""
+    node = f" on {job['node']}" if job.get("node") else ""
+    restarts = job.get("restart_count")
+    segment = (
+        f", segment {restarts + 1} (restart count {restarts})" if isinstance(restarts, int) else ""
+    )
+    limit = job.get("time_limit_s")
+    if _finite(limit):
+        limit_text = f"time limit {duration_text(limit)}"
+    elif job.get("limit_note") == "unlimited":
+        limit_text = "no time limit"
+    else:
+        limit_text = f"time limit {job.get('limit_note') or 'unknown'}"
+    ends = f", ends in {duration_text(job['ends_in_s'])}" if _finite(job.get("ends_in_s")) else ""
+    return f"job {job.get('job_id')}{name}{node}{segment}, {limit_text}{ends}"
+
+
+def slurm_short_text(job: Any, ends_in_s: Any = None) -> str:
+    """The Slurm job in a few cells, for the TUI's header: "job 4242 seg 3 ends 1h 12m"."""
+    if not isinstance(job, dict):
+        return ""
+    restarts = job.get("restart_count")
+    segment = f" seg {restarts + 1}" if isinstance(restarts, int) else ""
+    ends = f" ends {duration_text(ends_in_s)}" if _finite(ends_in_s) else ""
+    return f"job {job.get('job_id')}{segment}{ends}"
 
 
 def words(text: str) -> list[str]:

@@ -272,6 +272,31 @@ class Spikes(TypedDict):
     """The first step of the last spike, while it is not yet known cured or recurred."""
 
 
+class SlurmJobView(TypedDict):
+    """The Slurm job the daemon runs in (`trainwarden daemon` as a batch step's process),
+    as its environment and `scontrol show job` told it at the daemon's start."""
+
+    job_id: str
+    """SLURM_JOB_ID."""
+    name: str | None
+    """SLURM_JOB_NAME."""
+    node: str | None
+    """SLURMD_NODENAME (else the job's node list, else the host name)."""
+    partition: str | None
+    """SLURM_JOB_PARTITION."""
+    restart_count: int
+    """SLURM_RESTART_COUNT: times Slurm requeued the job (0: its first segment)."""
+    time_limit_s: int | None
+    """The job's time limit in seconds (None: none, or not known: see limit_note)."""
+    end_time: float | None
+    """When Slurm ends the job, wall-clock seconds since the epoch (None: not known)."""
+    ends_in_s: float | None
+    """Seconds from this view until end_time (clients count it down with their own clock)."""
+    limit_note: str | None
+    """When time_limit_s is None: why, in words ("unlimited", "being read",
+    "unknown: scontrol not found", ...)."""
+
+
 class StateView(TypedDict):
     """The run's phase and its trainer: the `state` topic, and part of status."""
 
@@ -300,6 +325,8 @@ class StateView(TypedDict):
     the daemon still runs the settings it read; a new daemon reads the file again."""
     config_notice: str | None
     """When config_changed: one line saying so, when the daemon read it and what to do."""
+    slurm: SlurmJobView | None
+    """The Slurm job the daemon runs in (None: not in a Slurm job)."""
 
 
 class AuditResult(TypedDict):

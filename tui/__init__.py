@@ -1,6 +1,10 @@
 """The trainwarden terminal UI: a Textual client of the daemon's control socket.
 
 - `app`: the App: keys, outcomes, the render tick
+- `commands`: the operator's commands to the run (save, stop, start, pin, pivot), confirmed where they cost
+- `chart_feed`: what the loss chart asks the daemon for: its history, catching up, the overlaid run
+- `host`: what the app's helpers use of the app (a protocol class, so they need not import it)
+- `launch`: `main`: the TUI started on a daemon's socket, after checking that it answers
 - `source`: the daemon as a data source (one subscribed connection, with backoff)
 - `messages`: what the source posts to the app
 - `model`: what the TUI knows about the run (plain data, no widgets, no I/O)

@@ -254,6 +254,14 @@ class RunModel:
             return None
         return max(restart_in - self.since(self.state), 0.0)
 
+    def slurm_ends_in_s(self) -> float | None:
+        """Seconds until Slurm ends the daemon's job, counted down from the view's figure."""
+        job = (self.state.value or {}).get("slurm")
+        ends_in = job.get("ends_in_s") if isinstance(job, dict) else None
+        if not isinstance(ends_in, int | float):
+            return None
+        return max(ends_in - (self.since(self.state) if self.connected else 0.0), 0.0)
+
     @property
     def stepping(self) -> bool:
         """The trainer is stepping now: its speed, MFU now and ETA are true."""

@@ -434,7 +434,7 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from trainwarden.tui.app import main as tui_main
+    from trainwarden.tui.launch import main as tui_main
 
     compare = args.compare
     if compare is not None and Path(compare).expanduser().exists():

@@ -360,7 +360,7 @@ def run_demo(
     cfg = load_for_start(run_dir)
     started = ensure_daemon(cfg, out)
 
-    from trainwarden.tui.app import main as tui_main
+    from trainwarden.tui.launch import main as tui_main
 
     status = tui_main(cfg.socket_path, log_path=cfg.log_path, quit_means=started.quit_means)
     if status != 0:

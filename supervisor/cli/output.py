@@ -18,6 +18,7 @@ from trainwarden.supervisor.journal_text import (
     duration_text,
     loss_text,
     rate_text,
+    slurm_text,
     summary,
 )
 from trainwarden.supervisor.protocol import size_text as size_text
@@ -80,6 +81,7 @@ def format_status(s: StatusResult) -> str:
             else []
         ),
         f"trainer   pid {_fmt(s.get('trainer_pid'))}, {restarts_text(s)}",
+        *([f"slurm     {clean(slurm_text(s['slurm']))}"] if s.get("slurm") else []),
         f"handles   {handles_text(s.get('handles'))}",
         f"step      {step}   loss {loss_text(s.get('loss'))}   ema {loss_text(s.get('loss_ema'))}",
         # The TUI's figures, written by the same functions (journal_text).

@@ -112,6 +112,7 @@ JournalKind = Literal[
     "disk_recovered",
     # The daemon, its files and its clients.
     "daemon_start",
+    "slurm_job",
     "daemon_exit",
     "state",
     "shutdown",
@@ -186,6 +187,8 @@ class Kind(StrEnum):
     DISK_FULL = "disk_full"
     DISK_RECOVERED = "disk_recovered"
     DAEMON_START = "daemon_start"
+    SLURM_JOB = "slurm_job"
+    """The Slurm job the daemon runs in: id, name, node, restart count, time limit."""
     STATE = "state"
     CHECKPOINT_DIR_MOVED = "checkpoint_dir_moved"
 

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from trainwarden.supervisor import __version__
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
-from trainwarden.supervisor.inputs import signals
+from trainwarden.supervisor.inputs import signals, slurm_job
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.inputs.gpu import shared_nvml
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
@@ -115,6 +116,10 @@ class Daemon:
         self.alerter: Alerter | None = None
         self.gpu_events: GpuEventWatcher | None = None
         self._gpu_events_task: asyncio.Task[None] | None = None
+        self.slurm_job = slurm_job.job_from_env(os.environ, socket.gethostname())
+        """The Slurm job this daemon runs in (None: none)."""
+        self.slurm_limit: slurm_job.JobLimit | None = None
+        """The job's time limit, once scontrol has answered."""
 
     @property
     def exit_code(self) -> int | None:
@@ -136,6 +141,10 @@ class Daemon:
             self.files.journal, self.store.quarantine_notes
         )
         journal = self._open_journal(loop, clean)
+        # Started now: scontrol answers while the rest of the start-up goes on.
+        slurm_read = (
+            loop.create_task(self._read_slurm_job(journal)) if self.slurm_job is not None else None
+        )
         self._contain(journal)
         # Decided but not journaled: this is the state the journal already holds.
         event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
@@ -177,6 +186,8 @@ class Daemon:
                 ),
             )
         ]
+        if slurm_read is not None:
+            chores.append(slurm_read)
         try:
             await self._event_loop()
         finally:
@@ -199,6 +210,22 @@ class Daemon:
         )
         journal_links(journal, self.watched)
         return journal
+
+    async def _read_slurm_job(self, journal: Journal) -> None:
+        """Ask scontrol for the job's time limit (in a thread: it may take seconds), then
+        journal the job (`slurm_job`) and show it. Whatever scontrol does, the limit is
+        at worst unknown."""
+        assert self.slurm_job is not None
+        self.slurm_limit = await asyncio.to_thread(slurm_job.read_limit, self.slurm_job.job_id)
+        journal.append("slurm_job", views.slurm_record(self.slurm_job, self.slurm_limit))
+        if self.slurm_limit.unknown is not None:
+            log.warning(
+                "Slurm job %s: time limit unknown (%s)",
+                self.slurm_job.job_id,
+                self.slurm_limit.unknown,
+            )
+        if self.hub is not None:
+            self.hub.publish_state(self.state_view())
 
     def _contain(self, journal: Journal) -> None:
         """Become the trainers' subreaper and find where each start's cgroup goes; journal
@@ -642,7 +669,8 @@ class Daemon:
             self._send_ready()
 
     def state_view(self) -> StateView:
-        return views.state_view(self.state, time.monotonic(), self.config)
+        slurm = views.slurm_view(self.slurm_job, self.slurm_limit, time.time())
+        return views.state_view(self.state, time.monotonic(), self.config, slurm)
 
     def checkpoints_view(self) -> CheckpointsView:
         return views.checkpoints_view(self.state, self.rules, self.store)

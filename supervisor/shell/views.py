@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-from typing import cast
+from typing import Any, cast
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
+from trainwarden.supervisor.inputs.slurm_job import JobLimit, SlurmJob
 from trainwarden.supervisor.protocol import (
     CheckpointsView,
     Quarantined,
+    SlurmJobView,
     StateDetail,
     StateView,
     StatusResult,
@@ -21,9 +23,56 @@ from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 
-def state_view(s: State, now: float, config: ConfigWatch | None = None) -> StateView:
+def slurm_record(job: SlurmJob, limit: JobLimit | None) -> dict[str, Any]:
+    """The Slurm job as the journal's `slurm_job` record and the view hold it (`limit`
+    None: scontrol not answered yet)."""
+    if limit is None:
+        note: str | None = "being read"
+    elif limit.unlimited:
+        note = "unlimited"
+    elif limit.unknown is not None:
+        note = f"unknown: {limit.unknown}"
+    else:
+        note = None
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "node": job.node,
+        "partition": job.partition,
+        "restart_count": job.restart_count,
+        "time_limit_s": limit.time_limit_s if limit is not None else None,
+        "end_time": limit.end_time if limit is not None else None,
+        "limit_note": note,
+    }
+
+
+def slurm_view(job: SlurmJob | None, limit: JobLimit | None, wall: float) -> SlurmJobView | None:
+    """The `slurm` field of the state view; `wall` is time.time()."""
+    if job is None:
+        return None
+    record = slurm_record(job, limit)
+    end = record["end_time"]
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "node": job.node,
+        "partition": job.partition,
+        "restart_count": job.restart_count,
+        "time_limit_s": record["time_limit_s"],
+        "end_time": end,
+        "ends_in_s": round(max(end - wall, 0.0), 3) if end is not None else None,
+        "limit_note": record["limit_note"],
+    }
+
+
+def state_view(
+    s: State,
+    now: float,
+    config: ConfigWatch | None = None,
+    slurm: SlurmJobView | None = None,
+) -> StateView:
     """The `state` topic; `now` is time.monotonic(); `config`: the config file as the
-    daemon read it (one stat per view)."""
+    daemon read it (one stat per view); `slurm`: the job the daemon runs in."""
     detail: StateDetail = {}
     if s.phase == Phase.BACKOFF and s.backoff_until is not None:
         detail["restart_in_s"] = round(max(0.0, s.backoff_until - now), 3)
@@ -56,6 +105,7 @@ def state_view(s: State, now: float, config: ConfigWatch | None = None) -> State
         "skips": [list(w) for w in s.spikes.windows],
         "config_changed": notice is not None,
         "config_notice": notice,
+        "slurm": slurm,
     }
 
 

@@ -18,7 +18,7 @@ from trainwarden.tui.widgets.events import ALARMING
 
 def test_importing_the_tui_does_not_import_torch_or_daemon_internals():
     code = (
-        "import sys, trainwarden.tui.app, trainwarden.tui.__main__; "
+        "import sys, trainwarden.tui.app, trainwarden.tui.launch, trainwarden.tui.__main__; "
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', "
         "'trainwarden.supervisor.shell', 'trainwarden.supervisor.serve', "
         "'trainwarden.supervisor.store', 'trainwarden.supervisor.inputs', "

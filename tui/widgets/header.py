@@ -1,4 +1,5 @@
-"""One line: the run, its state in colour, the trainer, restarts and the resume audit."""
+"""One line: the run, its state in colour, the trainer, restarts, the resume audit and the
+Slurm job the daemon runs in."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from trainwarden.supervisor.journal_text import causes_text
+from trainwarden.supervisor.journal_text import causes_text, slurm_short_text
 from trainwarden.supervisor.protocol import HALTED, Phase
 from trainwarden.tui import fmt
 from trainwarden.tui.model import RunModel
@@ -36,7 +37,7 @@ SHOWS_REASON = HALTED - {Phase.FINISHED}
 
 # What goes first when the line is too narrow: the highest number (a field is dropped
 # whole, so no number is ever cut).
-KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, PID, UPTIME, STEPS, CAUSES = range(10)
+KEEP, WARNING, PROGRESS, ETA, AUDIT, RESTARTS, PID, SLURM, UPTIME, STEPS, CAUSES = range(11)
 BAR_MIN, BAR_MAX = 8, 24
 """Cells of the progress bar: it grows into the room the other fields leave."""
 
@@ -47,7 +48,8 @@ class Field:
     rank: int
     """KEEP ... CAUSES: the order in which fields are dropped, last first (the restarts'
     causes and step/total first: `trainwarden status` and the telemetry panel show them too;
-    the pid, which a user needs to act on the trainer, late)."""
+    then the trainer's uptime; the Slurm job after it, as its end is a deadline the run
+    meets; the pid, which a user needs to act on the trainer, late)."""
     bar: float | None = None
     """Set for the progress bar: the fraction done (its text is drawn at fit time)."""
     after: Text | None = None
@@ -159,6 +161,9 @@ class RunHeader(Static):
             causes = clean(causes_text(state.get("restarts_by_cause")), 200)
             if causes:
                 fields.append(Field(Text(f" ({causes})", muted), CAUSES))
+        job = clean(slurm_short_text(state.get("slurm"), model.slurm_ends_in_s()), 60)
+        if job:
+            fields.append(Field(Text(f"  {job}", muted), SLURM))
         audit = (model.telemetry.value or {}).get("resume_audit")
         status = audit.get("status") if isinstance(audit, dict) else None
         if status == "verified":
