@@ -272,9 +272,10 @@ class Spikes(TypedDict):
     """The first step of the last spike, while it is not yet known cured or recurred."""
 
 
-class SlurmJobView(TypedDict):
+class SlurmJobRecord(TypedDict):
     """The Slurm job the daemon runs in (`trainwarden daemon` as a batch step's process),
-    as its environment and `scontrol show job` told it at the daemon's start."""
+    as its environment and `scontrol show job` told it at the daemon's start: the journal's
+    `slurm_job` record."""
 
     job_id: str
     """SLURM_JOB_ID."""
@@ -290,11 +291,16 @@ class SlurmJobView(TypedDict):
     """The job's time limit in seconds (None: none, or not known: see limit_note)."""
     end_time: float | None
     """When Slurm ends the job, wall-clock seconds since the epoch (None: not known)."""
-    ends_in_s: float | None
-    """Seconds from this view until end_time (clients count it down with their own clock)."""
     limit_note: str | None
     """When time_limit_s is None: why, in words ("unlimited", "being read",
     "unknown: scontrol not found", ...)."""
+
+
+class SlurmJobView(SlurmJobRecord):
+    """The job as the state view carries it."""
+
+    ends_in_s: float | None
+    """Seconds from this view until end_time (clients count it down with their own clock)."""
 
 
 class StateView(TypedDict):
@@ -389,12 +395,11 @@ class ValidationSeries(TypedDict):
     """None for a non-finite loss."""
 
 
-class Telemetry(TypedDict):
-    """The figures of the newest step: the `telemetry` topic, and part of status."""
+class StepFigures(TypedDict):
+    """The monitor's figures of the newest step (all None before the first): the first
+    fields of Telemetry."""
 
     step: int | None
-    step_age_s: float | None
-    """Seconds since the newest step line was seen (its figures are that old)."""
     loss: float | None
     loss_ema: float | None
     loss_avg: float | None
@@ -407,6 +412,13 @@ class Telemetry(TypedDict):
     eta_s: float | None
     collapse_loss: float | None
     """ln(vocab_size): the loss of a uniform guess."""
+
+
+class Telemetry(StepFigures):
+    """The figures of the newest step: the `telemetry` topic, and part of status."""
+
+    step_age_s: float | None
+    """Seconds since the newest step line was seen (its figures are that old)."""
     last_checkpoint_step: int | None
     last_checkpoint_age_s: float | None
     next_checkpoint_step: int | None

@@ -21,7 +21,9 @@ import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple
+
+from trainwarden.supervisor.protocol import StepFigures
 
 ETA_WINDOW_S = 300.0
 """Seconds of this segment's steps the ETA's rate is taken over. The 20-step window that
@@ -90,24 +92,6 @@ def flops_per_token(n_params: int, attention: Mapping[str, int] | None = None) -
 
 
 GPU_NOT_YET_REASON = 'GPU not identified yet (peak_tflops = "auto")'
-
-
-class StepFigures(TypedDict):
-    """The monitor's figures of the newest step (all None before the first): the first
-    fields of the protocol's Telemetry, which the hub completes."""
-
-    step: int | None
-    loss: float | None
-    loss_ema: float | None
-    loss_avg: float | None
-    dt: float | None
-    tokens_per_s: float | None
-    mfu: float | None
-    mfu_avg: float | None
-    mfu_unknown_reason: str | None
-    steps_per_min: float | None
-    eta_s: float | None
-    collapse_loss: float | None
 
 
 class _Step(NamedTuple):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, cast
+from typing import cast
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
@@ -12,6 +12,7 @@ from trainwarden.supervisor.inputs.slurm_job import JobLimit, SlurmJob
 from trainwarden.supervisor.protocol import (
     CheckpointsView,
     Quarantined,
+    SlurmJobRecord,
     SlurmJobView,
     StateDetail,
     StateView,
@@ -23,9 +24,9 @@ from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 
-def slurm_record(job: SlurmJob, limit: JobLimit | None) -> dict[str, Any]:
-    """The Slurm job as the journal's `slurm_job` record and the view hold it (`limit`
-    None: scontrol not answered yet)."""
+def slurm_record(job: SlurmJob, limit: JobLimit | None) -> SlurmJobRecord:
+    """The Slurm job as the journal's `slurm_job` record holds it (`limit` None: scontrol
+    not answered yet)."""
     if limit is None:
         note: str | None = "being read"
     elif limit.unlimited:
@@ -47,22 +48,13 @@ def slurm_record(job: SlurmJob, limit: JobLimit | None) -> dict[str, Any]:
 
 
 def slurm_view(job: SlurmJob | None, limit: JobLimit | None, wall: float) -> SlurmJobView | None:
-    """The `slurm` field of the state view; `wall` is time.time()."""
+    """The `slurm` field of the state view: the record, and the time left from `wall`
+    (time.time())."""
     if job is None:
         return None
     record = slurm_record(job, limit)
     end = record["end_time"]
-    return {
-        "job_id": job.job_id,
-        "name": job.name,
-        "node": job.node,
-        "partition": job.partition,
-        "restart_count": job.restart_count,
-        "time_limit_s": record["time_limit_s"],
-        "end_time": end,
-        "ends_in_s": round(max(end - wall, 0.0), 3) if end is not None else None,
-        "limit_note": record["limit_note"],
-    }
+    return {**record, "ends_in_s": round(max(end - wall, 0.0), 3) if end is not None else None}
 
 
 def state_view(
