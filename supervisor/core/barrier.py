@@ -49,6 +49,23 @@ def is_stray(state: State, name: str) -> bool:
     return any(p.name == name and p.stray for p in state.pending)
 
 
+def after_pivot(state: State, name: str) -> int | None:
+    """The pivot step `name` was written after by the old policy's trainer (see
+    Pending.after_pivot), if it was."""
+    return next((p.after_pivot for p in state.pending if p.name == name), None)
+
+
+def fence_after(state: State, step: int) -> State:
+    """Mark the checkpoints still being verified past a pivot's `step` as the old policy's."""
+    return replace(
+        state,
+        pending=tuple(
+            replace(p, after_pivot=step) if p.step > step and not p.stray else p
+            for p in state.pending
+        ),
+    )
+
+
 def resolved(state: State, name: str) -> State:
     """The verification of `name` ended (whatever its outcome)."""
     if any(p.name == name for p in state.pending):

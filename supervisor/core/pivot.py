@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from trainwarden.supervisor.core import barrier
 from trainwarden.supervisor.core.actions import (
     Action,
     Archive,
@@ -137,17 +138,21 @@ def on_commit(
         state = stop_trainer(state, t, rules, "pivot", actions)
         return replace(state, phase=Phase.PIVOTING), False
     if plan.step is not None and ckpt.step > plan.step:
-        actions.append(
-            Quarantine(
-                ckpt.step,
-                ckpt.name,
-                f"written under the old policy after pivot step {plan.step}",
-                cause="pivot",
-                cause_step=plan.step,
-            )
-        )
+        actions.append(set_aside(ckpt.step, ckpt.name, plan.step))
         return state, True
     return state, False
+
+
+def set_aside(step: int, name: str, pivot_step: int) -> Quarantine:
+    """A checkpoint written under the old policy after the pivot's own: kept, never resumed
+    from."""
+    return Quarantine(
+        step,
+        name,
+        f"written under the old policy after pivot step {pivot_step}",
+        cause="pivot",
+        cause_step=pivot_step,
+    )
 
 
 def _set_aside_after(state: State, pivot_step: int, actions: list[Action]) -> State:
@@ -155,15 +160,7 @@ def _set_aside_after(state: State, pivot_step: int, actions: list[Action]) -> St
     are kept, never resumed from."""
     later = [c for c in state.checkpoints if c.step > pivot_step]
     for c in later:
-        actions.append(
-            Quarantine(
-                c.step,
-                c.name,
-                f"written under the old policy after pivot step {pivot_step}",
-                cause="pivot",
-                cause_step=pivot_step,
-            )
-        )
+        actions.append(set_aside(c.step, c.name, pivot_step))
     return without_checkpoints(state, {c.step for c in later})
 
 
@@ -172,6 +169,8 @@ def on_trainer_stopped(state: State, t: float, rules: Rules, actions: list[Actio
     plan = state.pivot
     assert plan is not None and plan.step is not None
     state = _set_aside_after(state, plan.step, actions)
+    # Its last saves may still be verifying: set aside as they end (progress.on_committed).
+    state = barrier.fence_after(state, plan.step)
     return _start_archiving(
         replace(state, phase=Phase.PIVOTING, stop_reason=None, kill_at=None), actions
     )

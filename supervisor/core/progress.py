@@ -83,7 +83,11 @@ def on_committed(
     state: State, ev: CheckpointCommitted, rules: Rules, actions: list[Action]
 ) -> State:
     stray = barrier.is_stray(state, ev.name)
+    pivot_step = barrier.after_pivot(state, ev.name)
     state = barrier.resolved(state, ev.name)
+    if pivot_step is not None:
+        actions.append(pivot.set_aside(ev.step, ev.name, pivot_step))
+        return state
     if stray:
         reason = "written by a process of the ended start after its main process exited"
         actions.append(Record("stray_checkpoint", {"step": ev.step, "name": ev.name}))

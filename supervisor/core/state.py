@@ -95,6 +95,9 @@ class Pending:
     since: float
     stray: bool = False
     """Seen after the start's main process exited, while its other processes were stopped."""
+    after_pivot: int | None = None
+    """A pivot's step this checkpoint comes after, seen before the trainer stopped for that
+    pivot exited: written under the old policy, set aside once verified."""
 
 
 @dataclass(frozen=True, slots=True)

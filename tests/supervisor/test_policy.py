@@ -921,3 +921,37 @@ def test_a_divergence_beyond_the_window_is_not_the_checkpoint_s_fault():
         )
         assert not kinds(actions, p.Quarantine) and not state.suspects
     assert state.phase == "diverged"
+
+
+def test_a_checkpoint_the_old_trainer_wrote_after_the_pivot_step_is_set_aside_when_its_verification_ends_after_the_pivot():
+    """The trainer stopped for a pivot saves once more on SIGTERM: a checkpoint after the
+    pivot's own, written under the old policy. Seen before its exit, it may still be
+    verified when the pivot ends; it is set aside then, like those verified in time, and the
+    new start resumes from the pivot's checkpoint with a fresh bandit."""
+    from trainwarden.supervisor.core.requests import PivotContext
+
+    old = {"arms": {"docs": {"cap": 1.0, "floor": 0.0}}}
+    new = {"arms": {"docs": {"cap": 0.2, "floor": 0.0}}}
+    context = PivotContext(("docs",), (), old, new, (), "20261205T000000Z")
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 85, 2.0)], state)
+    state, _ = run([p.Operator(2.0, 7, p.Pivot(caps={"docs": 0.2}), pivot=context)], state)
+    state, _ = run([p.CheckpointSeen(3.0, "step_000086.bin", 86), commit(86, 3.1)], state)
+    assert state.pivot is not None and state.pivot.step == 86
+    # Its save on SIGTERM: seen before it exits, verified only after the pivot's file work.
+    state, actions = run(
+        [
+            p.CheckpointSeen(4.0, "step_000088.bin", 88),
+            p.TrainerExited(4.1, 100, 0),
+            p.PivotProgress(4.2, "archived"),
+            p.PivotProgress(4.3, "policy_written"),
+        ],
+        state,
+    )
+    assert not kinds(actions, p.Spawn)  # waits for the verification in flight
+    state, actions = run([commit(88, 4.4)], state)
+    (set_aside,) = kinds(actions, p.Quarantine)
+    assert (set_aside.step, set_aside.cause, set_aside.cause_step) == (88, "pivot", 86)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 86 and spawn.pivot
+    assert 88 not in {c.step for c in state.checkpoints}
