@@ -28,6 +28,7 @@ from trainwarden.supervisor.config_checks import (
     check_divergence,
     check_numbers,
     check_ranges,
+    check_slurm,
 )
 from trainwarden.supervisor.config_paths import check_paths
 from trainwarden.supervisor.config_schema import Config
@@ -74,6 +75,7 @@ def load_config(run_dir: Path | str, *, check_plugins: bool = True) -> Config:
     check_numbers(path, cfg)
     check_divergence(path, cfg)
     check_alerts(path, cfg)
+    check_slurm(path, cfg)
     if check_plugins:
         check_trainer_command(cfg)
         check_plugins_installed(cfg)

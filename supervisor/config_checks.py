@@ -14,6 +14,7 @@ import dataclasses
 import ipaddress
 import math
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -370,3 +371,38 @@ def _check_fixed(path: Path, cfg: Config) -> None:
                 r"a regular expression with exactly one group for the step, for example "
                 r"'step=(\d+)'",
             )
+
+
+RESERVED_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGKILL", "SIGSTOP", "SIGCHLD", "SIGCONT"})
+"""Signals [slurm] signal may not name: TERM and INT already mean stop without a requeue
+(what scancel and the time limit send), and the others cannot be caught or are the
+daemon's own business."""
+
+
+def slurm_signal(name: str) -> signal.Signals | None:
+    """[slurm] signal as a signal: "USR1", "SIGUSR1" or "usr1" (None: not one allowed)."""
+    text = name.strip().upper()
+    text = text if text.startswith("SIG") else f"SIG{text}"
+    try:
+        sig = signal.Signals[text]
+    except KeyError:
+        return None
+    return None if sig.name in RESERVED_SIGNALS else sig
+
+
+def check_slurm(path: Path, cfg: Config) -> None:
+    """[slurm]: a signal the daemon can catch and that means nothing else to it; a lead >= 0."""
+    if slurm_signal(cfg.slurm.signal) is None:
+        raise invalid(
+            path,
+            "slurm.signal",
+            cfg.slurm.signal,
+            "a signal name such as USR1 or USR2 (not TERM, INT, KILL, STOP, CHLD or CONT)",
+        )
+    if not cfg.slurm.act_before_end_s >= 0:
+        raise invalid(
+            path,
+            "slurm.act_before_end_s",
+            cfg.slurm.act_before_end_s,
+            "a number of seconds >= 0 (0: only on the signal)",
+        )

@@ -228,6 +228,22 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    signal: str = "USR1"
+    """The signal Slurm sends the daemon before the job's time limit (sbatch
+    --signal=B:USR1@SECONDS): the trainer saves, the job is requeued, the daemon exits 75."""
+    act_before_end_s: float = 120.0
+    """When no such signal comes: seconds before the job's end time (read from scontrol) at
+    which the daemon does the same on its own (0: only on the signal)."""
+    requeue: bool = True
+    """Requeue the job (scontrol requeue) once the save is verified; false: exit 75 and
+    leave the requeue to the batch script."""
+    exit_when_ended: bool = True
+    """Inside a job, exit when the run finishes (0) or halts (3), giving the allocation back,
+    instead of waiting for the operator until the time limit."""
+
+
+@dataclass(frozen=True)
 class Config:
     run_dir: Path
     path: Path
@@ -242,6 +258,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     @property
     def log_path(self) -> Path:
@@ -273,6 +290,7 @@ TABLES: dict[str, type] = {
     "metrics": MetricsConfig,
     "alerts": AlertsConfig,
     "gpu": GpuConfig,
+    "slurm": SlurmConfig,
 }
 
 SECRET_KEYS = frozenset({"alerts.urls"})

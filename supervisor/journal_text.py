@@ -177,16 +177,17 @@ def causes_text(causes: Any) -> str:
 
 def slurm_text(job: Any) -> str:
     """The Slurm job as `trainwarden status` and the journal write it: "job 4242 (train-gpt)
-    on node01, segment 3 (restart count 2), time limit 2h 00m, ends in 1h 12m" (the end
-    only where `ends_in_s` is given)."""
+    on node01, segment 3 (restart count 2), time limit 2h 00m, ends in 1h 12m, 4m 10s
+    between segments" (the end only where `ends_in_s` is given, the time between segments
+    from the second segment on)."""
     if not isinstance(job, dict):
         return ""
     name = f" ({job['name']})" if job.get("name") else ""
     node = f" on {job['node']}" if job.get("node") else ""
+    segment = _segment_of(job)
     restarts = job.get("restart_count")
-    segment = (
-        f", segment {restarts + 1} (restart count {restarts})" if isinstance(restarts, int) else ""
-    )
+    count = f" (restart count {restarts})" if isinstance(restarts, int) else ""
+    where = f", segment {segment}{count}" if segment is not None else ""
     limit = job.get("time_limit_s")
     if _finite(limit):
         limit_text = f"time limit {duration_text(limit)}"
@@ -195,17 +196,32 @@ def slurm_text(job: Any) -> str:
     else:
         limit_text = f"time limit {job.get('limit_note') or 'unknown'}"
     ends = f", ends in {duration_text(job['ends_in_s'])}" if _finite(job.get("ends_in_s")) else ""
-    return f"job {job.get('job_id')}{name}{node}{segment}, {limit_text}{ends}"
+    lost = job.get("lost_s")
+    between = (
+        f", {duration_text(lost)} between segments"
+        if _finite(lost) and isinstance(segment, int) and segment > 1
+        else ""
+    )
+    return f"job {job.get('job_id')}{name}{node}{where}, {limit_text}{ends}{between}"
+
+
+def _segment_of(job: dict[str, Any]) -> int | None:
+    """The segment's number (records from before segments were counted: restart count + 1)."""
+    segment = job.get("segment")
+    if isinstance(segment, int):
+        return segment
+    restarts = job.get("restart_count")
+    return restarts + 1 if isinstance(restarts, int) else None
 
 
 def slurm_short_text(job: Any, ends_in_s: Any = None) -> str:
     """The Slurm job in a few cells, for the TUI's header: "job 4242 seg 3 ends 1h 12m"."""
     if not isinstance(job, dict):
         return ""
-    restarts = job.get("restart_count")
-    segment = f" seg {restarts + 1}" if isinstance(restarts, int) else ""
+    segment = _segment_of(job)
+    where = f" seg {segment}" if segment is not None else ""
     ends = f" ends {duration_text(ends_in_s)}" if _finite(ends_in_s) else ""
-    return f"job {job.get('job_id')}{segment}{ends}"
+    return f"job {job.get('job_id')}{where}{ends}"
 
 
 def words(text: str) -> list[str]:

@@ -294,6 +294,14 @@ class SlurmJobRecord(TypedDict):
     limit_note: str | None
     """When time_limit_s is None: why, in words ("unlimited", "being read",
     "unknown: scontrol not found", ...)."""
+    segment: int
+    """This job segment's number in the run: 1 + the `slurm_job` records before it (a
+    requeue, or a new job on the same run, starts the next)."""
+    gap_s: float | None
+    """Seconds from the previous segment's last journal record to this one's start (None:
+    the first segment)."""
+    lost_s: float
+    """Seconds between all of the run's segments so far, this one's gap included."""
 
 
 class SlurmJobView(SlurmJobRecord):

@@ -10,6 +10,8 @@
 - `demo`: `trainwarden demo`: a supervised run of the reference trainer, in the TUI
 - `detach`: `trainwarden daemon --detach`: start the daemon and wait until it answers
 - `units`: systemd units: the packaged templates and concrete units for one run
+- `slurm_script`: `trainwarden slurm-script`: an sbatch script that runs the daemon as a
+  Slurm job, requeued before each time limit
 - `alerting`: `trainwarden alert-test`: a test alert to every configured target
 - `branch`: `trainwarden branch`: a new run from one verified checkpoint of another
 - `compare`: `trainwarden compare`: two related runs' losses set side by side

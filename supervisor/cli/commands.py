@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from collections import deque
@@ -58,11 +59,17 @@ def _daemon_target(args: argparse.Namespace) -> tuple[Path, int | None, Any]:
     else RUN's), the uid the operator named as the daemon's (--daemon-user, else RUN's
     [control] daemon_user), and RUN's config when read."""
     from trainwarden.supervisor.client import daemon_uid_of
+    from trainwarden.supervisor.store.lease import elsewhere
+    from trainwarden.supervisor.store.rundir import RunFiles
 
     named = getattr(args, "daemon_user", None)
     if getattr(args, "socket", None):
         return Path(args.socket).expanduser(), daemon_uid_of(named), None
     run_dir = _run_dir(args)
+    command = getattr(args, "command", None) or "status"
+    away = elsewhere(RunFiles(run_dir), socket.gethostname(), command, time.time())
+    if away is not None:
+        raise DaemonNotRunning(away)
     cfg = _run_config(run_dir)
     if cfg is None:
         socket_path = run_dir / ".trainwarden" / "control.sock"

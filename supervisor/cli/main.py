@@ -29,6 +29,7 @@ from trainwarden.supervisor.cli.commands import (
     cmd_tui,
     cmd_unpin,
 )
+from trainwarden.supervisor.cli.slurm_script import cmd_slurm_script
 from trainwarden.supervisor.errors import (
     CommandRefused,
     DaemonNotRunning,
@@ -250,6 +251,32 @@ def build_parser() -> Parser:
     p.add_argument("--as-user", help="User= for a system unit (default: the run directory's owner)")
     p.add_argument("--dry-run", action="store_true", help="print the unit and write nothing")
     p.add_argument("--reload", action="store_true", help="run `systemctl daemon-reload` afterwards")
+
+    p = add(
+        "slurm-script",
+        cmd_slurm_script,
+        "print an sbatch script that runs the daemon for this run as a Slurm job,"
+        " requeued before each time limit",
+    )
+    p.add_argument(
+        "--time",
+        default="1-00:00:00",
+        help="each segment's time limit, in Slurm's format (default 1-00:00:00)",
+    )
+    p.add_argument("--partition", help="the partition (default: the line is commented out)")
+    p.add_argument(
+        "--gpus", type=int, default=1, help="GPUs for the trainer (default 1; 0: no GPU line)"
+    )
+    p.add_argument("--cpus-per-task", type=int, help="CPUs for the trainer (default: no line)")
+    p.add_argument(
+        "--signal-lead",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="seconds before the time limit at which Slurm signals the daemon to save and"
+        " requeue (default 300)",
+    )
+    p.add_argument("--job-name", help="the job's name (default: the config's run.name)")
 
     p = add(
         "pivot", cmd_pivot, "change the data-mixing caps/floors mid-run", json=True, socket=True

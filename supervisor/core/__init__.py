@@ -25,6 +25,7 @@ package imports only the standard library and itself. Importing it (or `phases` 
 - `gpu_faults`: XIDs by class: which a restart survives, which need a reset or a reboot
 - `commands`: the operator's commands, given the run's phase
 - `pivot`: the pivot transaction
+- `requeue`: leaving a Slurm job before its limit (save, requeue, exit 75); a run that ends ends the job
 - `decide`: the dispatch, and the next deadline
 - `decision_table`: the policy on one page: each event, its handler, the actions it may produce
 - `exit_codes`: the daemon's exit status, a contract with whatever started it

@@ -104,6 +104,15 @@ class Exit:
 
 
 @dataclass(frozen=True)
+class Requeue:
+    """Have the Slurm job this daemon runs in queued again (`scontrol requeue`) as the
+    daemon's last act, after its exit record (`slurm_requeue` just before it says so).
+    `scontrol` False: the requeue is left to the batch script."""
+
+    scontrol: bool = True
+
+
+@dataclass(frozen=True)
 class Archive:
     """Move the trainer's bandit and sample files and policy.json into `directory`."""
 
@@ -162,6 +171,7 @@ Action = (
     | Reply
     | Progress
     | Exit
+    | Requeue
     | Archive
     | WritePolicy
     | ReadMirrorPointer

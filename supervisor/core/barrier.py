@@ -34,7 +34,7 @@ from typing import Any
 from trainwarden.supervisor.core.actions import Action, Record, Reply
 from trainwarden.supervisor.core.events import CheckpointSeen
 from trainwarden.supervisor.core.state import Ckpt, Pending, Rules, State, Waiter
-from trainwarden.supervisor.core.transitions import finish_stop, spawn
+from trainwarden.supervisor.core.transitions import finish_stop, save_late, spawn
 
 
 def seen(state: State, ev: CheckpointSeen) -> State:
@@ -96,13 +96,18 @@ def deadline(state: State, rules: Rules) -> float | None:
     """When the oldest pending verification is given up on."""
     if not state.pending:
         return None
-    return min(p.since for p in state.pending) + rules.verify_timeout_s
+    due = min(p.since for p in state.pending) + rules.verify_timeout_s
+    # Leaving a Slurm job: the job is requeued by its deadline, verified or not.
+    return min(due, state.requeue.by) if state.requeue is not None else due
 
 
 def give_up_overdue(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
-    overdue = [p for p in state.pending if t - p.since >= rules.verify_timeout_s]
+    cut = state.requeue is not None and t >= state.requeue.by
+    overdue = [p for p in state.pending if cut or t - p.since >= rules.verify_timeout_s]
     if not overdue:
         return state
+    if cut:
+        save_late(state, t, f"verification of {overdue[0].name}", actions)
     for p in overdue:
         actions.append(
             Record(

@@ -13,6 +13,7 @@ from trainwarden.supervisor.core import (
     lifecycle,
     pivot,
     progress,
+    requeue,
     retention,
 )
 from trainwarden.supervisor.core.actions import Action
@@ -36,6 +37,7 @@ from trainwarden.supervisor.core.events import (
     ParserNoMatch,
     PivotProgress,
     RequestAbandoned,
+    RequeueRequested,
     Restored,
     ResumeRefused,
     ShutdownRequested,
@@ -73,6 +75,7 @@ HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
     Operator: commands.on_operator,
     RequestAbandoned: commands.on_abandoned,
     ShutdownRequested: lifecycle.on_shutdown,
+    RequeueRequested: requeue.on_requeue,
     PivotProgress: pivot.on_progress,
     MirrorPointer: progress.on_mirror_pointer,
     MirrorCopied: retention.on_mirror_copied,
@@ -86,11 +89,14 @@ HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
 def decide(state: State, event: Event, rules: Rules) -> tuple[State, list[Action]]:
     """The policy: the next state and what to do, for one event."""
     actions: list[Action] = []
+    before = state
     if isinstance(event, Tick) and state.pending:
         state = barrier.give_up_overdue(state, event.t, rules, actions)
     state = HANDLERS[type(event)](state, event, rules, actions)
     if not isinstance(event, Restored):
         state = barrier.release(state, event.t, rules, actions)
+    if rules.exit_when_ended:
+        state = requeue.ended_in_job(before, state, event, rules, actions)
     return state, actions
 
 

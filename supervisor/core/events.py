@@ -269,6 +269,20 @@ class ShutdownRequested:
 
 
 @dataclass(frozen=True)
+class RequeueRequested:
+    """Time to leave the Slurm job before its limit: its pre-timeout signal came, or its
+    end time is near (see core.requeue)."""
+
+    t: float
+    why: str
+    """What asked: the signal's name (SIGUSR1) or "end_time"."""
+    by: float
+    """time.monotonic() by which the job must be requeued: Slurm ends it soon after."""
+    scontrol: bool = True
+    """Requeue with `scontrol requeue`; False: exit 75 and leave it to the batch script."""
+
+
+@dataclass(frozen=True)
 class PivotProgress:
     """The executor finished (or failed) a pivot stage's file work."""
 
@@ -366,6 +380,7 @@ Event = (
     | Operator
     | RequestAbandoned
     | ShutdownRequested
+    | RequeueRequested
     | PivotProgress
     | MirrorPointer
     | MirrorCopied

@@ -37,8 +37,8 @@ class ExitCode(IntEnum):
     """Stopped while halted for the operator: crash loop, divergence, a GPU fault that
     needs a reset or a reboot, no checkpoint to resume from. A restart repeats the halt."""
     REQUEUE = 75
-    """Stopped to be queued again (sysexits' EX_TEMPFAIL): defined for the Slurm
-    requeue, produced nowhere yet."""
+    """Stopped to be queued again (sysexits' EX_TEMPFAIL): a daemon in a Slurm job left
+    before its time limit, after the trainer's save and `scontrol requeue` (core.requeue)."""
 
 
 RESTART_PREVENTED: tuple[ExitCode, ...] = (ExitCode.CONFIG, ExitCode.HALTED)
@@ -48,8 +48,9 @@ journal), and restarting it would undo the operator's `shutdown`."""
 
 
 def exit_code_for(phase: Phase) -> ExitCode:
-    """The status the daemon exits with when it exits in `phase` (it exits only when told
-    to: the operator's `shutdown`, SIGTERM or SIGINT; a halt keeps it up for the operator)."""
+    """The status the daemon exits with when it exits in `phase`: told to (the operator's
+    `shutdown`, SIGTERM or SIGINT), or in a Slurm job when the run ends (core.requeue).
+    Leaving a job to be requeued exits REQUEUE instead (transitions.shutdown_exit)."""
     if phase == Phase.FINISHED:
         return ExitCode.FINISHED
     if phase in HALTED - {Phase.STOPPED}:

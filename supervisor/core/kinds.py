@@ -113,6 +113,13 @@ JournalKind = Literal[
     # The daemon, its files and its clients.
     "daemon_start",
     "slurm_job",
+    "slurm_requeue_requested",
+    "slurm_save_late",
+    "slurm_requeue",
+    "slurm_requeue_failed",
+    "slurm_not_requeued",
+    "slurm_run_ended",
+    "slurm_output_truncates",
     "daemon_exit",
     "state",
     "shutdown",

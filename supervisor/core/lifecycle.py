@@ -9,7 +9,6 @@ from trainwarden.supervisor.core import barrier, gpu_faults, pivot, rollback, su
 from trainwarden.supervisor.core.actions import (
     Action,
     DumpStacks,
-    Exit,
     Quarantine,
     ReadMirrorPointer,
     Record,
@@ -31,7 +30,6 @@ from trainwarden.supervisor.core.events import (
     TrainerExited,
     TrainerSpawned,
 )
-from trainwarden.supervisor.core.exit_codes import exit_code_for
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.plausible import implausible_at_startup, largest_gap
 from trainwarden.supervisor.core.progress import diverged_unseen
@@ -41,6 +39,7 @@ from trainwarden.supervisor.core.state import (
     RestartCause,
     Rules,
     State,
+    StopReason,
     failures_of,
     restore,
     with_failures,
@@ -54,6 +53,8 @@ from trainwarden.supervisor.core.transitions import (
     halts_on_divergence,
     last_logged,
     reply_error,
+    save_late,
+    shutdown_exit,
     spawn,
     stop_trainer,
     tell,
@@ -216,9 +217,27 @@ def on_spawn_failed(state: State, ev: SpawnFailed, rules: Rules, actions: list[A
     return crashed(state, ev.t, rules, actions, cause=f"could not start the trainer: {ev.error}")
 
 
+def asked_to_stop(state: State) -> StopReason | None:
+    """The stop someone asked for, whatever stopped the trainer since: a shutdown, or the
+    operator's stop still waiting for its reply."""
+    if state.shutdown:
+        return "shutdown"
+    if any(w.kind == "stop" for w in state.waiters):
+        return "operator"
+    return None
+
+
 def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Action]) -> State:
     if ev.pid != state.trainer_pid:
         return state
+    state = _on_exited(state, ev, rules, actions)
+    if state.shutdown and state.phase == Phase.DIVERGED:
+        # Diverged for good while shutting down: the shutdown's exit, with the halt's code.
+        return finish_stop(state, actions, {})
+    return state
+
+
+def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Action]) -> State:
     reason = state.stop_reason
     # The SIGKILL at stop_timeout_s said so when it was sent.
     ended = state.stop_exit or exit_text(ev.returncode, ev.signal_name)
@@ -241,6 +260,12 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         state = pivot.abort(
             state, actions, f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
         )
+    if reason in ("divergence", "spike") and not (
+        reason == "divergence" and halts_on_divergence(state, rules)
+    ):
+        # A stop or shutdown asked for before the loss went bad stands: no restart. The
+        # divergence's quarantine is done; the next start resumes from what is left.
+        reason = asked_to_stop(state) or reason
     if reason in ("operator", "shutdown"):
         actions.append(Record("trainer_stopped", exit_fields))
         tell(state, actions, ended)
@@ -546,6 +571,12 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
         # The dump ran out of time: the stop it delayed comes now, as promised.
         return stop_trainer(state, t, rules, state.stop_reason or "stall", actions)
     if state.kill_at is not None and t >= state.kill_at and state.trainer_alive:
+        if state.requeue is not None and state.requeue.cut_short:
+            # Leaving a Slurm job whose end comes before stop_timeout_s would.
+            save_late(state, t, "the trainer's save", actions)
+            actions.append(SignalTrainer("SIGKILL", "did not exit before the job's deadline"))
+            tell(state, actions, "no exit before the Slurm job's deadline: sent SIGKILL")
+            return replace(state, kill_at=None, stop_exit="killed at the job's deadline")
         actions.append(SignalTrainer("SIGKILL", f"did not exit within {rules.stop_timeout_s:g} s"))
         tell(
             state,
@@ -604,5 +635,5 @@ def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list
             # Already on its way down; exit once it is gone rather than restarting it.
             return replace(state, stop_reason="shutdown")
         return stop_trainer(state, ev.t, rules, "shutdown", actions)
-    actions.append(Exit(exit_code_for(state.phase)))
+    shutdown_exit(state, actions)
     return state

@@ -24,7 +24,6 @@ from trainwarden.supervisor.core import barrier
 from trainwarden.supervisor.core.actions import (
     Action,
     Archive,
-    Exit,
     Quarantine,
     Record,
     Reply,
@@ -32,13 +31,17 @@ from trainwarden.supervisor.core.actions import (
     WritePolicy,
 )
 from trainwarden.supervisor.core.events import Operator, PivotProgress
-from trainwarden.supervisor.core.exit_codes import exit_code_for
 from trainwarden.supervisor.core.kinds import ErrorCode
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.requests import Pivot
 from trainwarden.supervisor.core.retention import apply_retention
 from trainwarden.supervisor.core.state import Ckpt, PivotPlan, Rules, State, without_checkpoints
-from trainwarden.supervisor.core.transitions import reply_error, spawn, stop_trainer
+from trainwarden.supervisor.core.transitions import (
+    reply_error,
+    shutdown_exit,
+    spawn,
+    stop_trainer,
+)
 
 
 def cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
@@ -237,7 +240,7 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
         )
     state = replace(state, pivot=None, last_pivot_step=plan.step)
     if state.shutdown:
-        actions.append(Exit(exit_code_for(Phase.STOPPED)))
+        shutdown_exit(state, actions, Phase.STOPPED)
         return replace(state, phase=Phase.STOPPED, halt_reason="stopped by operator")
     return spawn(state, t, actions, "pivot")
 

@@ -280,7 +280,16 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         **_rollback(replace(state, divergences=divergences, fallbacks=fallbacks), ev.step, rules),
     }
     actions.append(Record("divergence", fields))
-    state = fail_waiters(state, actions, "wrong_state", "the trainer diverged and was killed")
+    # The operator's stop, if one is under way, is answered when the trainer is gone.
+    stops = tuple(w for w in state.waiters if w.kind == "stop" and state.stop_reason == "operator")
+    others = tuple(w for w in state.waiters if w not in stops)
+    state = fail_waiters(
+        replace(state, waiters=others),
+        actions,
+        "wrong_state",
+        "the trainer diverged and was killed",
+    )
+    state = replace(state, waiters=stops)
     state = pivot.abort(state, actions, f"the loss diverged at step {ev.step}")
     return replace(
         state,

@@ -58,6 +58,9 @@ class Rules:
     """[gpu] reset: after a reset-class XID, reset the GPU and resume instead of halting."""
     gpu_idle_timeout_s: float = 60.0
     """How long a GPU fault waits for every process to let go of the GPU."""
+    exit_when_ended: bool = False
+    """Inside a Slurm job ([slurm] exit_when_ended): exit when the run finishes or halts,
+    so the job ends and gives its allocation back (see core.requeue)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,18 @@ class Waiter:
     deadline: float
     answer: Ckpt | None = None
     """For save: the first checkpoint at or after `step` committed since the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requeueing:
+    """Leaving the Slurm job: the trainer saves, then the job is requeued (core.requeue)."""
+
+    by: float
+    """time.monotonic() by which the job must be requeued, saved or not."""
+    scontrol: bool
+    """Requeue with scontrol (False: the batch script does)."""
+    cut_short: bool = False
+    """The trainer's SIGKILL comes at `by`, before stop_timeout_s: the time left is shorter."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +267,8 @@ class State:
     """The signal (SIGTERM, SIGINT) that shut the daemon down while the run was live: the
     next daemon goes on with it. None after the operator's stop or shutdown."""
     halt_reason: str | None = None
+    requeue: Requeueing | None = None
+    """Leaving the Slurm job to be queued again, if so."""
     pivot: PivotPlan | None = None
     """The pivot in progress, if any (see core.pivot)."""
     last_pivot_step: int | None = None

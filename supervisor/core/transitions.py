@@ -12,10 +12,11 @@ from trainwarden.supervisor.core.actions import (
     Quarantine,
     Record,
     Reply,
+    Requeue,
     SignalTrainer,
     Spawn,
 )
-from trainwarden.supervisor.core.exit_codes import exit_code_for
+from trainwarden.supervisor.core.exit_codes import ExitCode, exit_code_for
 from trainwarden.supervisor.core.kinds import ErrorCode
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Detector
@@ -199,7 +200,7 @@ def stop_result(state: State) -> dict[str, Any]:
     newest_where = f"newest {where}" if newest else "no checkpoint yet"
     if ended is None:
         outcome, message = "not_running", f"no trainer was running; {newest_where}"
-    elif ended.startswith("killed after"):
+    elif ended.startswith(("killed after", "killed at")):
         outcome, message = "killed", f"{ended} (steps lost: {lost}); {newest_where}"
     elif lost == 0 and ended.startswith("killed by") and not saved_on_stop(state):
         # The signal ended it (no handler): whatever it had saved before, it saved nothing.
@@ -245,8 +246,40 @@ def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> S
     state = settle_waiters(state, actions, kind="stop", result=result)
     state = fail_waiters(state, actions, "wrong_state", "the trainer stopped")
     if state.shutdown:
-        actions.append(Exit(exit_code_for(state.phase)))
+        shutdown_exit(state, actions)
     return replace(state, stop_due=False, stop_exit=None, stop_from=None)
+
+
+def save_late(state: State, t: float, what: str, actions: list[Action]) -> None:
+    """Journal that the job's deadline cut the save short (`what`: what was given up)."""
+    if state.requeue is not None:
+        actions.append(
+            Record(
+                "slurm_save_late",
+                {
+                    "gave_up": what,
+                    "last_step": state.last_step,
+                    "late_s": round(t - state.requeue.by, 3),
+                },
+            )
+        )
+
+
+def shutdown_exit(state: State, actions: list[Action], phase: Phase | None = None) -> None:
+    """The daemon's exit once a shutdown has stopped the trainer, in `phase` (default: the
+    state's). Leaving a Slurm job (state.requeue), a run that is neither finished nor halted
+    has the job requeued first and exits REQUEUE; a run that finished or halted meanwhile
+    exits as it would have, not requeued."""
+    phase = state.phase if phase is None else phase
+    code = exit_code_for(phase)
+    if state.requeue is not None and phase != Phase.FINISHED and code == ExitCode.STOPPED:
+        actions.append(Requeue(state.requeue.scontrol))
+        code = ExitCode.REQUEUE
+    elif state.requeue is not None:
+        actions.append(
+            Record("slurm_not_requeued", {"phase": str(phase), "reason": state.halt_reason})
+        )
+    actions.append(Exit(code))
 
 
 def tell(state: State, actions: list[Action], message: str, kind: str = "stop") -> None:

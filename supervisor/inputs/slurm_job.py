@@ -8,6 +8,7 @@ whatever goes wrong leaves the limit unknown, with the reason in words.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Mapping
@@ -129,12 +130,12 @@ def limit_from_show_job(line: str) -> JobLimit:
     return JobLimit(limit, end)
 
 
-def read_limit(job_id: str, timeout: float = SCONTROL_TIMEOUT_S) -> JobLimit:
-    """The job's limit from `scontrol show job -o JOB_ID`; never raises (blocking: call it
-    from a thread)."""
+def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT_S) -> tuple[str | None, str]:
+    """`scontrol ARGS`: (None, its output) when it exits 0, else (why not in words, its
+    output); never raises (blocking: call it from a thread)."""
     try:
         done = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id],
+            ["scontrol", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -142,16 +143,105 @@ def read_limit(job_id: str, timeout: float = SCONTROL_TIMEOUT_S) -> JobLimit:
             check=False,
         )
     except FileNotFoundError:
-        return JobLimit(None, None, unknown="scontrol not found")
+        return "scontrol not found", ""
     except subprocess.TimeoutExpired:
-        return JobLimit(None, None, unknown=f"scontrol did not answer in {timeout:g} s")
+        return f"scontrol did not answer in {timeout:g} s", ""
     except OSError as e:
-        return JobLimit(None, None, unknown=f"scontrol could not run: {e.strerror or e}")
+        return f"scontrol could not run: {e.strerror or e}", ""
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
         why = said[-1][:200] if said else "no message"
-        return JobLimit(None, None, unknown=f"scontrol exited {done.returncode}: {why}")
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    if not lines:
+        return f"scontrol exited {done.returncode}: {why}", done.stdout + done.stderr
+    return None, done.stdout
+
+
+def first_line(text: str) -> str | None:
+    return next((line for line in text.splitlines() if line.strip()), None)
+
+
+def read_limit(job_id: str, timeout: float = SCONTROL_TIMEOUT_S) -> JobLimit:
+    """The job's limit from `scontrol show job -o JOB_ID`; never raises (blocking: call it
+    from a thread)."""
+    error, out = scontrol("show", "job", "-o", job_id, timeout=timeout)
+    if error is not None:
+        return JobLimit(None, None, unknown=error)
+    line = first_line(out)
+    if line is None:
         return JobLimit(None, None, unknown="scontrol printed no job")
-    return limit_from_show_job(lines[0])
+    return limit_from_show_job(line)
+
+
+REQUEUE_MARGIN_S = 10.0
+"""How long before the job's end time the requeue must be done: Slurm sends SIGTERM at the
+end, and a job it ends is TIMEOUT, not requeued."""
+
+UNKNOWN_END_WINDOW_S = 60.0
+"""How long the stop may take when the signal came and the job's end time is not known."""
+
+
+def seconds_left(end_time: float | None, wall: float) -> float:
+    """How long the stop before a requeue may take, from `wall` (time.time()): up to
+    REQUEUE_MARGIN_S before the job's end, UNKNOWN_END_WINDOW_S when the end is not known."""
+    if end_time is None:
+        return UNKNOWN_END_WINDOW_S
+    return max(end_time - wall - REQUEUE_MARGIN_S, 0.0)
+
+
+def act_at(end_time: float | None, lead_s: float) -> float | None:
+    """When (time.time()) to leave the job without its signal: `lead_s` before its end;
+    None with no end time or lead_s 0 (only the signal)."""
+    if end_time is None or lead_s <= 0:
+        return None
+    return end_time - lead_s
+
+
+def requeue(job_id: str, timeout: float = SCONTROL_TIMEOUT_S) -> str | None:
+    """`scontrol requeue JOB_ID`: None when Slurm took it, else why not, in words (never
+    raises; blocking: call it from a thread)."""
+    return scontrol("requeue", job_id, timeout=timeout)[0]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """This job segment's place in the run (see protocol.SlurmJobRecord)."""
+
+    number: int
+    gap_s: float | None
+    lost_s: float
+
+
+def next_segment(earlier: int, lost_s: float, last_t: float | None, start_t: float) -> Segment:
+    """The segment a daemon starting at `start_t` (time.time()) begins, after `earlier`
+    segments that lost `lost_s` between them, the journal's last record written at
+    `last_t`. A clock set back makes no negative gap."""
+    if earlier == 0 or last_t is None:
+        return Segment(earlier + 1, None, round(lost_s, 3))
+    gap = round(max(start_t - last_t, 0.0), 3)
+    return Segment(earlier + 1, gap, round(lost_s + gap, 3))
+
+
+def job_state(job_id: str, timeout: float = SCONTROL_TIMEOUT_S) -> str | None:
+    """The job's state as `scontrol show job -o` says it (RUNNING, COMPLETED, PENDING, ...);
+    "" when Slurm knows no such job (it forgets ended ones after MinJobAge); None when it
+    could not be asked (never raises; blocking: call it from a thread)."""
+    error, out = scontrol("show", "job", "-o", job_id, timeout=timeout)
+    if error is not None:
+        return "" if "Invalid job id" in out else None
+    line = first_line(out)
+    if line is None:
+        return ""
+    state = show_job_fields(line).get("JobState", "")
+    return state.split()[0] if state else None
+
+
+def output_truncated(env: Mapping[str, str]) -> str | None:
+    """The job's output file when sbatch opens it to be truncated (SLURM_OPEN_MODE=t, the
+    default --open-mode): a requeued segment's start erases the earlier segments' output.
+    None when it appends, or where the environment does not say. (The descriptor cannot
+    tell: slurmstepd opens with O_APPEND in both modes and truncates first.)"""
+    if env.get("SLURM_OPEN_MODE") != "t":
+        return None
+    try:
+        return os.readlink("/proc/self/fd/1")
+    except OSError:
+        return "the job's output file"

@@ -16,6 +16,7 @@ the policy's actions.
 - `hub`: the followed log's lines (steps to the queue, then figures), the telemetry frame, topics
 - `run_history`: the loss history: `.loss.json`, its cache rebuilt in a thread, clients' queries
 - `samplers`: GPU and host samples, the bandit and samples files, throttle and low disk
+- `slurm`: the Slurm job the daemon runs in: its segment, its limit, the pre-timeout signal and end time
 - `telemetry`: tokens/s, MFU, loss averages, ETA from step lines
 - `validation`: the held-out evaluations: `.eval.json`, the newest, the history
 - `parser_watch`: notices when the configured parser matches none of the trainer's lines

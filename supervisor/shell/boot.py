@@ -86,6 +86,17 @@ def spike_rules(cfg: Config) -> core.SpikeRules:
     )
 
 
+class SlurmSegments(NamedTuple):
+    """The Slurm job segments the journal holds (a `slurm_job` record each)."""
+
+    n: int = 0
+    lost_s: float = 0.0
+    """Seconds between segments: from each previous daemon's last record to the next
+    segment's start, added up."""
+    last_t: float | None = None
+    """When the journal's last record was written (the previous daemon's end)."""
+
+
 class JournalTail(NamedTuple):
     """What a starting daemon takes from the journal before it decides anything."""
 
@@ -101,6 +112,8 @@ class JournalTail(NamedTuple):
     """Checkpoints whose newest verdict in the journal is a quarantine (not followed by a
     new commit of that name, nor a deletion): should one still lie in the checkpoint folder
     (its move failed), the verdict stands."""
+    slurm: SlurmSegments
+    """The run's earlier Slurm job segments."""
 
 
 def last_state_record(
@@ -112,20 +125,28 @@ def last_state_record(
     last_kind = None
     spawned_seg = 0
     refused: dict[str, quarantine.Note] = {}
+    slurm_gaps: list[float] = []
+    last_t: float | None = None
     for record in read_records(journal_path):
         last_kind = record.get("kind")
+        t = record.get("t")
+        last_t = float(t) if isinstance(t, int | float) else last_t
         if last_kind in ("state", "spawn", "repeated"):
             # A fast crash loop's folded cycles: the newest state and start it counted.
             state = state_of(record) or state
             spawned_seg = spawned_seg_of(record) or spawned_seg
         elif last_kind in ("checkpoint", "delete") and isinstance(record.get("name"), str):
             refused.pop(record["name"], None)
+        elif last_kind == "slurm_job":
+            gap = record.get("gap_s")
+            slurm_gaps.append(float(gap) if isinstance(gap, int | float) else 0.0)
         elif last_kind == "quarantine" and isinstance(record.get("name"), str):
             refused[record["name"]] = quarantine.note_of(record)
             if quarantine_notes is not None:
                 quarantine.remember(quarantine_notes, record)
     clean = last_kind in (None, "daemon_exit")
-    return JournalTail(state, clean, spawned_seg, refused)
+    segments = SlurmSegments(len(slurm_gaps), sum(slurm_gaps), last_t)
+    return JournalTail(state, clean, spawned_seg, refused, segments)
 
 
 def start_metrics(

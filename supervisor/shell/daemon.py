@@ -52,11 +52,14 @@ from trainwarden.supervisor.shell.hangdump import dump_stacks
 from trainwarden.supervisor.shell.hub import TelemetryHub
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
+from trainwarden.supervisor.shell.slurm import JobWatch, keep_lease, requeue_last, take_run
 from trainwarden.supervisor.shell.snapshots import Snapshots, fixed_file
 from trainwarden.supervisor.shell.verdicts import CheckpointReports
 from trainwarden.supervisor.store.appendfile import DiskSpace, no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.journal import Journal
+from trainwarden.supervisor.store.lease import drop as drop_lease
+from trainwarden.supervisor.store.lease import write_lease
 from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock, write_atomic
 
 log = logging.getLogger("trainwarden.daemon")
@@ -83,7 +86,12 @@ class Daemon:
         # Right after load_config read it: what this daemon runs, to tell an edit by.
         self.config = ConfigWatch(cfg.path, cfg.run_dir, time.time())
         self.files = RunFiles(cfg.run_dir)
-        self.rules = rules_from(cfg)
+        self.slurm_job = slurm_job.job_from_env(os.environ, socket.gethostname())
+        """The Slurm job this daemon runs in (None: none)."""
+        self.rules = dataclasses.replace(
+            rules_from(cfg),
+            exit_when_ended=self.slurm_job is not None and cfg.slurm.exit_when_ended,
+        )
         self.fmt = plugin_registry.checkpoint_format(
             cfg.checkpoints.format, dict(cfg.checkpoints.options)
         )
@@ -116,10 +124,8 @@ class Daemon:
         self.alerter: Alerter | None = None
         self.gpu_events: GpuEventWatcher | None = None
         self._gpu_events_task: asyncio.Task[None] | None = None
-        self.slurm_job = slurm_job.job_from_env(os.environ, socket.gethostname())
-        """The Slurm job this daemon runs in (None: none)."""
-        self.slurm_limit: slurm_job.JobLimit | None = None
-        """The job's time limit, once scontrol has answered."""
+        self.slurm: JobWatch | None = None
+        """The Slurm job this daemon runs in (None: none), once the journal is read."""
 
     @property
     def exit_code(self) -> int | None:
@@ -129,22 +135,53 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        me = await take_run(self.files, self.slurm_job, self.started_t)
         self.lock_fd = acquire_lock(self.files)
         try:
-            return await self._run(loop)
+            unwritten = write_lease(self.files, me)
+            if unwritten is not None:
+                # A full disk is said once, by the journal's own warning.
+                log.log(
+                    logging.INFO if no_space(unwritten) else logging.WARNING,
+                    "cannot write the run's lease (%s): daemons on other machines cannot"
+                    " see this one",
+                    unwritten.strerror or unwritten,
+                )
+            lease_kept = loop.create_task(keep_lease(self.files, me))
+            try:
+                await self._run(loop)
+            finally:
+                lease_kept.cancel()
+                drop_lease(self.files, me)
+                # Only now: a SIGTERM while the daemon closes (Slurm's, right after a
+                # requeue) must not cut its last records short with the default action.
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+                if self.slurm is not None:
+                    self.slurm.close(loop)
         finally:
             os.close(self.lock_fd)
+        requeue = self.executor.requeue if self.executor is not None else None
+        if requeue is not None and requeue.scontrol and self.slurm_job is not None:
+            await requeue_last(self.files, self.space, self.slurm_job.job_id, self.exit_code)
+        return self.exit_code or 0
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> int:
         self._write_pid_file()
-        restored, clean, spawned_seg, refused = last_state_record(
+        restored, clean, spawned_seg, refused, segments = last_state_record(
             self.files.journal, self.store.quarantine_notes
         )
         journal = self._open_journal(loop, clean)
-        # Started now: scontrol answers while the rest of the start-up goes on.
-        slurm_read = (
-            loop.create_task(self._read_slurm_job(journal)) if self.slurm_job is not None else None
-        )
+        slurm_read = None
+        if self.slurm_job is not None:
+            segment = slurm_job.next_segment(
+                segments.n, segments.lost_s, segments.last_t, self.started_t
+            )
+            self.slurm = JobWatch(self.slurm_job, segment, self.cfg.slurm, self.queue.put_nowait)
+            # Started now: scontrol answers while the rest of the start-up goes on.
+            slurm_read = loop.create_task(
+                self.slurm.read_limit(journal, lambda: self._publish_state())
+            )
         self._contain(journal)
         # Decided but not journaled: this is the state the journal already holds.
         event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
@@ -211,19 +248,7 @@ class Daemon:
         journal_links(journal, self.watched)
         return journal
 
-    async def _read_slurm_job(self, journal: Journal) -> None:
-        """Ask scontrol for the job's time limit (in a thread: it may take seconds), then
-        journal the job (`slurm_job`) and show it. Whatever scontrol does, the limit is
-        at worst unknown."""
-        assert self.slurm_job is not None
-        self.slurm_limit = await asyncio.to_thread(slurm_job.read_limit, self.slurm_job.job_id)
-        journal.append("slurm_job", views.slurm_record(self.slurm_job, self.slurm_limit))
-        if self.slurm_limit.unknown is not None:
-            log.warning(
-                "Slurm job %s: time limit unknown (%s)",
-                self.slurm_job.job_id,
-                self.slurm_limit.unknown,
-            )
+    def _publish_state(self) -> None:
         if self.hub is not None:
             self.hub.publish_state(self.state_view())
 
@@ -331,6 +356,8 @@ class Daemon:
         executor.settle_commits = watcher.settle
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        if self.slurm is not None:
+            self.slurm.listen(loop)
         from trainwarden.supervisor.serve.control import ControlServer
 
         self.server = ControlServer(self)
@@ -372,13 +399,17 @@ class Daemon:
             await asyncio.to_thread(self.metrics.close)
         await self.server.close()
         hub.close()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         with contextlib.suppress(FileNotFoundError):
             self.files.trainer_pid.unlink()
         if self.alerter is not None:
             await asyncio.to_thread(self.alerter.drain)
             self.alerter.close(grace=0.0)  # drained: journals on the loop, as all do
+        if executor.requeue is not None:
+            # Written before Slurm is asked: once it takes the requeue it kills the job's
+            # processes at once. The next segment's restart_count says it happened.
+            by = "scontrol" if executor.requeue.scontrol else "the batch script"
+            job_id = self.slurm_job.job_id if self.slurm_job is not None else None
+            journal.append("slurm_requeue", {"job_id": job_id, "by": by})
         journal.append("daemon_exit", {"code": self.exit_code})
         journal.close()
         with contextlib.suppress(FileNotFoundError):
@@ -669,7 +700,7 @@ class Daemon:
             self._send_ready()
 
     def state_view(self) -> StateView:
-        slurm = views.slurm_view(self.slurm_job, self.slurm_limit, time.time())
+        slurm = self.slurm.view(time.time()) if self.slurm is not None else None
         return views.state_view(self.state, time.monotonic(), self.config, slurm)
 
     def checkpoints_view(self) -> CheckpointsView:

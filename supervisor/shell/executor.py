@@ -111,6 +111,8 @@ class Executor:
         """An in-place trainer's fixed file: set up for each start (see shell.snapshots)."""
         self.resume_read: ResumeReadWatch | None = None
         """Opens of the checkpoint the live start was given (see inputs.resume_read)."""
+        self.requeue: core.Requeue | None = None
+        """The job's requeue the policy asked for, done once the daemon has closed."""
 
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
@@ -156,6 +158,10 @@ class Executor:
                 tell(action.message)
         elif isinstance(action, core.Exit):
             self.exit_code = action.code
+        elif isinstance(action, core.Requeue):
+            # The daemon's very last act (Daemon.requeue_last): Slurm kills the job's
+            # processes milliseconds after it takes a requeue.
+            self.requeue = action
         elif isinstance(action, core.Archive):
             error = await asyncio.to_thread(
                 pivot_files.archive, self.files, self.cfg.run_dir, action

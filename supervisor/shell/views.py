@@ -8,7 +8,7 @@ from typing import cast
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
-from trainwarden.supervisor.inputs.slurm_job import JobLimit, SlurmJob
+from trainwarden.supervisor.inputs.slurm_job import JobLimit, Segment, SlurmJob
 from trainwarden.supervisor.protocol import (
     CheckpointsView,
     Quarantined,
@@ -24,7 +24,7 @@ from trainwarden.supervisor.store import quarantine
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 
 
-def slurm_record(job: SlurmJob, limit: JobLimit | None) -> SlurmJobRecord:
+def slurm_record(job: SlurmJob, limit: JobLimit | None, segment: Segment) -> SlurmJobRecord:
     """The Slurm job as the journal's `slurm_job` record holds it (`limit` None: scontrol
     not answered yet)."""
     if limit is None:
@@ -44,15 +44,20 @@ def slurm_record(job: SlurmJob, limit: JobLimit | None) -> SlurmJobRecord:
         "time_limit_s": limit.time_limit_s if limit is not None else None,
         "end_time": limit.end_time if limit is not None else None,
         "limit_note": note,
+        "segment": segment.number,
+        "gap_s": segment.gap_s,
+        "lost_s": segment.lost_s,
     }
 
 
-def slurm_view(job: SlurmJob | None, limit: JobLimit | None, wall: float) -> SlurmJobView | None:
+def slurm_view(
+    job: SlurmJob | None, limit: JobLimit | None, segment: Segment, wall: float
+) -> SlurmJobView | None:
     """The `slurm` field of the state view: the record, and the time left from `wall`
     (time.time())."""
     if job is None:
         return None
-    record = slurm_record(job, limit)
+    record = slurm_record(job, limit, segment)
     end = record["end_time"]
     return {**record, "ends_in_s": round(max(end - wall, 0.0), 3) if end is not None else None}
 

@@ -24,6 +24,7 @@
 - `mirror`: a second, verified copy of every committed checkpoint on another disk
 - `restore`: `trainwarden restore`: a run directory rebuilt from its mirror
 - `identity`: whose run a run directory is, and whose run a mirror serves
+- `lease`: which daemon (job, node) supervises a run, for daemons on other machines
 - `hangs`: stack dumps of a hung trainer, written atomically, the newest kept
 
 May import the core's types, the plugins, config, contract, registry and errors; never

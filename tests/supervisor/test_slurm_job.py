@@ -135,10 +135,19 @@ def test_the_job_in_words():
         "time_limit_s": 7200,
         "ends_in_s": 4320.0,
     }
+    # A record from before segments were counted: the restart count's.
     assert slurm_text(job) == (
         "job 4242 (train-gpt) on node01, segment 3 (restart count 2), time limit 2h 00m,"
         " ends in 1h 12m"
     )
+    counted = {**job, "segment": 4, "gap_s": 130.0, "lost_s": 250.0}
+    assert slurm_text(counted) == (
+        "job 4242 (train-gpt) on node01, segment 4 (restart count 2), time limit 2h 00m,"
+        " ends in 1h 12m, 4m 10s between segments"
+    )
+    assert slurm_short_text(counted, None) == "job 4242 seg 4"
+    first = {**job, "segment": 1, "gap_s": None, "lost_s": 0.0}
+    assert "between" not in slurm_text(first) and "segment 1 " in slurm_text(first)
     assert slurm_short_text(job, 4320.0) == "job 4242 seg 3 ends 1h 12m"
     assert slurm_short_text(job, None) == "job 4242 seg 3"
     unknown = {**job, "time_limit_s": None, "ends_in_s": None}
@@ -189,7 +198,7 @@ def test_a_daemon_in_a_job_journals_it_and_shows_it(tmp_path: Path):
         assert record["time_limit_s"] == 7200 and record["end_time"] == end.timestamp()
         assert record["limit_note"] is None
         assert summary(record).startswith(
-            "job 4242 (train-gpt) on node01, segment 3 (restart count 2), time limit 2h 00m"
+            "job 4242 (train-gpt) on node01, segment 1 (restart count 2), time limit 2h 00m"
         )
         status = daemon.wait_state("running", timeout=60)
         job = status["slurm"]
@@ -198,7 +207,7 @@ def test_a_daemon_in_a_job_journals_it_and_shows_it(tmp_path: Path):
         assert 72 * 60 - 60 < job["ends_in_s"] <= 72 * 60
         text = format_status(status)
         assert (
-            "slurm     job 4242 (train-gpt) on node01, segment 3 (restart count 2),"
+            "slurm     job 4242 (train-gpt) on node01, segment 1 (restart count 2),"
             " time limit 2h 00m, ends in 1h 1" in text
         ), text
         kinds = [r["kind"] for r in journal(run_dir)]
@@ -225,7 +234,10 @@ def test_outside_a_job_there_is_no_record_and_no_field(tmp_path: Path):
 
 
 def test_a_failing_scontrol_leaves_the_limit_unknown_and_the_run_supervised(tmp_path: Path):
-    run_dir = scripted_run(tmp_path / "run", "--steps", "30", "--save-every", "10")
+    # exit_when_ended off: the finished run's daemon stays up to be asked.
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "30", "--save-every", "10", slurm={"exit_when_ended": False}
+    )
     env = fake_scontrol(
         tmp_path / "bin", "echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1"
     )

@@ -102,7 +102,9 @@ def config_text(root: Path, host: str, extra: Sequence[str]) -> str:
         f"SlurmdPort={free_port()}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={root}/munge.socket",
+        # cred_expire: how long a requeued job waits before it may start again (120 s by
+        # default): the requeue tests wait for it.
+        f"AuthInfo=socket={root}/munge.socket,cred_expire=10",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool",
         f"SlurmctldPidFile={root}/slurmctld.pid",
