@@ -81,6 +81,12 @@ LONGEST = {
     "trainer/test_skip_data.py": 25,
     "trainer/test_async_save.py": 25,
     "integrations/test_hf_eval_lines.py": 25,
+    # The Slurm package is one group (one cluster for its tests) of about 35 s, most of it
+    # waiting on Slurm: started early, it overlaps the work of the others.
+    "slurm/test_slurm_daemon.py": 35,
+    "slurm/test_slurm_fixture.py": 35,
+    "slurm/test_slurm_requeue_job.py": 35,
+    "slurm/test_slurm_script_job.py": 35,
 }
 """Seconds the longest test of each slow file took beside a busy loop (docs/testing.md);
 files not named here run after these, in collection order."""

@@ -48,7 +48,7 @@ def test_the_requeue_signal_saves_requeues_and_the_next_segment_resumes_from_the
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
     run_dir = scripted_run(
-        tmp_path / "run", "--steps", "600", "--dt", "0.02", "--save-every", "1000"
+        tmp_path / "run", "--steps", "300", "--dt", "0.02", "--save-every", "1000"
     )
     job_id = submit(slurm, run_dir, tmp_path)
     try:

@@ -1,11 +1,15 @@
 """`trainwarden slurm-script RUN`: the sbatch script it prints, and the options it refuses.
 
-The command runs as a subprocess, as an operator runs it; no Slurm is needed here (the
-script running as a real job is tests/slurm/test_slurm_script_job.py).
+The first test runs the command as a subprocess, as an operator runs it; the others call
+the CLI's `main` in this process, which prints and exits the same, for a fraction of the
+start-up. No Slurm is needed here (the script running as a real job is
+tests/slurm/test_slurm_script_job.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import shutil
 import subprocess
@@ -14,22 +18,30 @@ from pathlib import Path
 import pytest
 
 from tests.support import PYTHON, scripted_run
+from trainwarden.supervisor.cli.main import main
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PYTHON, "-m", "trainwarden.supervisor", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
+def cli(*args: str, cwd: Path, own_process: bool = False) -> subprocess.CompletedProcess[str]:
+    if own_process:
+        return subprocess.run(
+            [PYTHON, "-m", "trainwarden.supervisor", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=cwd,
+        )
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
-def script_for(tmp_path: Path, *options: str, **tables: dict[str, object]) -> tuple[Path, str]:
+def script_for(
+    tmp_path: Path, *options: str, own_process: bool = False, **tables: dict[str, object]
+) -> tuple[Path, str]:
     """A scripted run at tmp_path/run and the script printed for it (named relatively)."""
     run_dir = scripted_run(tmp_path / "run", "--steps", "10", **tables)
-    done = cli("slurm-script", "run", *options, cwd=tmp_path)
+    done = cli("slurm-script", "run", *options, cwd=tmp_path, own_process=own_process)
     assert done.returncode == 0, done.stderr
     return run_dir, done.stdout
 
@@ -37,7 +49,9 @@ def script_for(tmp_path: Path, *options: str, **tables: dict[str, object]) -> tu
 def test_the_script_runs_the_daemon_for_the_run_and_is_requeued_before_its_limit(
     tmp_path: Path,
 ) -> None:
-    run_dir, text = script_for(tmp_path, "--job-name", "gpt", "--partition", "gpu")
+    run_dir, text = script_for(
+        tmp_path, "--job-name", "gpt", "--partition", "gpu", own_process=True
+    )
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash"
     for line in [

@@ -103,8 +103,9 @@ def config_text(root: Path, host: str, extra: Sequence[str]) -> str:
         "AuthType=auth/munge",
         "CredType=cred/munge",
         # cred_expire: how long a requeued job waits before it may start again (120 s by
-        # default): the requeue tests wait for it.
-        f"AuthInfo=socket={root}/munge.socket,cred_expire=10",
+        # default). With sched_interval below, a requeued job starts again about 7 s after
+        # its requeue (144 s with the defaults): the requeue tests wait for it.
+        f"AuthInfo=socket={root}/munge.socket,cred_expire=5",
         f"StateSaveLocation={root}/state",
         f"SlurmdSpoolDir={root}/spool",
         f"SlurmctldPidFile={root}/slurmctld.pid",
@@ -119,8 +120,9 @@ def config_text(root: Path, host: str, extra: Sequence[str]) -> str:
         "JobRequeue=1",
         "MpiDefault=none",
         "SchedulerType=sched/backfill",
-        # A batch job is scheduled at submission, not up to 3 s later (the default).
-        "SchedulerParameters=batch_sched_delay=0",
+        # A batch job is scheduled at submission, not up to 3 s later (the default); the
+        # main scheduler looks at the queue every 2 s, not 60 (a requeued job's start).
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=2",
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
