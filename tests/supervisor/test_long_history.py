@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.support import PYTHON, DaemonProcess, make_run, pid_alive, poll, running_daemon, wait_for
 from tests.support.longrun import fast_trainer_argv, small_refresh_wrap
@@ -167,7 +168,10 @@ def test_the_first_start_of_a_long_uncached_run_holds_one_chunk_in_memory(tmp_pa
     assert first_peak - baseline < 20 * steps / 2**20
 
 
+@pytest.mark.slow
 def test_a_long_lived_daemon_keeps_its_memory_flat_while_steps_are_logged(tmp_path):
+    # A soak (a million lines parsed, about a minute of a core): the slow tier, which
+    # .ci/run runs after the README's command.
     steps, refresh = 1_000_000, 100_000
     run_dir = make_run(tmp_path / "run", fast_trainer_argv(steps))
     daemon = DaemonProcess(run_dir, wrap=small_refresh_wrap(refresh))
