@@ -1,4 +1,4 @@
-"""The reference trainer chained across Slurm time limits (the slow tier: about five
+"""The reference trainer chained across Slurm time limits (the slow tier: about three
 minutes, most of it Slurm's own waits): a batch job of 2 minutes with `--signal=B:USR1@60`
 saves, requeues and resumes segment after segment until the run is done, and its final
 checkpoint is bit-identical to the same run trained straight through."""

@@ -145,7 +145,10 @@ def rss_mb(pid: int, key: str = "VmRSS") -> float:
     raise AssertionError(f"no {key} for {pid}")
 
 
+@pytest.mark.slow
 def test_the_first_start_of_a_long_uncached_run_holds_one_chunk_in_memory(tmp_path):
+    # A soak (three million rows parsed, about 20 s of a core): the slow tier, which
+    # .ci/run runs after the README's command.
     steps = 3_000_000
     run_dir = make_run(tmp_path / "run", ["sleep", "3600"])
     write_history(run_dir / ".loss.json", steps)
