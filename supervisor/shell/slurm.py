@@ -53,6 +53,8 @@ class JobWatch:
         assert sig is not None  # load_config checked it
         self.signal = sig
         self._timer: asyncio.TimerHandle | None = None
+        self._checking: asyncio.Task[None] | None = None
+        """The end time being asked again (held: the loop keeps only weak references)."""
 
     def record(self) -> SlurmJobRecord:
         return views.slurm_record(self.job, self.limit, self.segment)
@@ -96,18 +98,19 @@ class JobWatch:
 
     def _end_near(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
-        loop.create_task(self._check_end(loop))
+        self._checking = loop.create_task(self._check_end(loop))
 
     async def _check_end(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The end time as scontrol says it now: moved later, wait for it; else leave."""
+        """The end time as scontrol says it now: moved later, wait for it; else leave, by
+        the end it says now (an operator may have moved it earlier too)."""
         before = self.limit
         now = await asyncio.to_thread(slurm_job.read_limit, self.job.job_id)
-        if now.end_time is not None and (
-            before is None or before.end_time is None or now.end_time > before.end_time + 1
-        ):
+        if now.end_time is not None:
+            later = before is None or before.end_time is None or now.end_time > before.end_time + 1
             self.limit = now
-            self._arm(loop)
-            return
+            if later:
+                self._arm(loop)
+                return
         self._ask("end_time")
 
     def _signalled(self) -> None:

@@ -257,3 +257,32 @@ def test_on_another_machine_the_tui_and_status_say_where_the_daemon_runs(tmp_pat
         [*CLI, "status", str(run_dir)], capture_output=True, text=True, timeout=60
     )
     assert "no trainwarden daemon answers" in done.stderr
+
+
+def test_an_end_time_moved_earlier_is_the_one_the_stop_must_beat(tmp_path: Path):
+    # scontrol says the job ends in 140 s at the start, then (an operator's `scontrol
+    # update TimeLimit=`) in 25 s when the daemon asks again before leaving.
+    run_dir = scripted_run(
+        tmp_path / "run", "--steps", "100000", "--dt", "0.02", slurm={"act_before_end_s": 135}
+    )
+    sooner = show_line("4242", "RUNNING", 25)
+    counted = tmp_path / "shown"
+    env, _ = fake_slurm(tmp_path, ends_in_s=140)
+    script = tmp_path / "bin" / "scontrol"
+    # The second `show job` answers the sooner end.
+    script.write_text(
+        script.read_text().replace(
+            "  'show job -o 4242') echo",
+            f"  'show job -o 4242') [ -e {counted} ] && echo '{sooner}' && exit 0;"
+            f" touch {counted}; echo",
+        )
+    )
+    daemon = DaemonProcess(run_dir, env)
+    try:
+        daemon.start()
+        assert daemon.wait_exit(60) == 75, daemon.stderr()
+        (asked_to,) = records(run_dir, "slurm_requeue_requested")
+        # 25 s to the new end, 10 of them kept for Slurm; the old end would have left 125.
+        assert asked_to["why"] == "end_time" and asked_to["seconds_left"] <= 15, asked_to
+    finally:
+        daemon.cleanup()
