@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,8 +77,14 @@ def read_lease(files: RunFiles) -> tuple[Lease | None, float | None]:
     none or it cannot be read as one."""
     path = lease_path(files)
     try:
-        with open(path, "rb") as f:
-            touched = os.fstat(f.fileno()).st_mtime
+        # Not through a link, and never blocking on a FIFO in its place: a lease is a small
+        # regular file the daemon wrote, anything else is none.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None, None
+            touched = info.st_mtime
             data = json.loads(f.read(4096))
         lease = Lease(
             host=str(data["host"]),

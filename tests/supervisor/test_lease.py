@@ -98,3 +98,20 @@ def test_written_read_touched_and_dropped_only_by_its_holder(tmp_path: Path):
     assert not path.exists()
     path.write_text("{not json")
     assert read_lease(files) == (None, None)
+
+
+def test_a_link_or_a_fifo_in_the_leases_place_is_no_lease_and_no_hang(tmp_path: Path):
+    files = RunFiles(tmp_path / "run")
+    files.make_state_dir()
+    path = files.state_dir / "lease.json"
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text(
+        '{"host": "node07", "pid": 1, "started": 0, "job_id": "999", "node": "node07"}'
+    )
+    path.symlink_to(elsewhere)
+    assert read_lease(files) == (None, None)
+    path.unlink()
+    os.mkfifo(path)  # an open for reading would wait for a writer forever
+    assert read_lease(files) == (None, None)
+    write_lease(files, ME)  # replaced by the daemon's own
+    assert read_lease(files)[0] == ME

@@ -5,14 +5,13 @@ is None; an scontrol that fails leaves the limit unknown and the run supervised.
 
 from __future__ import annotations
 
-import os
-import stat
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.support import DaemonProcess, journal, scripted_run, wait_for
+from tests.support.slurm import JOB_ENV, fake_scontrol
 from trainwarden.supervisor.cli.output import format_status
 from trainwarden.supervisor.inputs.slurm_job import (
     JobLimit,
@@ -50,13 +49,6 @@ PENDING = (
     " SubmitTime=2026-12-05T15:57:02 StartTime=Unknown EndTime=Unknown Deadline=N/A"
     " Partition=debug AllocNode:Sid=localhost:25562 NodeList= NumNodes=1 Power= "
 )
-JOB_ENV = {
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "train-gpt",
-    "SLURMD_NODENAME": "node01",
-    "SLURM_JOB_PARTITION": "gpu",
-    "SLURM_RESTART_COUNT": "2",
-}
 
 
 def local(text: str) -> float:
@@ -157,15 +149,6 @@ def test_the_job_in_words():
 
 
 # ----------------------------------------------------------------------------- the daemon
-
-
-def fake_scontrol(bin_dir: Path, script: str) -> dict[str, str]:
-    """`scontrol` on PATH as `script` (sh); the job's environment with it."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    path = bin_dir / "scontrol"
-    path.write_text(f"#!/bin/sh\n{script}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return {**JOB_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
 def slurm_record(run_dir: Path) -> dict | None:

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import subprocess
 import time
 from datetime import datetime, timedelta
@@ -19,18 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.support import PYTHON, DaemonProcess, journal, scripted_run, wait_for
+from tests.support.slurm import fake_scontrol
 
 pytestmark = pytest.mark.timeout(120)
 
 CLI = [PYTHON, "-m", "trainwarden.supervisor"]
-
-JOB_ENV = {
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "train-gpt",
-    "SLURMD_NODENAME": "node01",
-    "SLURM_JOB_PARTITION": "gpu",
-    "SLURM_RESTART_COUNT": "0",
-}
 
 
 def show_line(job: str, state: str, ends_in_s: float) -> str:
@@ -48,21 +40,19 @@ def fake_slurm(
     """`scontrol` on PATH: `show job -o 4242` prints a running job ending in `ends_in_s`,
     `requeue` exits `requeue_exit`; every call is written to the returned file. `others`:
     more `case` arms (shell) for other jobs."""
-    bin_dir, asked = tmp_path / "bin", tmp_path / "asked"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    script = bin_dir / "scontrol"
+    asked = tmp_path / "asked"
     refused = "echo 'Requested operation is presently disabled' >&2"
-    script.write_text(
-        "#!/bin/sh\n"
+    env = fake_scontrol(
+        tmp_path / "bin",
         f'echo "$*" >> {asked}\n'
         'case "$*" in\n'
         f"  'show job -o 4242') echo '{show_line('4242', 'RUNNING', ends_in_s)}' ;;\n"
         f"  requeue*) {refused if requeue_exit else ':'}; exit {requeue_exit} ;;\n"
         f"{others}"
-        "esac\n"
+        "esac",
+        SLURM_RESTART_COUNT="0",
     )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return {**JOB_ENV, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, asked
+    return env, asked
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:

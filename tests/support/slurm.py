@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tests.support.procs import pid_alive
 from tests.support.wait import poll, wait_for
+from trainwarden.supervisor.inputs.slurm_job import show_job_fields
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
 
@@ -48,10 +49,6 @@ TERMINAL_STATES = frozenset(
 STOP_TIMEOUT_S = 10.0
 """How long a daemon has to exit after SIGTERM before it is SIGKILLed."""
 
-# `scontrol show job -o` prints `Key=value` pairs separated by spaces; keys may hold `:` and
-# `/` (`AllocNode:Sid`, `CPUs/Task`).
-_FIELD = re.compile(r"(?:^| )([A-Za-z][\w:/]*)=")
-
 
 class SlurmUnavailable(Exception):
     """Slurm cannot run here: a binary is missing or a daemon would not start."""
@@ -62,13 +59,8 @@ def missing_binaries() -> list[str]:
 
 
 def parse_job(line: str) -> dict[str, str]:
-    """One line of `scontrol show job -o` as key -> value."""
-    matches = list(_FIELD.finditer(line.strip()))
-    fields = {}
-    for match, following in zip(matches, [*matches[1:], None], strict=True):
-        end = following.start() if following is not None else None
-        fields[match.group(1)] = line.strip()[match.end() : end]
-    return fields
+    """One line of `scontrol show job -o` as key -> value (the daemon's own parser)."""
+    return show_job_fields(line.strip())
 
 
 def free_port() -> int:
@@ -327,3 +319,22 @@ def slurm_cluster(ready_timeout: float = 30.0, extra: Sequence[str] = ()) -> Ite
         yield cluster
     finally:
         cluster.stop()
+
+
+JOB_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "train-gpt",
+    "SLURMD_NODENAME": "node01",
+    "SLURM_JOB_PARTITION": "gpu",
+    "SLURM_RESTART_COUNT": "2",
+}
+"""A job's environment as slurmstepd sets it, for a daemon run without Slurm."""
+
+
+def fake_scontrol(bin_dir: Path, script: str, **env: str) -> dict[str, str]:
+    """`scontrol` on PATH as `script` (sh); JOB_ENV (with `env` over it) and that PATH."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / "scontrol"
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return {**JOB_ENV, **env, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
