@@ -99,12 +99,11 @@ class Samplers:
     async def _sample_once(self) -> None:
         from trainwarden.supervisor.inputs.host import disk_low
 
-        gpu = await asyncio.to_thread(self.gpu_sampler.sample)
+        # One trip to a worker thread for all of it: each trip wakes the loop twice.
+        gpu, host, sidecars = await asyncio.to_thread(self._read_all, self.trainer_pid())
         self._publish("gpu", gpu.to_dict() if gpu is not None else None)
         if gpu is not None:
             self._watch_throttle(gpu.index, gpu.throttle_reasons)
-        pid = self.trainer_pid()
-        host = await asyncio.to_thread(self.host_sampler.sample, pid)
         self._publish("host", host.to_dict())
         newest = self.newest_checkpoint()
         if newest is not None:
@@ -115,10 +114,22 @@ class Samplers:
                     "disk_low" if low else "disk_ok",
                     {"free_bytes": host.disk_free_bytes, "checkpoint_bytes": newest.bytes},
                 )
-        for topic, path in (("bandit", self.files.bandit_state), ("samples", self.files.samples)):
-            data = await asyncio.to_thread(self._read_if_changed, topic, path)
+        for topic, data in sidecars.items():
             if data is not None:
                 self._publish(topic, data)
+
+    def _read_all(self, pid: int | None) -> tuple[Any, Any, dict[str, Any]]:
+        """(the GPU's sample, the host's, each sidecar file that changed), in a thread."""
+        gpu = self.gpu_sampler.sample()
+        host = self.host_sampler.sample(pid)
+        sidecars = {
+            topic: self._read_if_changed(topic, path)
+            for topic, path in (
+                ("bandit", self.files.bandit_state),
+                ("samples", self.files.samples),
+            )
+        }
+        return gpu, host, sidecars
 
     def _watch_throttle(self, index: int, reasons: Any) -> None:
         """Journal `gpu_throttle` once per episode of heat or hardware slowdown that lasts
