@@ -383,7 +383,7 @@ def test_every_kind_the_daemon_journals_is_registered_and_every_registered_one_j
 
 def test_the_scan_finds_the_journal_writes_of_every_layer():
     found, _ = journaled()
-    assert any(w.startswith("core/lifecycle.py") for w in found["crash"])
+    assert any(w.startswith("core/crashes.py") for w in found["crash"])
     assert any(w.startswith("shell/") for w in found["spawn"])
     assert any(w.startswith("serve/") for w in found["client_dropped"])
     assert any(w.startswith("store/repeats.py") for w in found["repeated"])

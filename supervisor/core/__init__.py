@@ -16,7 +16,9 @@ package imports only the standard library and itself. Importing it (or `phases` 
 - `transitions`: spawning, stopping, answering waiters (shared by the handlers below)
 - `barrier`: no decision names a checkpoint while an older commit is still being verified
 - `retention`: which checkpoints go, locally and in the mirror
-- `lifecycle`: start-up, spawn and exit, crash and backoff, ticks, shutdown
+- `startup`: the daemon's start: the state restored, the checkpoints on disk judged, the first spawn
+- `lifecycle`: spawn and exit, a start refused or failed, ticks, stack dumps, shutdown
+- `crashes`: a trainer that died unasked: its suspect checkpoint, then backoff or the crash-loop halt
 - `progress`: checkpoints, step lines, divergence, the mirror's copies
 - `plausible`: which committed steps are believable (max_step_jump)
 - `suspects`: checkpoints a trainer fails on right after resuming: suspicion, fallback

@@ -15,6 +15,7 @@ from trainwarden.supervisor.core import (
     progress,
     requeue,
     retention,
+    startup,
 )
 from trainwarden.supervisor.core.actions import Action
 from trainwarden.supervisor.core.events import (
@@ -53,8 +54,8 @@ from trainwarden.supervisor.core.events import (
 from trainwarden.supervisor.core.state import Rules, State
 
 HANDLERS: dict[type, Callable[[State, Any, Rules, list[Action]], State]] = {
-    Restored: lifecycle.on_restored,
-    Startup: lifecycle.on_startup,
+    Restored: startup.on_restored,
+    Startup: startup.on_startup,
     CheckpointSeen: progress.on_seen,
     CheckpointCommitted: progress.on_committed,
     CheckpointChanged: progress.on_changed,

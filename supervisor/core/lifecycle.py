@@ -1,48 +1,40 @@
-"""The trainer's life cycle: start-up, spawn and exit, crash and backoff, ticks, shutdown."""
+"""The trainer's life cycle: spawn and exit, a start refused or failed, ticks (backoff over,
+hang, kill deadline), stack dumps, shutdown. The daemon's start is core.startup; a crash's
+backoff or halt is core.crashes."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from trainwarden.supervisor.core import barrier, gpu_faults, pivot, rollback, suspects
+from trainwarden.supervisor.core import barrier, gpu_faults, pivot, rollback
 from trainwarden.supervisor.core.actions import (
     Action,
     DumpStacks,
     Quarantine,
-    ReadMirrorPointer,
     Record,
     Reply,
     SignalTrainer,
 )
+from trainwarden.supervisor.core.crashes import crashed, hang_cause
 from trainwarden.supervisor.core.events import (
     FixedFileLeftover,
-    Outcome,
     ParserNoMatch,
-    Restored,
     ResumeRefused,
     ShutdownRequested,
     SpawnFailed,
     StacksDumped,
     StartContained,
-    Startup,
     Tick,
     TrainerExited,
     TrainerSpawned,
 )
 from trainwarden.supervisor.core.phases import HALTED, Phase
-from trainwarden.supervisor.core.plausible import implausible_at_startup, largest_gap
-from trainwarden.supervisor.core.progress import diverged_unseen
-from trainwarden.supervisor.core.retention import abandon_changed, apply_retention
+from trainwarden.supervisor.core.retention import abandon_changed
 from trainwarden.supervisor.core.state import (
-    Ckpt,
-    RestartCause,
     Rules,
     State,
     StopReason,
-    failures_of,
-    restore,
-    with_failures,
     with_start_counted,
 )
 from trainwarden.supervisor.core.transitions import (
@@ -62,118 +54,6 @@ from trainwarden.supervisor.core.transitions import (
 
 TRAINER_WORKING = frozenset({Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.PIVOTING})
 """Phases in which a live trainer must keep logging steps (stall detection applies)."""
-
-
-def on_restored(state: State, ev: Restored, rules: Rules, actions: list[Action]) -> State:
-    restored = restore(ev.persisted or {}, rules)
-    return replace(restored, pinned=restored.pinned | ev.pins, booting=True)
-
-
-def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -> State:
-    state = replace(state, booting=False)
-    verified = []
-    committed = dict(state.digests)
-    refused = {name: (reason, cause, at) for name, reason, cause, at in ev.refused}
-    for found in ev.scanned:
-        verdict = refused.get(found.name)
-        if verdict is not None and found.step is not None:
-            reason, cause, cause_step = verdict
-            actions.append(
-                Quarantine(
-                    found.step,
-                    found.name,
-                    f"{reason} (quarantined before; the move out of the folder had failed)",
-                    retract_mirror=False,
-                    cause=cause,
-                    cause_step=cause_step,
-                )
-            )
-            continue
-        if found.outcome is Outcome.VERIFIED and found.step is not None:
-            before = committed.get(found.name)
-            if before and found.digest and before != found.digest:
-                # Changed while no daemon watched: the mirror keeps the copy it made.
-                reason = "content changed since commit (while no daemon was running)"
-                actions.append(
-                    Record(
-                        "checkpoint_changed",
-                        {
-                            "step": found.step,
-                            "name": found.name,
-                            "reason": reason,
-                            "was_verified": True,
-                        },
-                    )
-                )
-                actions.append(Quarantine(found.step, found.name, reason, retract_mirror=False))
-                continue
-            verified.append(Ckpt(found.step, found.name, found.bytes, found.mtime, found.digest))
-        else:
-            # Found broken at start-up: the mirror's copy, verified when it was made, stays.
-            actions.append(
-                Quarantine(
-                    found.step,
-                    found.name,
-                    found.reason,
-                    retract_mirror=False,
-                    cause="verification",
-                )
-            )
-    implausible = implausible_at_startup(
-        [c.step for c in verified], ev.last_logged_step, state.max_commit_gap, rules
-    )
-    for c in verified:
-        if c.step in implausible:
-            actions.append(Quarantine(c.step, c.name, implausible[c.step], retract_mirror=False))
-    verified = [c for c in verified if c.step not in implausible]
-    state = replace(state, digests=())
-    if verified:
-        known = {c.step: c for c in state.checkpoints} | {c.step: c for c in verified}
-        high = max(max(known), state.verified_high or 0)
-        state = replace(
-            state, checkpoints=tuple(known[s] for s in sorted(known)), verified_high=high
-        )
-        state = rollback.at_startup(state, actions)
-        for c in verified:
-            state = rollback.at_commit(state, c.step)  # EMAs of the lines caught up
-    if state.caught_up_spike is not None and ev.diverged is None:
-        state = rollback.spiked_unseen(state, state.caught_up_spike, rules, actions)
-    gaps = [
-        g for g in (state.max_commit_gap, largest_gap([c.step for c in state.checkpoints])) if g
-    ]
-    state = replace(state, history_step=ev.last_logged_step, max_commit_gap=max(gaps, default=None))
-    newest = state.newest
-    if rules.mirror and newest is not None:
-        # Committed while no daemon ran (or a copy failed): the mirror may be behind.
-        actions.append(ReadMirrorPointer())
-    if ev.unclean:
-        lost = None
-        if ev.last_logged_step is not None:
-            lost = ev.last_logged_step - (newest.step if newest else 0)
-        actions.append(
-            Record(
-                "boot_recovery",
-                {
-                    "resume_step": newest.step if newest else None,
-                    "last_logged_step": ev.last_logged_step,
-                    "steps_lost": max(lost, 0) if lost is not None else None,
-                },
-            )
-        )
-    if state.resumes_after is not None:
-        actions.append(Record("resumed_after_signal", {"signal": state.resumes_after}))
-        state = replace(state, resumes_after=None)
-    if ev.diverged is not None:
-        state = diverged_unseen(state, *ev.diverged, rules, actions)
-    if state.pivot is not None and state.phase not in HALTED:
-        return pivot.resume_after_restart(
-            replace(state, restart_cause="daemon"), ev.t, rules, actions
-        )
-    state = apply_retention(state, rules, actions)
-    if state.phase in HALTED:
-        actions.append(Record("idle", {"state": state.phase, "reason": state.halt_reason}))
-        return state
-    return spawn(state, ev.t, actions, cause="daemon")
 
 
 def on_contained(state: State, ev: StartContained, rules: Rules, actions: list[Action]) -> State:
@@ -383,163 +263,6 @@ def on_fixed_file_leftover(
     leftover = Quarantine(step=None, name=ev.name, reason=LEFTOVER_REASON, retract_mirror=False)
     # No trainer started for that segment: the next start takes its number.
     return spawn(replace(state, seg=state.seg - 1), ev.t, actions, leftover=leftover)
-
-
-def hang_cause(state: State) -> str:
-    if state.parser_no_match is None:
-        return "hang (no step line)"
-    parser, _ = state.parser_no_match
-    return f"hang (no step line: no line matched parser {parser}; set [telemetry] parser)"
-
-
-def crashed(
-    state: State,
-    t: float,
-    rules: Rules,
-    actions: list[Action],
-    *,
-    cause: str,
-    restart_cause: RestartCause = "crash",
-    exit_fields: dict[str, Any] | None = None,
-    read_resume: bool = False,
-    last_line: str | None = None,
-    disk_full: bool = False,
-) -> State:
-    """The trainer died unasked: blame its checkpoint if it read it (`read_resume`) and
-    never got past it, then back off (doubling, up to backoff_max_s) or halt after too many
-    restarts without progress. The next start is counted under `restart_cause`.
-
-    A start that died before touching its checkpoint (a broken script, a missing program,
-    a start that could not even be made) is the trainer's failure: no checkpoint is
-    suspected for it, and the crash loop it ends in says the trainer's last line.
-
-    A death on a full disk is not the trainer's nor its checkpoint's: it is not counted
-    towards the crash loop, and the restarts go on every backoff_max_s until space returns."""
-    crash = {**(exit_fields or {}), "cause": cause}
-    if disk_full:
-        crash["disk_full"] = True
-    if state.gpu_xid is not None:
-        crash["xid"] = state.gpu_xid  # reported by NVML before the trainer died
-    if last_line:
-        crash["last_line"] = last_line
-    actions.append(Record("crash", crash))
-    state = replace(state, gpu_xid=None)
-    state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
-    state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
-    if state.progress_since_start:
-        state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
-    if disk_full:
-        return _wait_for_space(state, t, rules, actions)
-    halts = state.restarts_without_progress >= rules.max_restarts_without_progress
-    suspect = state.resume_step
-    died_on_it = state.last_step is None or (suspect is not None and state.last_step <= suspect)
-    if suspect is not None and died_on_it and not read_resume:
-        # No sign it ever read the checkpoint: the trainer's own failure, not the file's.
-        actions.append(
-            Record(
-                "trainer_failed_before_resume",
-                {
-                    "step": suspect,
-                    "cause": cause,
-                    **({"last_line": last_line} if last_line else {}),
-                },
-            )
-        )
-    elif suspect is not None and died_on_it:
-        count = failures_of(state, suspect) + 1
-        state = with_failures(state, suspect, count)
-        resumed = suspects.resumed_from(state)
-        marks = 0
-        if resumed is not None:
-            state, marks = suspects.suspect(state, resumed)
-        if resumed is not None and count >= rules.fallback_after_failures:
-            reason = f"the trainer died {count} times resuming from it before logging a step"
-            state = suspects.fall_back(
-                state, resumed, reason, rules, actions, counted=False, halts=halts
-            )
-        elif (
-            resumed is not None
-            and marks >= rules.fallback_after_failures
-            and suspects.can_fall_back(state, rules)
-        ):
-            # Diverged right after resuming from it before, and now died before a step.
-            reason = (
-                f"the trainer diverged or died {marks} times within"
-                f" {rules.suspect_window_steps} steps of resuming from it"
-            )
-            state = suspects.fall_back(state, resumed, reason, rules, actions, halts=halts)
-            count = rules.fallback_after_failures
-        if count >= rules.fallback_after_failures:
-            state = with_failures(state, suspect, 0)
-    if halts:
-        actions.append(
-            Record(
-                "halt",
-                {
-                    "state": "crash_loop",
-                    "restarts_without_progress": state.restarts_without_progress,
-                },
-            )
-        )
-        said = f"; the trainer's last line: {last_line}" if last_line else ""
-        return replace(
-            state,
-            phase=Phase.CRASH_LOOP,
-            halt_reason=(
-                f"{state.restarts_without_progress} restarts without progress; last: {cause}{said}"
-            ),
-        )
-    delay = rules.backoff_initial_s if state.next_backoff_s is None else state.next_backoff_s
-    actions.append(
-        Record(
-            "restart_scheduled",
-            {
-                "backoff_s": delay,
-                "attempt": state.restarts_without_progress + 1,
-                # The restart waits for what is still being verified (see core.barrier).
-                **barrier.resume_forecast(state, "resume_step"),
-            },
-        )
-    )
-    state = replace(
-        state,
-        phase=Phase.BACKOFF,
-        backoff_until=t + delay,
-        next_backoff_s=min(max(delay * 2, 0.0), rules.backoff_max_s),
-        restart_cause=restart_cause,
-        restarts_without_progress=state.restarts_without_progress + 1,
-        resume_step=state.newest.step if state.newest else None,
-    )
-    if delay <= 0:
-        return spawn(state, t, actions)
-    return state
-
-
-def _wait_for_space(state: State, t: float, rules: Rules, actions: list[Action]) -> State:
-    """A crash on a full disk: no checkpoint suspected, no restart counted; the next start
-    in backoff_max_s (it fails the same way until space returns, then goes on)."""
-    delay = rules.backoff_max_s
-    actions.append(
-        Record(
-            "restart_scheduled",
-            {
-                "backoff_s": delay,
-                "attempt": state.restarts_without_progress,
-                "disk_full": True,
-                **barrier.resume_forecast(state, "resume_step"),
-            },
-        )
-    )
-    state = replace(
-        state,
-        phase=Phase.BACKOFF,
-        backoff_until=t + delay,
-        restart_cause="disk_full",
-        resume_step=state.newest.step if state.newest else None,
-    )
-    if delay <= 0:
-        return spawn(state, t, actions)
-    return state
 
 
 def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> State:
