@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainwarden.supervisor import __version__
 from trainwarden.supervisor import registry as plugin_registry
 from trainwarden.supervisor.config import Config
+from trainwarden.supervisor.config_checks import slurm_signal
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs import signals, slurm_job
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
@@ -126,6 +127,10 @@ class Daemon:
         self._gpu_events_task: asyncio.Task[None] | None = None
         self.slurm: JobWatch | None = None
         """The Slurm job this daemon runs in (None: none), once the journal is read."""
+        self.slurm_listening = False
+        """The start is queued: the job's signal is acted on as it comes."""
+        self.job_signal_early = False
+        """The job's signal came before that: acted on once the start is queued."""
 
     @property
     def exit_code(self) -> int | None:
@@ -135,6 +140,18 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        # Caught from here on: the job's pre-timeout signal may come while the start still
+        # asks Slurm or scans the checkpoints, and outside a job a stray one (USR1 by
+        # default) would end the daemon by its default action.
+        job_signal = slurm_signal(self.cfg.slurm.signal) or signal.SIGUSR1
+        loop.add_signal_handler(job_signal, self._on_job_signal, job_signal)
+        try:
+            return await self._run_holding(loop)
+        finally:
+            loop.remove_signal_handler(job_signal)
+
+    async def _run_holding(self, loop: asyncio.AbstractEventLoop) -> int:
+        """The run, with this daemon's lease and lock on it; the job's requeue last."""
         me = await take_run(self.files, self.slurm_job, self.started_t)
         self.lock_fd = acquire_lock(self.files)
         try:
@@ -158,7 +175,7 @@ class Daemon:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
                 if self.slurm is not None:
-                    self.slurm.close(loop)
+                    self.slurm.close()
         finally:
             os.close(self.lock_fd)
         requeue = self.executor.requeue if self.executor is not None else None
@@ -203,6 +220,10 @@ class Daemon:
                 ),
             )
         )
+        if self.slurm is not None:
+            self.slurm_listening = True
+            if self.job_signal_early:
+                self.slurm.signalled()  # after the start: the trainer it asks to stop
         # What start-up built (modules, config, plugins, the loss history's index) lives
         # as long as the daemon: out of the collector's sight, a full collection scans
         # only what came since, and no longer holds a step decision off for tens of ms.
@@ -356,8 +377,6 @@ class Daemon:
         executor.settle_commits = watcher.settle
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        if self.slurm is not None:
-            self.slurm.listen(loop)
         from trainwarden.supervisor.serve.control import ControlServer
 
         self.server = ControlServer(self)
@@ -533,6 +552,24 @@ class Daemon:
 
     def _on_signal(self, sig: int) -> None:
         self.queue.put_nowait(core.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))
+
+    def _on_job_signal(self, sig: int) -> None:
+        """[slurm] signal: in a job, leave before its limit (see JobWatch); outside one it
+        asks nothing, and is journaled as ignored."""
+        name = signal.Signals(sig).name
+        if self.slurm_job is None:
+            log.warning("%s ignored: this daemon is not in a Slurm job", name)
+            if self.journal is not None:
+                self.journal.append(
+                    "signal_ignored",
+                    {"signal": name, "reason": "not in a Slurm job ([slurm] signal)"},
+                )
+            return
+        if self.slurm is None or not self.slurm_listening:
+            log.info("%s during the start: acted on once the run is up", name)
+            self.job_signal_early = True
+            return
+        self.slurm.signalled()
 
     def _on_step(self, step: int, loss: float, grad_norm: float | None = None) -> None:
         """A step line, queued as every event is: the one path from a line to `decide`.

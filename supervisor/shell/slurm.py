@@ -3,7 +3,9 @@ time watched, and each turned into the policy's RequeueRequested (see core.reque
 the run's lease, which keeps daemons on other machines (other jobs) off the run.
 
 The signal is the one [slurm] signal names (sbatch --signal=B:USR1@SECONDS sends it to
-the batch shell, which `exec` made the daemon). Without it, the daemon acts [slurm]
+the batch shell, which `exec` made the daemon). The daemon catches it from the start of
+its run and hands it here (`signalled`) once the start is queued; outside a job it is
+journaled as ignored. Without it, the daemon acts [slurm]
 act_before_end_s before the end time scontrol reported, after asking scontrol again: an
 operator's `scontrol update TimeLimit=` may have moved the end, and the timer follows it.
 """
@@ -62,11 +64,7 @@ class JobWatch:
     def view(self, wall: float) -> SlurmJobView | None:
         return views.slurm_view(self.job, self.limit, self.segment, wall)
 
-    def listen(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.add_signal_handler(self.signal, self._signalled)
-
-    def close(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.remove_signal_handler(self.signal)
+    def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
 
@@ -113,7 +111,8 @@ class JobWatch:
                 return
         self._ask("end_time")
 
-    def _signalled(self) -> None:
+    def signalled(self) -> None:
+        """The job's pre-timeout signal (the daemon catches it, see Daemon.run)."""
         self._ask(self.signal.name)
 
     def _ask(self, why: str) -> None:

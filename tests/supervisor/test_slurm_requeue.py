@@ -276,3 +276,46 @@ def test_an_end_time_moved_earlier_is_the_one_the_stop_must_beat(tmp_path: Path)
         assert asked_to["why"] == "end_time" and asked_to["seconds_left"] <= 15, asked_to
     finally:
         daemon.cleanup()
+
+
+def test_the_jobs_signal_during_the_start_is_acted_on_once_the_run_is_up(tmp_path: Path):
+    # The daemon is held asking Slurm about a lease another job left: the signal comes
+    # before the start's inputs are listening (it ended the daemon by its default action).
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--dt", "0.02")
+    plant_lease(run_dir, "999", "node07")
+    others = "  'show job -o 999') sleep 2; echo 'JobId=999 JobState=COMPLETED Reason=None' ;;\n"
+    env, asked = fake_slurm(tmp_path, others=others)
+    daemon = DaemonProcess(run_dir, env)
+    try:
+        daemon.start(wait=False)
+        wait_for(
+            lambda: asked.exists() and "show job -o 999" in asked.read_text(),
+            timeout=30,
+            what="the daemon asking about the other job",
+        )
+        os.kill(daemon.pid, signal.SIGUSR1)
+        assert daemon.wait_exit(60) == 75, daemon.stderr()
+        (asked_to,) = records(run_dir, "slurm_requeue_requested")
+        assert asked_to["why"] == "SIGUSR1"
+        assert "requeue 4242" in asked.read_text().splitlines()
+    finally:
+        daemon.cleanup()
+
+
+def test_outside_a_job_the_signal_is_said_and_ignored(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--dt", "0.05")
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start()
+        wait_for(lambda: (daemon.status().get("step") or 0) >= 3, timeout=60, what="steps")
+        pid = daemon.status()["trainer_pid"]
+        os.kill(daemon.pid, signal.SIGUSR1)
+        wait_for(lambda: records(run_dir, "signal_ignored"), timeout=30, what="the record")
+        (ignored,) = records(run_dir, "signal_ignored")
+        assert ignored["signal"] == "SIGUSR1" and "not in a Slurm job" in ignored["reason"]
+        status = daemon.status()
+        assert status["state"] == "running" and status["trainer_pid"] == pid
+        daemon.request("shutdown", timeout=60)
+        assert daemon.wait_exit(60) == 0
+    finally:
+        daemon.cleanup()
