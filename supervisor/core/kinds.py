@@ -120,6 +120,7 @@ JournalKind = Literal[
     "slurm_not_requeued",
     "slurm_run_ended",
     "slurm_output_truncates",
+    "slurm_not_requeueable",
     "signal_ignored",
     "daemon_exit",
     "state",

@@ -49,6 +49,8 @@ class JobLimit:
     unknown: str | None = None
     """Why the limit is not known, in words (None when it is, or when there is none)."""
     unlimited: bool = False
+    requeue: bool | None = None
+    """Whether Slurm would take a requeue of the job (its Requeue= field; None: not said)."""
 
 
 def job_from_env(env: Mapping[str, str], hostname: str) -> SlurmJob | None:
@@ -123,11 +125,13 @@ def limit_from_show_job(line: str) -> JobLimit:
     raw = fields.get("TimeLimit", "")
     limit = parse_duration(raw)
     end = parse_time(fields.get("EndTime", ""))
+    requeue = {"0": False, "1": True}.get(fields.get("Requeue", ""))
     if raw.upper() in UNLIMITED:
-        return JobLimit(None, None, unlimited=True)
+        return JobLimit(None, None, unlimited=True, requeue=requeue)
     if limit is None:
-        return JobLimit(None, end, unknown=f"scontrol says TimeLimit={raw or 'nothing'}")
-    return JobLimit(limit, end)
+        unknown = f"scontrol says TimeLimit={raw or 'nothing'}"
+        return JobLimit(None, end, unknown=unknown, requeue=requeue)
+    return JobLimit(limit, end, requeue=requeue)
 
 
 def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT_S) -> tuple[str | None, str]:

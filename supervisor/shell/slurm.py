@@ -74,6 +74,15 @@ class JobWatch:
         does, the limit is at worst unknown."""
         self.limit = await asyncio.to_thread(slurm_job.read_limit, self.job.job_id)
         journal.append("slurm_job", dict(self.record()), sync=True)
+        if self.cfg.requeue and self.limit.requeue is False:
+            # Said now: at the limit the save is made, and the job then ends for good.
+            journal.append("slurm_not_requeueable", {"job_id": self.job.job_id})
+            log.warning(
+                "Slurm will refuse to requeue job %s (scontrol shows Requeue=0: submitted with"
+                " --no-requeue, or the cluster's JobRequeue=0): at its time limit the trainer"
+                " saves and the run stops there; submit it with `#SBATCH --requeue`",
+                self.job.job_id,
+            )
         truncated = slurm_job.output_truncated(os.environ)
         if truncated is not None:
             # Said now, while there is time to fix the script before the next segment.

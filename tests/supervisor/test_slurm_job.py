@@ -63,11 +63,13 @@ def test_a_real_show_job_line_gives_the_limit_and_the_end():
     assert fields["AllocNode:Sid"] == "localhost:25562" and fields["CPUs/Task"] == "1"
     assert fields["TRES"] == "cpu=1,node=1,billing=1" and fields["Power"] == ""
     limit = limit_from_show_job(RUNNING)
-    assert limit == JobLimit(300, local("2026-12-05T16:02:19"))
+    assert limit == JobLimit(300, local("2026-12-05T16:02:19"), requeue=True)
+    assert limit_from_show_job(RUNNING.replace("Requeue=1", "Requeue=0")).requeue is False
+    assert limit_from_show_job(RUNNING.replace(" Requeue=1", "")).requeue is None
 
 
 def test_a_pending_job_has_its_limit_and_no_end_yet():
-    assert limit_from_show_job(PENDING) == JobLimit(7200, None)
+    assert limit_from_show_job(PENDING) == JobLimit(7200, None, requeue=True)
 
 
 def test_no_limit_and_unreadable_limits_are_said_in_words():

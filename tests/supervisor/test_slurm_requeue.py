@@ -35,7 +35,11 @@ def show_line(job: str, state: str, ends_in_s: float) -> str:
 
 
 def fake_slurm(
-    tmp_path: Path, ends_in_s: float = 3600.0, requeue_exit: int = 0, others: str = ""
+    tmp_path: Path,
+    ends_in_s: float = 3600.0,
+    requeue_exit: int = 0,
+    others: str = "",
+    requeue_field: str = "Requeue=1",
 ) -> tuple[dict[str, str], Path]:
     """`scontrol` on PATH: `show job -o 4242` prints a running job ending in `ends_in_s`,
     `requeue` exits `requeue_exit`; every call is written to the returned file. `others`:
@@ -46,7 +50,8 @@ def fake_slurm(
         tmp_path / "bin",
         f'echo "$*" >> {asked}\n'
         'case "$*" in\n'
-        f"  'show job -o 4242') echo '{show_line('4242', 'RUNNING', ends_in_s)}' ;;\n"
+        f"  'show job -o 4242') echo"
+        f" '{show_line('4242', 'RUNNING', ends_in_s).replace('Requeue=1', requeue_field)}' ;;\n"
         f"  requeue*) {refused if requeue_exit else ':'}; exit {requeue_exit} ;;\n"
         f"{others}"
         "esac",
@@ -317,5 +322,31 @@ def test_outside_a_job_the_signal_is_said_and_ignored(tmp_path: Path):
         assert status["state"] == "running" and status["trainer_pid"] == pid
         daemon.request("shutdown", timeout=60)
         assert daemon.wait_exit(60) == 0
+    finally:
+        daemon.cleanup()
+
+
+def test_a_job_slurm_will_not_requeue_is_said_at_the_start(tmp_path: Path):
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--dt", "0.05")
+    env, _ = fake_slurm(tmp_path, requeue_field="Requeue=0")
+    daemon = DaemonProcess(run_dir, env)
+    try:
+        daemon.start()
+        wait_for(lambda: records(run_dir, "slurm_not_requeueable"), timeout=30, what="it")
+        assert records(run_dir, "slurm_not_requeueable") == [
+            {**records(run_dir, "slurm_not_requeueable")[0], "job_id": "4242"}
+        ]
+        warned = [line for line in daemon.stderr().splitlines() if "Requeue=0" in line]
+        assert len(warned) == 1 and "#SBATCH --requeue" in warned[0], daemon.stderr()
+    finally:
+        daemon.cleanup()
+    # A job Slurm would requeue is not warned about.
+    run_dir = scripted_run(tmp_path / "run2", "--steps", "100000", "--dt", "0.05")
+    env, _ = fake_slurm(tmp_path / "ok")
+    daemon = DaemonProcess(run_dir, env)
+    try:
+        daemon.start()
+        wait_for(lambda: records(run_dir, "slurm_job"), timeout=30, what="the job read")
+        assert records(run_dir, "slurm_not_requeueable") == []
     finally:
         daemon.cleanup()
