@@ -69,7 +69,7 @@ TESTS = Path(__file__).resolve().parent
 
 LONGEST = {
     "tui/test_demo.py": 90,
-    "integrations/test_inplace.py": 80,
+    "integrations/test_inplace.py": 40,
     "integrations/test_hf.py": 75,
     "chaos/test_chaos_soak.py": 60,
     "integrations/test_lightning.py": 50,

@@ -206,6 +206,9 @@ def kill_at_random_and_in_saves(run_dir: Path, written: Path, kills: int, seed: 
     return in_save
 
 
+# Five SIGKILLs at random moments of a real torch run, then the run again uninterrupted:
+# a soak (over a minute beside a busy loop), in the slow tier; .ci/run runs it.
+@pytest.mark.slow
 def test_kills_at_random_moments_and_in_torch_save_lose_no_snapshot(tmp_path: Path) -> None:
     args = ("--steps", "150", "--save-every", "10", "--sleep", "0.05")
     run_dir = inplace_run(tmp_path / "run", *args)
@@ -396,6 +399,9 @@ def folder_final(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "final.pt", weights_only=True)
 
 
+# Five SIGKILLs at random moments of a real torch run, then the run again uninterrupted:
+# a soak (over a minute beside a busy loop), in the slow tier; .ci/run runs it.
+@pytest.mark.slow
 def test_kills_while_a_fixed_folder_is_rewritten_lose_no_snapshot(tmp_path: Path) -> None:
     args = ("--steps", "120", "--save-every", "10", "--sleep", "0.05")
     run_dir = folder_run(tmp_path / "run", *args)
