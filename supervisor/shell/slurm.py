@@ -5,9 +5,9 @@ the run's lease, which keeps daemons on other machines (other jobs) off the run.
 The signal is the one [slurm] signal names (sbatch --signal=B:USR1@SECONDS sends it to
 the batch shell, which `exec` made the daemon). The daemon catches it from the start of
 its run and hands it here (`signalled`) once the start is queued; outside a job it is
-journaled as ignored. Without it, the daemon acts [slurm]
-act_before_end_s before the end time scontrol reported, after asking scontrol again: an
-operator's `scontrol update TimeLimit=` may have moved the end, and the timer follows it.
+journaled as ignored. Without the signal, the daemon acts [slurm] act_before_end_s before
+the end time scontrol reported, after asking scontrol again: an operator's `scontrol
+update TimeLimit=` may have moved the end, and the timer follows it.
 """
 
 from __future__ import annotations
