@@ -53,8 +53,8 @@ def measure(work_dir: Path, samples: int) -> tuple[dict[str, list[float]], str]:
         "parent's move of a running child": [],
     }
     for i in range(samples):
-        for way, values in ways.items():
-            marker = f"bench-{os.getpid()}-{i}-{len(values)}-{way[:4].strip()}"
+        for n, (way, values) in enumerate(ways.items()):
+            marker = f"bench-{os.getpid()}-{i}-{n}"
             folder = cgroups.path(marker)
             folder.mkdir()
             fd = os.open(folder / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
