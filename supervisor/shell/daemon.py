@@ -73,6 +73,9 @@ DUMP_REQUEST_TIMEOUT_S = 10.0
 REAP_INTERVAL_S = 1.0
 DISK_RETRY_S = 1.0
 """How often the daemon tries again to write what a full disk refused."""
+IGNORED_SIGNAL_S = 60.0
+"""A signal ignored outside a Slurm job is said at once, then those that follow within this
+long are counted and said together: a flood of them must not flood the journal."""
 CONFIG_CHECK_S = 2.0
 """How often the config file is compared with what the daemon read (a stat; the state topic
 is pushed when the answer changes)."""
@@ -127,10 +130,12 @@ class Daemon:
         self._gpu_events_task: asyncio.Task[None] | None = None
         self.slurm: JobWatch | None = None
         """The Slurm job this daemon runs in (None: none), once the journal is read."""
-        self.slurm_listening = False
-        """The start is queued: the job's signal is acted on as it comes."""
-        self.job_signal_early = False
-        """The job's signal came before that: acted on once the start is queued."""
+        self._ignored_signals = 0
+        """Signals ignored (outside a job) and not said yet (see IGNORED_SIGNAL_S)."""
+        self._ignored_said: asyncio.TimerHandle | None = None
+        self.job_signals_held: list[str] | None = []
+        """The job's signals that came before the start was queued, acted on once it is;
+        None from then on (each is acted on as it comes)."""
 
     @property
     def exit_code(self) -> int | None:
@@ -149,6 +154,8 @@ class Daemon:
             return await self._run_holding(loop)
         finally:
             loop.remove_signal_handler(job_signal)
+            if self._ignored_said is not None:
+                self._ignored_said.cancel()  # the journal is closed
 
     async def _run_holding(self, loop: asyncio.AbstractEventLoop) -> int:
         """The run, with this daemon's lease and lock on it; the job's requeue last."""
@@ -220,10 +227,9 @@ class Daemon:
                 ),
             )
         )
-        if self.slurm is not None:
-            self.slurm_listening = True
-            if self.job_signal_early:
-                self.slurm.signalled()  # after the start: the trainer it asks to stop
+        held, self.job_signals_held = self.job_signals_held, None
+        if held and self.slurm is not None:
+            self.slurm.signalled(held[0])  # after the start: the trainer it asks to stop
         # What start-up built (modules, config, plugins, the loss history's index) lives
         # as long as the daemon: out of the collector's sight, a full collection scans
         # only what came since, and no longer holds a step decision off for tens of ms.
@@ -558,18 +564,31 @@ class Daemon:
         asks nothing, and is journaled as ignored."""
         name = signal.Signals(sig).name
         if self.slurm_job is None:
-            log.warning("%s ignored: this daemon is not in a Slurm job", name)
-            if self.journal is not None:
-                self.journal.append(
-                    "signal_ignored",
-                    {"signal": name, "reason": "not in a Slurm job ([slurm] signal)"},
-                )
+            self._ignored_signals += 1
+            if self._ignored_said is None:
+                self._say_ignored(name)
             return
-        if self.slurm is None or not self.slurm_listening:
+        if self.job_signals_held is not None:
             log.info("%s during the start: acted on once the run is up", name)
-            self.job_signal_early = True
+            self.job_signals_held.append(name)
+        elif self.slurm is not None:
+            self.slurm.signalled(name)
+
+    def _say_ignored(self, name: str) -> None:
+        """Journal the signals ignored since the last time this said them, if any; the
+        next ones wait IGNORED_SIGNAL_S to be said."""
+        count, self._ignored_signals = self._ignored_signals, 0
+        self._ignored_said = None
+        if not count:
             return
-        self.slurm.signalled()
+        log.warning("%s ignored (%d): this daemon is not in a Slurm job", name, count)
+        if self.journal is not None:
+            self.journal.append(
+                "signal_ignored",
+                {"signal": name, "count": count, "reason": "not in a Slurm job ([slurm] signal)"},
+            )
+        loop = asyncio.get_running_loop()
+        self._ignored_said = loop.call_later(IGNORED_SIGNAL_S, self._say_ignored, name)
 
     def _on_step(self, step: int, loss: float, grad_norm: float | None = None) -> None:
         """A step line, queued as every event is: the one path from a line to `decide`.

@@ -19,7 +19,6 @@ import socket
 import time
 from collections.abc import Callable
 
-from trainwarden.supervisor.config_checks import slurm_signal
 from trainwarden.supervisor.config_schema import SlurmConfig
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.errors import LockHeld
@@ -51,9 +50,6 @@ class JobWatch:
         self.report = report
         self.limit: JobLimit | None = None
         """The job's time limit, once scontrol has answered."""
-        sig = slurm_signal(cfg.signal)
-        assert sig is not None  # load_config checked it
-        self.signal = sig
         self._timer: asyncio.TimerHandle | None = None
         self._checking: asyncio.Task[None] | None = None
         """The end time being asked again (held: the loop keeps only weak references)."""
@@ -120,9 +116,9 @@ class JobWatch:
                 return
         self._ask("end_time")
 
-    def signalled(self) -> None:
-        """The job's pre-timeout signal (the daemon catches it, see Daemon.run)."""
-        self._ask(self.signal.name)
+    def signalled(self, name: str) -> None:
+        """The job's pre-timeout signal, `name`d (the daemon catches it, see Daemon.run)."""
+        self._ask(name)
 
     def _ask(self, why: str) -> None:
         end = self.limit.end_time if self.limit is not None else None

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.timeout(120)
 CLI = [PYTHON, "-m", "trainwarden.supervisor"]
 
 
-def show_line(job: str, state: str, ends_in_s: float) -> str:
+def show_line(job: str, state: str, ends_in_s: float, requeue: int = 1) -> str:
     end = (datetime.now() + timedelta(seconds=ends_in_s)).replace(microsecond=0)
     return (
-        f"JobId={job} JobName=train-gpt JobState={state} Reason=None Requeue=1 Restarts=0"
+        f"JobId={job} JobName=train-gpt JobState={state} Reason=None Requeue={requeue} Restarts=0"
         f" TimeLimit=02:00:00 StartTime={(end - timedelta(hours=2)).isoformat()}"
         f" EndTime={end.isoformat()} Partition=gpu NodeList=node01"
     )
@@ -39,7 +39,7 @@ def fake_slurm(
     ends_in_s: float = 3600.0,
     requeue_exit: int = 0,
     others: str = "",
-    requeue_field: str = "Requeue=1",
+    requeue: int = 1,
 ) -> tuple[dict[str, str], Path]:
     """`scontrol` on PATH: `show job -o 4242` prints a running job ending in `ends_in_s`,
     `requeue` exits `requeue_exit`; every call is written to the returned file. `others`:
@@ -50,8 +50,7 @@ def fake_slurm(
         tmp_path / "bin",
         f'echo "$*" >> {asked}\n'
         'case "$*" in\n'
-        f"  'show job -o 4242') echo"
-        f" '{show_line('4242', 'RUNNING', ends_in_s).replace('Requeue=1', requeue_field)}' ;;\n"
+        f"  'show job -o 4242') echo '{show_line('4242', 'RUNNING', ends_in_s, requeue)}' ;;\n"
         f"  requeue*) {refused if requeue_exit else ':'}; exit {requeue_exit} ;;\n"
         f"{others}"
         "esac",
@@ -318,6 +317,13 @@ def test_outside_a_job_the_signal_is_said_and_ignored(tmp_path: Path):
         wait_for(lambda: records(run_dir, "signal_ignored"), timeout=30, what="the record")
         (ignored,) = records(run_dir, "signal_ignored")
         assert ignored["signal"] == "SIGUSR1" and "not in a Slurm job" in ignored["reason"]
+        assert ignored["count"] == 1
+        # A flood of them is counted, not journaled one by one (said again a minute on).
+        for _ in range(100):
+            os.kill(daemon.pid, signal.SIGUSR1)
+        wait_for(lambda: daemon.status()["state"] == "running", timeout=30, what="an answer")
+        assert len(records(run_dir, "signal_ignored")) == 1
+        assert daemon.stderr(100_000).count("SIGUSR1 ignored") == 1
         status = daemon.status()
         assert status["state"] == "running" and status["trainer_pid"] == pid
         daemon.request("shutdown", timeout=60)
@@ -328,7 +334,7 @@ def test_outside_a_job_the_signal_is_said_and_ignored(tmp_path: Path):
 
 def test_a_job_slurm_will_not_requeue_is_said_at_the_start(tmp_path: Path):
     run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--dt", "0.05")
-    env, _ = fake_slurm(tmp_path, requeue_field="Requeue=0")
+    env, _ = fake_slurm(tmp_path, requeue=0)
     daemon = DaemonProcess(run_dir, env)
     try:
         daemon.start()
