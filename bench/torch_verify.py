@@ -49,7 +49,8 @@ def one_shot(path: Path) -> float:
     """Seconds for the old way: a fresh `python -I` that imports torch and checks one file
     (the same probe code, given one request and then end of input), as each torch-pt
     verification did before the worker."""
-    from trainwarden.plugins.formats.torch_pt import DEFAULT_STEP_KEYS, PROBE, PROBE_MARK
+    from trainwarden.plugins.formats.torch_probe import PROBE, PROBE_MARK
+    from trainwarden.plugins.formats.torch_pt import DEFAULT_STEP_KEYS
 
     request = json.dumps({"path": str(path), "step_keys": list(DEFAULT_STEP_KEYS)})
     t0 = time.perf_counter()
