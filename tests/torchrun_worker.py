@@ -90,8 +90,11 @@ def main() -> int:
         wanted = float(saves_requested > saves_handled)
         flags = torch.tensor([1.0, wanted, float(received["stop"])])
         dist.all_reduce(flags)
-        saves_handled = saves_requested
         save_now, stop_now = flags[1].item() > 0, flags[2].item() > 0
+        # A save decided now comes after every request this rank has had so far, also one
+        # that arrived during the all_reduce (the daemon signals the ranks one after the
+        # other): that request is served by it, not by a second save at the next step.
+        saves_handled = received["save"] if save_now else saves_requested
         if rank == 0:
             loss = 5.0 - 0.001 * step
             print(

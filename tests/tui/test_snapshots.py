@@ -29,9 +29,9 @@ def settled(app: TrainwardenApp) -> bool:
 async def populated(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, TrainwardenApp)
-    await until(pilot, lambda: settled(app), 10, "every panel drawn")
+    await until(pilot, lambda: settled(app), 30, "every panel drawn")
     await pilot.pause(0.2)
-    await until(pilot, lambda: settled(app), 10, "every panel drawn")
+    await until(pilot, lambda: settled(app), 30, "every panel drawn")
 
 
 def test_main_screen_80x24(snap_compare):

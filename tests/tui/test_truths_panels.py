@@ -70,9 +70,9 @@ def sliced_numbers(text: str, records: list[dict[str, Any]]) -> list[str]:
 
 
 async def drawn(app: TrainwardenApp, pilot: Pilot[Any]) -> None:
-    await until(pilot, lambda: app.model.populated and app.up_to_date, 10, "every panel drawn")
+    await until(pilot, lambda: app.model.populated and app.up_to_date, 30, "every panel drawn")
     await pilot.pause(0.3)
-    await until(pilot, lambda: app.up_to_date, 10, "every panel drawn")
+    await until(pilot, lambda: app.up_to_date, 30, "every panel drawn")
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size[0]}x{size[1]}")
