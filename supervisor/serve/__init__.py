@@ -1,6 +1,7 @@
 """How the daemon talks: the control socket, Prometheus metrics and sd_notify.
 
-- `control`: the control socket's server and its commands
+- `control`: the control socket's server: admission, turns, replies, acting commands to the policy
+- `reads`: the read commands' answers (hello, status, events, history, subscribe, ...)
 - `supervised`: what the server needs from the daemon (a protocol class it satisfies)
 - `connection`: one client's outbox, read-ahead, bounds and admission
 - `turns`: time slices for answering requests, so busy clients cannot starve the loop

@@ -129,13 +129,13 @@ async def test_an_events_reply_of_many_records_fits_one_line(tmp_path: Path):
     records = [{"kind": "log", "seq": i, "text": "x" * 200} for i in range(20_000)]
     journal.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     server = ControlServer(fake_daemon(journal=journal))
-    result = await server.cmd_events(None, {"n": 100_000})  # type: ignore[arg-type]
+    result = await server.reads.cmd_events(None, {"n": 100_000})  # type: ignore[arg-type]
     assert result["truncated"] is True
     events = result["events"]
     assert events[-1]["seq"] == 19_999 and len(events) > 1000
     assert [e["seq"] for e in events] == list(range(20_000 - len(events), 20_000))
     assert len(encode({"id": 1, "ok": True, "result": result})) <= MAX_LINE
-    small = await server.cmd_events(None, {"n": 10})  # type: ignore[arg-type]
+    small = await server.reads.cmd_events(None, {"n": 10})  # type: ignore[arg-type]
     assert [e["seq"] for e in small["events"]] == list(range(19_990, 20_000))
     assert "truncated" not in small
 
@@ -220,14 +220,14 @@ async def test_a_clients_first_request_does_not_wait_behind_other_clients_pipeli
     calls = PerPass()
     server = ControlServer(fake_daemon(status_view=costly_status(monkeypatch, calls)))
     server.daemon.cfg.control.max_clients = 256
-    hello = server.cmd_hello
+    hello = server.reads.cmd_hello
     answered_after: list[int] = []
 
     def counted_hello(conn: Any, args: dict[str, Any]) -> Any:
         answered_after.append(calls.total)
         return hello(conn, args)
 
-    server.cmd_hello = counted_hello  # type: ignore[method-assign]
+    server.reads.cmd_hello = counted_hello  # type: ignore[method-assign]
     listening = await connection.serve_unix(server._serve, str(socket_path))
     replies: list[Any] = []
     calls.start()
@@ -310,7 +310,7 @@ def test_a_push_is_encoded_once_for_all_its_subscribers(monkeypatch: pytest.Monk
 
 async def test_a_history_reply_of_the_widest_buckets_fits_one_line():
     server = ControlServer(fake_daemon())
-    result = await server.cmd_history(None, {"points": 100_000})  # type: ignore[arg-type]
+    result = await server.reads.cmd_history(None, {"points": 100_000})  # type: ignore[arg-type]
     assert len(result["step"]) == HISTORY_MAX_POINTS
     line = encode({"id": 123456789, "ok": True, "result": result})
     print(f"widest history reply: {len(line)} bytes for {HISTORY_MAX_POINTS} buckets")
@@ -320,8 +320,8 @@ async def test_a_history_reply_of_the_widest_buckets_fits_one_line():
 def test_a_five_megabyte_run_name_is_clipped_in_replies():
     server = ControlServer(fake_daemon("x" * 5_000_000))
     for result in (
-        server.cmd_hello(None, {}),  # type: ignore[arg-type]
-        server.cmd_status(None, {}),  # type: ignore[arg-type]
+        server.reads.cmd_hello(None, {}),  # type: ignore[arg-type]
+        server.reads.cmd_status(None, {}),  # type: ignore[arg-type]
     ):
         assert len(result["run"]) == RUN_NAME_MAX and result["run"].endswith("…")
         assert len(encode(result)) < 10_000

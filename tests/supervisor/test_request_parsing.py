@@ -19,7 +19,7 @@ from trainwarden.supervisor.core.policy import ACTING, BadRequest, parse_command
 from trainwarden.supervisor.core.requests import MAX_STEP, Pin, Save, Unpin
 from trainwarden.supervisor.errors import ProtocolError
 from trainwarden.supervisor.serve.connection import parse_request
-from trainwarden.supervisor.serve.control import READS, CommandError, _int_arg
+from trainwarden.supervisor.serve.reads import READS, CommandError, _int_arg
 from trainwarden.supervisor.wire import MAX_LINE, decode
 
 JSON = st.recursive(
