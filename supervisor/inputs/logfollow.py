@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -54,9 +55,9 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 1 << 20
 LOOP_READ_BYTES = 256 << 10
-"""Read per callback on the loop: some 6,000 step lines, tens of ms of the daemon's work
-(4 MiB was seconds, during which the control socket answered no one)."""
-"""At most this much of the log is read per loop callback; the rest in the next ones."""
+"""At most this much of the log is read per loop callback, the rest in the next ones: some
+6,000 step lines, tens of ms of the daemon's work (4 MiB was seconds, during which the
+control socket answered no one)."""
 # Only a safety net for events inotify never delivers (a queue overflow, a network
 # filesystem that does not report remote writes): the hot path is event-driven.
 SAFETY_RECHECK_S = 5.0
@@ -113,6 +114,9 @@ class LogFollower:
         self._read_pos = offset  # bytes of the current file consumed so far
         self._line_start = offset  # where the line being assembled began: the safe offset
         self._partial = bytearray()
+        self._buffer: memoryview | None = None
+        """What each read lands in, made once: a read of its own size each time (os.pread)
+        had the C library map, shrink and unmap a MiB per step line."""
         self._skipping_long = False
         self._counts = [0, 0, 0, 0, 0]  # FollowStats fields, in order
         self._name = os.fsencode(self.path.name)
@@ -349,7 +353,12 @@ class LogFollower:
         assert self._fd is not None
         done = 0
         size = READ_CHUNK_BYTES if limit is None else min(READ_CHUNK_BYTES, limit)
-        while chunk := os.pread(self._fd, size, self._read_pos):
+        if self._buffer is None:
+            # Anonymous memory: a page is resident only once a read has reached it.
+            self._buffer = memoryview(mmap.mmap(-1, READ_CHUNK_BYTES))
+        into = self._buffer[:size]
+        while got := os.preadv(self._fd, [into], self._read_pos):
+            chunk = bytes(into[:got])  # the sink may read the log again (this buffer too)
             lines = self._split(chunk)
             self._read_pos += len(chunk)
             done += len(chunk)

@@ -6,6 +6,23 @@ import os
 
 import psutil
 
+READ_BYTES = 16 << 10
+"""Bytes asked of each read of a /proc file (a larger file takes more reads)."""
+
+
+def read_proc(path: str) -> bytes:
+    """A /proc file's whole content, read with bare descriptor calls: an open, the reads and
+    a close, where a Python file object adds five more (two fstats, an isatty ioctl, two
+    seeks), for files the reaper reads every second. Raises OSError as open() would."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, READ_BYTES):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
 
 def _kernel_descendants(pid: int) -> list[int] | None:
     """The tree below `pid` from the kernel's per-thread `children` lists: a few small
@@ -21,8 +38,7 @@ def _kernel_descendants(pid: int) -> list[int] | None:
             continue  # exited while we walked
         for tid in tasks:
             try:
-                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
-                    listed = f.read().split()
+                listed = read_proc(f"/proc/{parent}/task/{tid}/children").split()
             except FileNotFoundError:
                 if os.path.isdir(f"/proc/{parent}/task/{tid}"):
                     return None  # the thread is there, its list is not: the kernel lacks them
@@ -56,8 +72,7 @@ START_ENV = "TRAINWARDEN_START"
 
 def _environ(pid: int) -> bytes:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
+        return read_proc(f"/proc/{pid}/environ")
     except OSError:
         return b""  # gone, a zombie (its environ reads empty) or not ours to read
 
@@ -104,8 +119,7 @@ def zombie_children(pid: int) -> list[tuple[int, int]]:
         return []
     for tid in tasks:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                listed = f.read().split()
+            listed = read_proc(f"/proc/{pid}/task/{tid}/children").split()
         except OSError:
             continue
         for child in map(int, listed):
@@ -118,8 +132,7 @@ def zombie_children(pid: int) -> list[tuple[int, int]]:
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name: state, ppid, pgrp, session, ..."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
+        raw = read_proc(f"/proc/{pid}/stat")
     except OSError:
         return None
     return raw.rsplit(b") ", 1)[-1].decode().split()

@@ -246,3 +246,20 @@ def test_a_sample_interval_that_is_not_a_finite_positive_number_is_refused(
         load_config(tmp_path, check_plugins=False)
     (tmp_path / "trainwarden.toml").write_text('[trainer]\ncommand = ["python", "train.py"]\n')
     assert load_config(tmp_path, check_plugins=False).telemetry.sample_interval_s == 2.0
+
+
+def test_read_proc_reads_a_file_longer_than_one_read_whole(tmp_path: Path):
+    from trainwarden.supervisor.inputs.proctree import READ_BYTES, read_proc
+
+    data = os.urandom(READ_BYTES * 2 + 123)
+    path = tmp_path / "long"
+    path.write_bytes(data)
+    assert read_proc(str(path)) == data
+    assert read_proc(f"/proc/{os.getpid()}/stat").startswith(f"{os.getpid()} (".encode())
+    with pytest.raises(FileNotFoundError):
+        read_proc(str(tmp_path / "missing"))
+    # Nothing is left open: a daemon reads these every second for weeks.
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        read_proc(str(path))
+    assert len(os.listdir("/proc/self/fd")) == before
