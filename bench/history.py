@@ -287,9 +287,8 @@ def run(ctx: Context) -> Section:
         + ", ".join(f"{name} k = {k:.2f}" for name, k in exponents.items() if k == k)
         + ". Per logged step, above the empty daemon: "
         + "; ".join(
-            f"{f['steps']:,} steps: start-up "
-            f"{1e6 * (f['startup_s'] - empty['startup_s']) / f['steps']:.1f} us, "
-            f"RSS {1e6 * (f['rss_mb'] - empty['rss_mb']) / f['steps']:.0f} B"
+            f"{f['steps']:,} steps: start-up {_per_step(f['startup_s'] - empty['startup_s'], f['steps'], 1e6, 'us', '.1f')}, "
+            f"RSS {_per_step(f['rss_mb'] - empty['rss_mb'], f['steps'], 1e6, 'B', '.0f')}"
             for f in rows
         )
         + " (flat or falling per-step figures mean linear or better)."
@@ -384,3 +383,12 @@ def _at(rows: list[dict[str, Any]], steps: int, empty: dict[str, Any]) -> dict[s
             w = (steps - lo["steps"]) / (hi["steps"] - lo["steps"])
             out[key] = lo[key] + w * (hi[key] - lo[key])
     return out
+
+
+def _per_step(above: float, steps: int, scale: float, unit: str, spec: str) -> str:
+    """A cost above the empty daemon's, per logged step; a difference the run-to-run noise
+    made negative (a small history started faster than the empty one) is said as such,
+    not as a negative cost."""
+    if above <= 0:
+        return "within the empty daemon's"
+    return f"{format(scale * above / steps, spec)} {unit}"
