@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -123,11 +124,19 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
+    # Held from here on, not lost: a job's pre-timeout signal (USR1 unless [slurm] signal
+    # names another) may come while the daemon still imports and starts, and its default
+    # action would end it. Daemon.run lets them through once its handler is in.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     from trainwarden.supervisor.cli.start_checks import check_mirror_owner, load_for_start
+    from trainwarden.supervisor.config_checks import slurm_signal
     from trainwarden.supervisor.config_trainer import check_trainer_program
 
     run_dir = _run_dir(args)
     cfg = load_for_start(run_dir)
+    job_signal = slurm_signal(cfg.slurm.signal)
+    if job_signal is not None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {job_signal})
     check_trainer_program(cfg)
     check_mirror_owner(cfg)
     if args.detach:

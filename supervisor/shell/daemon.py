@@ -150,6 +150,10 @@ class Daemon:
         # default) would end the daemon by its default action.
         job_signal = slurm_signal(self.cfg.slurm.signal) or signal.SIGUSR1
         loop.add_signal_handler(job_signal, self._on_job_signal, job_signal)
+        # The command held them until now (cli.commands.cmd_daemon): one that came is
+        # taken by the handler; USR1, when another signal is the job's, goes back to its
+        # default action. Before any child is started, which would inherit the mask.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {job_signal, signal.SIGUSR1})
         try:
             return await self._run_holding(loop)
         finally:

@@ -356,3 +356,40 @@ def test_a_job_slurm_will_not_requeue_is_said_at_the_start(tmp_path: Path):
         assert records(run_dir, "slurm_not_requeueable") == []
     finally:
         daemon.cleanup()
+
+
+def _blocked(pid: int, sig: int) -> bool:
+    """Whether `pid` holds `sig` blocked (its SigBlk mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(mask, 16) & (1 << (sig - 1)))
+
+
+def test_a_signal_while_the_daemon_still_starts_is_held_not_fatal(tmp_path: Path):
+    # Sent while the command imports and reads the config, before the daemon's loop and
+    # its handler exist: the default action of USR1 would end the process there.
+    run_dir = scripted_run(tmp_path / "run", "--steps", "100000", "--dt", "0.05")
+    daemon = DaemonProcess(run_dir)
+    try:
+        daemon.start(wait=False)
+        wait_for(
+            lambda: _blocked(daemon.pid, signal.SIGUSR1) or not daemon.alive,
+            timeout=30,
+            interval=0.002,
+            what="the command holding USR1",
+        )
+        os.kill(daemon.pid, signal.SIGUSR1)
+        daemon.wait_ready()
+        wait_for(lambda: records(run_dir, "signal_ignored"), timeout=30, what="the record")
+        (ignored,) = records(run_dir, "signal_ignored")
+        assert ignored["signal"] == "SIGUSR1" and ignored["count"] == 1
+        wait_for(lambda: daemon.status().get("trainer_pid"), timeout=60, what="the trainer")
+        trainer = daemon.status()["trainer_pid"]
+        assert not _blocked(trainer, signal.SIGUSR1), "the trainer inherited the held mask"
+        daemon.request("shutdown", timeout=60)
+        assert daemon.wait_exit(60) == 0
+    finally:
+        daemon.cleanup()
