@@ -3,6 +3,7 @@ the policy's actions.
 
 - `daemon`: the loop: events in, `core.decide`, actions out; nothing else assigns state
 - `executor`: performs exactly what an action says and reports what came of it as events
+- `starts`: a trainer start: spawned after its checks and intent, awaited to its exit, contained
 - `spawning`: the trainer's argv and environment (the contract's names)
 - `process`: the trainer as a child process: spawn, signal, leftovers
 - `containment`: a start's processes found by marker and subreaper; none outlives the start

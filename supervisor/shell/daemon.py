@@ -244,7 +244,7 @@ class Daemon:
             for chore in (
                 watchdog_pings(self.notifier),
                 report_moved_links(self.watched, journal),
-                reap_adopted(executor.live_pids, REAP_INTERVAL_S),
+                reap_adopted(executor.starts.live_pids, REAP_INTERVAL_S),
                 self._retry_writes(),
                 config_watch.watch(
                     self.config,
@@ -328,10 +328,10 @@ class Daemon:
             forget_commit=reports.forget,
             on_trainer_exit=self._trainer_exited,
         )
-        executor.cgroups = self.cgroups
+        executor.starts.cgroups = self.cgroups
         if self.fixed is not None:
             snapshots = self.snapshots = Snapshots(self.fixed, self.store, journal)
-            executor.snapshots = snapshots
+            executor.starts.snapshots = snapshots
             hub.snapshot_failing = lambda: snapshots.failing
         hub.load_history(seg=spawned_seg)
         hub.start_follower()
@@ -384,7 +384,7 @@ class Daemon:
             fixed_commit_file=self.cfg.checkpoints.fixed_commit_file,
         )
         watcher.start()
-        executor.settle_commits = watcher.settle
+        executor.starts.settle_commits = watcher.settle
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         from trainwarden.supervisor.serve.control import ControlServer
@@ -409,7 +409,7 @@ class Daemon:
     ) -> None:
         """Everything started, ended in order; the journal's last record says the exit."""
         # The trainer's helpers and orphaned workers end with the start, before the daemon.
-        await executor.finish_containment()
+        await executor.starts.finish_containment()
         if self.notifier is not None and not self.state.shutdown:
             self.notifier.stopping()
         watcher.stop()
@@ -468,11 +468,11 @@ class Daemon:
             self.journal.retry()
             self.hub.retry_writes()
             if self.executor is not None:
-                await self.executor.save_identity()
+                await self.executor.starts.save_identity()
 
     async def _event_loop(self) -> None:
         assert self.executor is not None
-        outcomes = self.executor.outcomes
+        outcomes = self.executor.starts.outcomes
         while self.exit_code is None:
             if outcomes:
                 # A start's outcome is decided before any request queued while the start
