@@ -201,14 +201,16 @@ def test_without_kernel_children_lists_psutil_walks_the_tree(
 def test_descendants_is_none_when_the_kernel_has_no_children_lists(
     tree: Tree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_children_file(path, *args, **kwargs):  # CONFIG_PROC_CHILDREN off
-        if str(path).endswith("/children"):
-            raise FileNotFoundError(path)
-        return open(path, *args, **kwargs)
+    from trainwarden.supervisor.inputs import proctree
 
-    monkeypatch.setattr(
-        "trainwarden.supervisor.inputs.proctree.open", no_children_file, raising=False
-    )
+    real_read = proctree.read_proc
+
+    def no_children_file(path: str) -> bytes:  # CONFIG_PROC_CHILDREN off
+        if path.endswith("/children"):
+            raise FileNotFoundError(path)
+        return real_read(path)
+
+    monkeypatch.setattr(proctree, "read_proc", no_children_file)
     assert _kernel_descendants(tree.trainer.pid) is None
 
 
