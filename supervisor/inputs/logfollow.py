@@ -354,8 +354,8 @@ class LogFollower:
         done = 0
         size = READ_CHUNK_BYTES if limit is None else min(READ_CHUNK_BYTES, limit)
         if self._buffer is None:
-            # Anonymous memory: a page is resident only once a read has reached it.
-            self._buffer = memoryview(mmap.mmap(-1, READ_CHUNK_BYTES))
+            # Private anonymous memory: a page is resident only once a read has reached it.
+            self._buffer = memoryview(mmap.mmap(-1, READ_CHUNK_BYTES, flags=mmap.MAP_PRIVATE))
         into = self._buffer[:size]
         while got := os.preadv(self._fd, [into], self._read_pos):
             chunk = bytes(into[:got])  # the sink may read the log again (this buffer too)

@@ -62,6 +62,9 @@ def signal_name(returncode: int) -> str | None:
 
 
 class Starts:
+    """The run's trainer starts, one at a time: the live one's process and what is pending
+    of the last one (its identity to save, its containment)."""
+
     def __init__(
         self,
         cfg: Config,
