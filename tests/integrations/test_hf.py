@@ -258,6 +258,9 @@ def test_save_wait_saves_and_training_goes_on_then_stop_saves_and_exits_0(
 # ----------------------------------------------------------------------------- crashes
 
 
+# A soak (over a minute beside a busy loop: three kills, the daemon's among them), in the
+# slow tier; .ci/run runs it. One kill and a restart: the plain trainer's test below.
+@pytest.mark.slow
 def test_sigkills_one_inside_a_save_and_a_daemon_kill_end_bit_identical(
     tmp_path: Path, uninterrupted
 ):

@@ -150,6 +150,9 @@ def newest_checkpoint(run_dir: Path) -> Path:
     return max((run_dir / "checkpoints").glob("step_*.bin"))
 
 
+# A soak (over a minute beside a busy loop: four kills, five starts), in the slow tier;
+# .ci/run runs it.
+@pytest.mark.slow
 def test_sigkilled_four_times_under_skips_ends_bit_identical(straight, skipped, tmp_path):
     straight.copy_checkpoint(20, tmp_path)
     # Right after the rollback's first step, in the garbage, right after a save, anywhere.
