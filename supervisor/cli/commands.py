@@ -127,7 +127,17 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     # Held from here on, not lost: a job's pre-timeout signal (USR1 unless [slurm] signal
     # names another) may come while the daemon still imports and starts, and its default
     # action would end it. Daemon.run lets them through once its handler is in.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        return _daemon(args)
+    finally:
+        # As it was before: a command that ends before the daemon runs (a config error)
+        # must not leave the signal held in a process that goes on (one that called
+        # main(), a test's), nor in the processes it starts next.
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _daemon(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.start_checks import check_mirror_owner, load_for_start
     from trainwarden.supervisor.config_checks import slurm_signal
     from trainwarden.supervisor.config_trainer import check_trainer_program

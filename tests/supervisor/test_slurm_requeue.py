@@ -393,3 +393,13 @@ def test_a_signal_while_the_daemon_still_starts_is_held_not_fatal(tmp_path: Path
         assert daemon.wait_exit(60) == 0
     finally:
         daemon.cleanup()
+
+
+def test_a_daemon_command_that_cannot_start_leaves_the_signal_mask_as_it_was(tmp_path: Path):
+    # In this process: held after the command ended, USR1 would never reach the
+    # processes this test process starts next (a trainer's save request, say).
+    from trainwarden.supervisor.cli.main import main
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert main(["daemon", str(tmp_path / "no-run-here")]) == 2
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
