@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.trainer.trainer_process import (
     COMMON_ARGS,
     PACED,
@@ -135,6 +137,9 @@ def test_a_failed_background_write_stops_the_trainer_and_leaves_no_tmp(tmp_path,
     assert max(step_losses(result.stdout)) < 30
 
 
+# A soak (three kills and four starts of the real trainer), in the slow tier; .ci/run
+# runs it.
+@pytest.mark.slow
 def test_sigkills_at_random_moments_then_resume_stay_bit_exact(straight, tmp_path):
     """Killed three times at moments that fall inside and outside background writes, then
     resumed from the newest commit each time: the losses and final state are the
