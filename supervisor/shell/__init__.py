@@ -15,6 +15,11 @@ the policy's actions.
 - `pivot_files`: the pivot's file work (archive, policy.json)
 - `views`: the status, state and checkpoint views the socket serves
 - `hub`: the followed log's lines (steps to the queue, then figures), the telemetry frame, topics
+- `start_audit`: each start's resume audit, journaled and shown
+- `checkpoint_view`: the newest verified commit and the names the format does not read
+- `log_offset`: `.log_offset`, where the run log has been read to
+- `stray`: lines the log gains while no start runs, counted and journaled
+- `line_count`: a parser that counts lines: each start's count, a restarted daemon's
 - `run_history`: the loss history: `.loss.json`, its cache rebuilt in a thread, clients' queries
 - `samplers`: GPU and host samples, the bandit and samples files, throttle and low disk
 - `slurm`: the Slurm job the daemon runs in: its segment, its limit, the pre-timeout signal and end time

@@ -221,7 +221,7 @@ class Daemon:
         self.queue.put_nowait(
             core.Startup(
                 time.monotonic(),
-                last_logged_step=hub.history_last_step(),
+                last_logged_step=hub.runs.history.last_step,
                 unclean=not clean,
                 scanned=scanned,
                 diverged=hub.caught_up_divergence,
@@ -377,8 +377,8 @@ class Daemon:
             on_writing=self._on_writing,
             on_touched=reports.touched,
             on_verified=reports.verified,
-            on_unrecognised=hub.checkpoint_unrecognised,
-            on_resolved=hub.checkpoint_resolved,
+            on_unrecognised=hub.checkpoints.unrecognised_name,
+            on_resolved=hub.checkpoints.resolved,
             fixed=self.cfg.checkpoints.fixed,
             on_fixed=self.snapshots.written if self.snapshots is not None else None,
             fixed_commit_file=self.cfg.checkpoints.fixed_commit_file,
@@ -670,11 +670,11 @@ class Daemon:
         self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
     ) -> Any:
         assert self.hub is not None
-        return await self.hub.history_of_query(run, start, end, points, peer)
+        return await self.hub.runs.query_other(run, start, end, points, peer)
 
     async def related_runs(self) -> list[dict[str, Any]]:
         assert self.hub is not None
-        return await self.hub.related_runs()
+        return await self.hub.runs.related_runs()
 
     async def dump_stacks(self) -> dict[str, Any] | None:
         pid = self.state.trainer_pid

@@ -1,8 +1,11 @@
 """What the daemon knows about the run besides its state, and the topics it is published
-on: the followed log's lines (steps to the policy, then the monitor's figures, the resume
-audit, save reports, stray output), the newest checkpoint, and the telemetry frame. The
-loss history is `run_history`'s, the GPU/host samples `samplers`', the held-out
-evaluations `validation`'s.
+on. The hub follows the log: each batch of lines gives its steps to the policy first, then
+to the monitor's figures, the loss history, the resume audit and the newest save; it
+builds the telemetry frame and publishes it. Beside it, each in a module of its own:
+the loss history (`run_history`), GPU and host samples (`samplers`), held-out evaluations
+(`validation`), the resume audit (`start_audit`), the newest checkpoint and unrecognised
+names (`checkpoint_view`), the log offset (`log_offset`), stray output (`stray`) and a
+counting parser's steps (`line_count`).
 """
 
 from __future__ import annotations
@@ -10,31 +13,30 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
 from trainwarden.plugins.api import CheckpointInfo, EvalRecord, StepRecord
 from trainwarden.supervisor import registry as plugin_registry
-from trainwarden.supervisor.checkpoint_hints import unrecognised_hint
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.contract import SAVE_REPORT_PREFIX, SaveReport, parse_save_report
 from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.core.progress import is_divergent
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
-    AuditResult,
-    LogStats,
     ParserNoMatch,
     StateView,
-    StatusFigures,
     Telemetry,
-    UnrecognisedCheckpoint,
 )
+from trainwarden.supervisor.shell import line_count
+from trainwarden.supervisor.shell.checkpoint_view import CheckpointView
+from trainwarden.supervisor.shell.log_offset import LogOffset
 from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
 from trainwarden.supervisor.shell.run_history import RunHistory
 from trainwarden.supervisor.shell.samplers import Samplers
+from trainwarden.supervisor.shell.start_audit import StartAudit
+from trainwarden.supervisor.shell.stray import StrayLines
 from trainwarden.supervisor.shell.telemetry import (
     Monitor,
     SaveCadence,
@@ -42,23 +44,14 @@ from trainwarden.supervisor.shell.telemetry import (
     settings_from_config,
 )
 from trainwarden.supervisor.shell.validation import Validation
-from trainwarden.supervisor.store import resume_audit
-from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.journal import Journal
-from trainwarden.supervisor.store.lossdb import encode_loss
-from trainwarden.supervisor.store.resume_audit import ResumeAudit
 from trainwarden.supervisor.store.rundir import RunFiles
 
 log = logging.getLogger("trainwarden.telemetry")
 
 PUBLISH_INTERVAL_S = 0.2
-OFFSET_SAVE_INTERVAL_S = 1.0
-STRAY_INTERVAL_S = 5.0
-"""At most one `stray_output` record per this many seconds while lines keep coming."""
-SPAWN_LOOKBACK_RECORDS = 5000
-"""Journal records searched back for the current segment's spawn at a daemon restart."""
-UNRECOGNISED_SHOWN = 20
-"""Unrecognised names status lists at most (the newest; the journal has every one)."""
+CADENCE_LOOKBACK_RECORDS = 5000
+"""Journal records the save cadence replays at a daemon start."""
 LAST_LINE_CHARS = 300
 """The trainer's newest output line is kept this long at most (status and telemetry)."""
 LIVE_FIGURES: Final = ("tokens_per_s", "mfu", "steps_per_min", "eta_s")
@@ -102,9 +95,11 @@ class TelemetryHub:
         self.runs = RunHistory(cfg, files, journal, loop, cache_refresh_rows)
         """The loss history: .loss.json, its cache, the queries clients make of it."""
         self.validation = Validation(files, journal)
+        self.audit = StartAudit(self.runs, journal, cfg.telemetry.resume_tolerance)
+        """The resume audit of each start."""
         self.samplers = Samplers(
             cfg, files, journal, self.monitor, self.publish, trainer_pid, phase,
-            lambda: self.newest_checkpoint,
+            lambda: self.checkpoints.newest,
         )  # fmt: skip
         self.latest = self.samplers.latest
         """Each topic's newest data (the samplers' and the state), for snapshots."""
@@ -113,12 +108,18 @@ class TelemetryHub:
         self.listening: Callable[[str], bool] = lambda topic: True
         """Whether a topic has subscribers: telemetry frames are built only for someone."""
         self.cadence = SaveCadence(cfg.trainer.total_steps)
-        self.cadence.replay(journal.tail(SPAWN_LOOKBACK_RECORDS))
+        self.cadence.replay(journal.tail(CADENCE_LOOKBACK_RECORDS))
         self.snapshot_failing: Callable[[], dict[str, Any] | None] = lambda: None
         """Why the in-place snapshots fail, if they do ([checkpoints] fixed)."""
+        self.checkpoints = CheckpointView(journal, cfg.checkpoints.format, self._schedule_publish)
+        self.offset = LogOffset(
+            files.log_offset, cfg.log_path, lambda: self.runs.full or self.validation.full
+        )
+        self.stray = StrayLines(
+            journal, loop, lambda line: isinstance(self.parser.parse(line), StepRecord)
+        )
         self._init_lines()
         self._init_start()
-        self._init_checkpoints()
 
     def _init_lines(self) -> None:
         """What the lines read so far told: the newest step, line and save."""
@@ -142,15 +143,9 @@ class TelemetryHub:
         self.caught_up_divergence: tuple[int, float] | None = None
         """The first of those lines with a non-finite or too high loss (step, loss)."""
         self._publish_handle: asyncio.Handle | None = None
-        self._offset_saved_t = 0.0
-        self._offset_fd: int | None = None
-        self._stray: dict[str, Any] | None = None
-        self._stray_handle: asyncio.TimerHandle | None = None
 
     def _init_start(self) -> None:
         """What the current start has shown: its lines, steps, and its resume's audit."""
-        self.audit: ResumeAudit | None = None
-        self.audit_result: AuditResult | None = None
         self.start_last_line: str | None = None
         """The current (or last ended) start's newest non-blank line: a crash's cause."""
         self.start_steps = 0
@@ -160,13 +155,6 @@ class TelemetryHub:
         self.resume_mentioned = False
         """The current start printed its checkpoint's name before its first step: evidence
         that it read it (see inputs.resume_read)."""
-
-    def _init_checkpoints(self) -> None:
-        self.newest_checkpoint: CheckpointInfo | None = None
-        self.newest_checkpoint_t: float | None = None
-        """Wall time the newest checkpoint was committed (its file's mtime)."""
-        self.unrecognised: dict[str, UnrecognisedCheckpoint] = {}
-        """Names in the checkpoint directory the format does not read, oldest first."""
 
     # -------------------------------------------------------------- history and log
 
@@ -180,53 +168,13 @@ class TelemetryHub:
             self.last_step_t = t
         self.last_step = history.last_step
         self.validation.load()
-        self._continue_count(seg)
-
-    @property
-    def counts_lines(self) -> bool:
-        """Whether the parser numbers steps by counting lines (it has `resume_at`)."""
-        return getattr(self.parser, "resume_at", None) is not None
-
-    def _continue_count(self, seg: int) -> None:
-        """After a daemon restart, a parser that counts lines goes on from the last step
-        segment `seg` recorded (or from the checkpoint it resumed from, if it recorded
-        none), so the lines caught up from the log keep their true steps instead of being
-        numbered from 0 again over the ones already recorded."""
-        if not self.counts_lines:
-            return
-        resume_step = self._resume_step_of(seg)
-        last = self.runs.history.last_step_of(seg, above=resume_step)
-        self.parser.resume_at(last if last is not None else resume_step or 0)  # type: ignore[attr-defined]
-
-    def _resume_step_of(self, seg: int) -> int | None:
-        """The checkpoint step segment `seg` was started from, as its spawn record says."""
-        for record in reversed(self.journal.tail(SPAWN_LOOKBACK_RECORDS)):
-            if record.get("kind") == "spawn" and record.get("seg") == seg:
-                resume = record.get("resume") or {}
-                step = resume.get("step") if isinstance(resume, dict) else None
-                return step if isinstance(step, int) else None
-        return None
-
-    def history_last_step(self) -> int | None:
-        return self.runs.history.last_step
+        line_count.go_on(self.parser, self.journal, history, seg)
 
     def start_follower(self) -> None:
-        offset = self._saved_offset()
-        self._offset_fd = os.open(
-            self.files.log_offset, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-        )
+        offset = self.offset.saved()
+        self.offset.open()
         self.follower = LogFollower(self.cfg.log_path, offset, self._on_lines, self.loop)
         self.follower.start()
-
-    def _saved_offset(self) -> int:
-        try:
-            return int(self.files.log_offset.read_text().strip() or 0)
-        except (OSError, ValueError):
-            # No record of where we were: old lines belong to earlier runs of the log.
-            try:
-                return self.cfg.log_path.stat().st_size
-            except OSError:
-                return 0
 
     async def drain_log(self) -> None:
         """Read whatever the log holds now (a trainer's last words before its exit)."""
@@ -236,14 +184,14 @@ class TelemetryHub:
 
     def _on_lines(self, lines: list[str]) -> None:
         if not self.accepting:
-            self._note_stray(lines)
+            self.stray.note(self.seg, lines)
             # Counted as stray once: a restarted daemon must not take them for its start's.
-            self._offset_saved_t = time.monotonic()
-            if self.follower is not None and self._offset_fd is not None:
-                self._write_offset()
+            if self.follower is not None:
+                self.offset.save(self.follower.offset)
             return
         parse = self.parser.parse
         history = self.runs.history
+        audit = self.audit
         rows = []
         evals: list[EvalRecord] = []
         reported = False
@@ -282,10 +230,8 @@ class TelemetryHub:
             self.last_step_t = now
             self.start_steps += 1
             self._resume_names = ()  # past its first step: what it said no longer matters
-            if self.audit is not None:
-                result = self.audit.observe(record.step, record.loss)
-                if result is not None:
-                    self._finish_audit(result)
+            if audit.current is not None:
+                audit.observe(record.step, record.loss)
         if self.parser_watch.open:
             # Per batch, and only until the start's first match.
             if rows or evals:
@@ -302,11 +248,10 @@ class TelemetryHub:
             # A restarted daemon would record the steps a second time as the segment it
             # knows of (a spike's abandoned losses as the new timeline's, a counting
             # parser's steps numbered again), or show an old start's save as news.
-            self._offset_saved_t = time.monotonic()
-            if self.follower is not None and self._offset_fd is not None:
-                self._write_offset()
-        else:
-            self._save_offset()  # lines that told us nothing: at most once a second
+            if self.follower is not None:
+                self.offset.save(self.follower.offset)
+        elif self.follower is not None:
+            self.offset.save_due(self.follower.offset)  # lines that told us nothing
         self._schedule_publish()
 
     def _note_save_report(self, line: str) -> bool:
@@ -318,28 +263,6 @@ class TelemetryHub:
         self.last_save = dataclasses.replace(report, name=name)
         self.last_save_t = time.time()
         return True
-
-    def _save_offset(self) -> None:
-        now = time.monotonic()
-        if self.follower is None or self._offset_fd is None:
-            return
-        if now - self._offset_saved_t < OFFSET_SAVE_INTERVAL_S:
-            return
-        self._offset_saved_t = now
-        self._write_offset()
-
-    def _write_offset(self) -> None:
-        assert self.follower is not None and self._offset_fd is not None
-        if self.runs.full or self.validation.full:
-            # Lines past the saved offset are in memory only: a daemon killed now reads
-            # them again from the log rather than lose them.
-            return
-        try:
-            os.pwrite(self._offset_fd, f"{self.follower.offset}\n".encode().ljust(24), 0)
-        except OSError as exc:
-            if not no_space(exc):
-                raise
-            # Saved again within a second, once there is space: .loss.json holds the steps.
 
     def retry_writes(self) -> None:
         """Write the step lines held since the disk filled (the daemon's retry timer)."""
@@ -360,28 +283,6 @@ class TelemetryHub:
         self.on_no_match(dict(notice))  # the daemon's handler takes a plain dict
         self._schedule_publish()
 
-    def _note_stray(self, lines: list[str]) -> None:
-        lines = [line for line in lines if line.strip()]
-        if not lines:
-            return
-        if self._stray is None:
-            self._stray = {"seg": self.seg, "lines": 0, "step_lines": 0, "first": lines[0][:500]}
-            self._stray_handle = self.loop.call_later(STRAY_INTERVAL_S, self.flush_stray)
-        self._stray["lines"] += len(lines)
-        self._stray["step_lines"] += sum(
-            isinstance(self.parser.parse(line), StepRecord) for line in lines
-        )
-
-    def flush_stray(self) -> None:
-        """Journal the stray lines counted so far (one record for many lines)."""
-        if self._stray_handle is not None:
-            self._stray_handle.cancel()
-            self._stray_handle = None
-        stray, self._stray = self._stray, None
-        if stray is not None:
-            self.journal.append("stray_output", stray)
-            log.warning("%d stray log lines after seg %s ended", stray["lines"], stray["seg"])
-
     def begin_segment(
         self,
         seg: int,
@@ -390,53 +291,20 @@ class TelemetryHub:
         timeline: tuple[int, int] | None = None,
         resume_names: tuple[str, ...] = (),
     ) -> None:
-        """A trainer starts: its lines belong to `seg`; audit the steps it replays.
-
-        After a pivot the bandit starts fresh, so replayed steps see other data by design:
-        there is nothing to audit. After a spike's skip window (`timeline`: the first start
-        given it, the step it changes data from), losses that earlier starts logged from that
-        step on saw other data by design too: only the steps this timeline has logged, and
-        those before the change, are compared."""
-        self.flush_stray()
+        """A trainer starts: its lines belong to `seg`, and the steps it replays are
+        audited (see shell.start_audit for `pivot` and `timeline`)."""
+        self.stray.flush()
         self.accepting = True
         self.cadence.started()
         self.monitor.new_segment()
-        if self.audit is not None:
-            result = self.audit.finish()
-            if result is not None:
-                self._finish_audit(result)
+        self.audit.begin(seg, resume_step, pivot, timeline)
         self.seg = seg
         self.parser_watch.begin(seg)
-        self.audit = None
         self.start_last_line = None
         self.start_steps = 0
         self.resume_mentioned = False
         self._resume_names = tuple(name for name in resume_names if name)
-        if self.counts_lines:
-            # Parsers that count steps themselves (hf-trainer) continue from the checkpoint.
-            self.parser.resume_at(resume_step or 0)  # type: ignore[attr-defined]
-        last = self.runs.history.last_step
-        if last is not None and timeline is not None:
-            last = min(last, self._timeline_reach(seg, *timeline))
-        if not pivot and resume_step is not None and last is not None and last > resume_step:
-            self.audit = ResumeAudit(
-                self.runs.history, resume_step, last, self.cfg.telemetry.resume_tolerance
-            )
-
-    def _timeline_reach(self, seg: int, first_seg: int, changed_from: int) -> int:
-        """The newest step whose standing loss was logged in this data timeline (or before
-        its change): past it, the history holds an abandoned timeline's losses."""
-        logged = (self.runs.history.last_step_of(k) for k in range(first_seg, seg))
-        return max((s for s in logged if s is not None), default=changed_from - 1)
-
-    def _finish_audit(self, result: resume_audit.AuditResult) -> None:
-        self.audit = None
-        fields = audit_result(result)
-        kind = {"verified": "resume_verified", "drift": "resume_drift"}.get(
-            fields["status"], "resume_unverified"
-        )
-        self.audit_result = fields
-        self.journal.append(kind, fields)
+        line_count.begin_at(self.parser, resume_step)
 
     async def history_query(
         self, start: int | None, end: int | None, points: int
@@ -444,14 +312,6 @@ class TelemetryHub:
         result = await self.runs.query(start, end, points, self.validation.snapshot())
         result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
         return result
-
-    async def history_of_query(
-        self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
-    ) -> dict[str, Any]:
-        return await self.runs.query_other(run, start, end, points, peer)
-
-    async def related_runs(self) -> list[dict[str, Any]]:
-        return await self.runs.related_runs()
 
     # -------------------------------------------------------------- checkpoints
 
@@ -461,33 +321,9 @@ class TelemetryHub:
         at start, already told the cadence about those)."""
         if not scanned:
             self.cadence.committed(info.step)
-        previous = self.newest_checkpoint
-        if previous is not None and info.step <= previous.step:
-            return
-        self.newest_checkpoint = info
-        self.newest_checkpoint_t = mtime or None
-        if self.cfg.telemetry.n_params == "auto" and info.n_params:
+        newest = self.checkpoints.committed(info, mtime)
+        if newest and self.cfg.telemetry.n_params == "auto" and info.n_params:
             self.monitor.set_n_params(info.n_params)
-
-    def checkpoint_unrecognised(self, name: str, is_dir: bool) -> None:
-        """The checkpoint watcher found a name its format does not read: say which option
-        would (journaled once per name by the watcher's own bookkeeping)."""
-        fmt = self.cfg.checkpoints.format
-        hint = unrecognised_hint(name, is_dir, fmt)
-        self.journal.append(
-            "checkpoint_unrecognised",
-            {"name": name, "folder": is_dir, "format": fmt, "hint": hint},
-        )
-        log.warning("%s", hint)
-        self.unrecognised[name] = {"name": name, "hint": hint}
-        while len(self.unrecognised) > UNRECOGNISED_SHOWN:
-            del self.unrecognised[next(iter(self.unrecognised))]
-        self._schedule_publish()
-
-    def checkpoint_resolved(self, name: str) -> None:
-        """An unrecognised name went away."""
-        if self.unrecognised.pop(name, None) is not None:
-            self._schedule_publish()
 
     # -------------------------------------------------------------- publishing
 
@@ -515,7 +351,7 @@ class TelemetryHub:
     def telemetry(self) -> Telemetry:
         figures = self.monitor.snapshot()
         phase = self.phase()
-        newest = self.newest_checkpoint
+        newest = self.checkpoints.newest
         now = time.time()
         at = self.last_step if self.last_step is not None else (newest.step if newest else None)
         save = self.last_save
@@ -525,7 +361,7 @@ class TelemetryHub:
             "step": self.last_step,
             "step_age_s": _age_s(now, self.last_step_t),
             "last_checkpoint_step": newest.step if newest else None,
-            "last_checkpoint_age_s": _age_s(now, self.newest_checkpoint_t or None),
+            "last_checkpoint_age_s": _age_s(now, self.checkpoints.newest_t),
             "next_checkpoint_step": (
                 None if phase == Phase.FINISHED else self.cadence.next_after(at)
             ),
@@ -535,9 +371,9 @@ class TelemetryHub:
             "last_save_age_s": _age_s(now, self.last_save_t),
             "last_line": self.last_line,
             "last_line_age_s": _age_s(now, self.last_line_t),
-            "resume_audit": self.audit_result,
+            "resume_audit": self.audit.result,
             "parser_no_match": self.parser_watch.notice,
-            "checkpoints_unrecognised": list(self.unrecognised.values()),
+            "checkpoints_unrecognised": list(self.checkpoints.unrecognised.values()),
             "val_step": val["step"] if val else None,
             "val_loss": val["loss"] if val else None,
         }
@@ -553,20 +389,6 @@ class TelemetryHub:
             return self.journal.tail(50)
         return self.latest.get(topic)
 
-    def status_fields(self) -> StatusFigures:
-        return {
-            **self.telemetry(),
-            "gpu": self.latest.get("gpu"),
-            "gpu_status": self.samplers.gpu_status(),
-            "host": self.latest.get("host"),
-            "disk_low": self.samplers.disk_low,
-            "disk_full": self.journal.space.full,
-            "disk_full_files": sorted(self.journal.space.full_files),
-            "snapshot_failing": self.snapshot_failing(),
-            "log": log_stats(self.follower) if self.follower else None,
-            "val": self.validation.status(time.time()),
-        }
-
     def start_samplers(self) -> None:
         self.samplers.start(self.loop)
 
@@ -575,15 +397,11 @@ class TelemetryHub:
         if self.follower is not None:
             self.follower.read_new()
             self.follower.stop()
-            self.flush_stray()
+            self.stray.flush()
             # A last try; lines still held are read again from the log by the next daemon
             # (the saved offset stays before them).
             self.retry_writes()
-            if self._offset_fd is not None:
-                self._write_offset()
-        if self._offset_fd is not None:
-            os.close(self._offset_fd)
-            self._offset_fd = None
+        self.offset.close(self.follower.offset if self.follower is not None else None)
         self.runs.close()
         self.validation.close()
 
@@ -591,31 +409,3 @@ class TelemetryHub:
 def _age_s(now: float, since: float | None) -> float | None:
     """Seconds since `since` (wall time), to a tenth; None: never."""
     return round(max(now - since, 0.0), 1) if since is not None else None
-
-
-def audit_result(result: resume_audit.AuditResult) -> AuditResult:
-    """The resume audit's outcome as status shows it and its record journals it:
-    non-finite losses as "nan", "inf", "-inf", as in the history file."""
-    return {
-        "status": result.status,
-        "checkpoint_step": result.checkpoint_step,
-        "checked": result.checked,
-        "expected": result.expected,
-        "seg": result.seg,
-        "step": result.step,
-        "old_loss": None if result.old_loss is None else encode_loss(result.old_loss),
-        "new_loss": None if result.new_loss is None else encode_loss(result.new_loss),
-    }
-
-
-def log_stats(follower: LogFollower) -> LogStats:
-    """How the run log is being read: the follower's counts and where it is."""
-    stats = follower.stats
-    return {
-        "lines": stats.lines,
-        "skipped_long": stats.skipped_long,
-        "undecodable": stats.undecodable,
-        "truncations": stats.truncations,
-        "rotations": stats.rotations,
-        "offset": follower.offset,
-    }

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import cast
 
 from trainwarden.supervisor import PROTOCOL_VERSION, __version__
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import HALTED, Phase, Rules, State, next_to_delete
+from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.inputs.slurm_job import JobLimit, Segment, SlurmJob
 from trainwarden.supervisor.protocol import (
     CheckpointsView,
+    LogStats,
     Quarantined,
     SlurmJobRecord,
     SlurmJobView,
     StateDetail,
     StateView,
+    StatusFigures,
     StatusResult,
 )
 from trainwarden.supervisor.shell.config_watch import ConfigWatch
@@ -143,7 +147,7 @@ def status_view(
 ) -> StatusResult:
     """The `status` command's answer: the run, the state view, which of SIGTERM and
     SIGUSR1 the trainer catches (`handles`, None: unknown), telemetry and checkpoints."""
-    figures = hub.status_fields()
+    figures = status_figures(hub)
     return {
         "protocol": PROTOCOL_VERSION,
         "version": __version__,
@@ -157,4 +161,34 @@ def status_view(
         **figures,
         "step": hub.last_step,
         **checkpoints,
+    }
+
+
+def status_figures(hub: TelemetryHub) -> StatusFigures:
+    """Status's figures: the telemetry frame, the newest GPU and host samples, the disk,
+    the in-place snapshots, how the log is read and the held-out evaluations."""
+    return {
+        **hub.telemetry(),
+        "gpu": hub.latest.get("gpu"),
+        "gpu_status": hub.samplers.gpu_status(),
+        "host": hub.latest.get("host"),
+        "disk_low": hub.samplers.disk_low,
+        "disk_full": hub.journal.space.full,
+        "disk_full_files": sorted(hub.journal.space.full_files),
+        "snapshot_failing": hub.snapshot_failing(),
+        "log": log_stats(hub.follower) if hub.follower else None,
+        "val": hub.validation.status(time.time()),
+    }
+
+
+def log_stats(follower: LogFollower) -> LogStats:
+    """How the run log is being read: the follower's counts and where it is."""
+    stats = follower.stats
+    return {
+        "lines": stats.lines,
+        "skipped_long": stats.skipped_long,
+        "undecodable": stats.undecodable,
+        "truncations": stats.truncations,
+        "rotations": stats.rotations,
+        "offset": follower.offset,
     }
