@@ -322,9 +322,9 @@ COMPUTED_KINDS: dict[tuple[str, str], tuple[str, Callable[[], list[str]]]] = {
         "a watched path's kind + _moved",
         lambda: [f"{kind}_moved" for kind in _watched_paths()],
     ),
-    ("shell/hub.py", "_finish_audit"): (
+    ("shell/start_audit.py", "_finish"): (
         "the resume audit's outcome",
-        lambda: table_lookup("shell/hub.py", "_finish_audit"),
+        lambda: table_lookup("shell/start_audit.py", "_finish"),
     ),
     ("shell/run_history.py", "_note_loss_space"): (
         ".loss.json full or written again",

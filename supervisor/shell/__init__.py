@@ -23,6 +23,9 @@ the policy's actions.
 - `run_history`: the loss history: `.loss.json`, its cache rebuilt in a thread, clients' queries
 - `samplers`: GPU and host samples, the bandit and samples files, throttle and low disk
 - `slurm`: the Slurm job the daemon runs in: its segment, its limit, the pre-timeout signal and end time
+- `job_signal`: [slurm] signal: the job's pre-timeout signal, or one ignored outside a job
+- `gpu_watch`: NVML's XID events and a lost GPU as the policy's events
+- `ticks`: the policy's clock: one timer that queues a Tick by the next deadline
 - `telemetry`: tokens/s, MFU, loss averages, ETA from step lines
 - `validation`: the held-out evaluations: `.eval.json`, the newest, the history
 - `parser_watch`: notices when the configured parser matches none of the trainer's lines

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -41,6 +42,8 @@ from trainwarden.supervisor.inputs.proctree import (
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.process import TrainerIdentity
 from trainwarden.supervisor.store.journal import Journal
+
+log = logging.getLogger("trainwarden.daemon")
 
 RESCAN_S = 0.5
 KILL_WAIT_S = 10.0
@@ -235,3 +238,22 @@ async def reap_adopted(trainer: Callable[[], set[int]], interval_s: float) -> No
     while True:
         await asyncio.sleep(interval_s)
         reaper.sweep()
+
+
+def contain(run_dir: Path, journal: Journal) -> StartCgroups | None:
+    """Become the trainers' subreaper and find where each start's cgroup goes (None: no
+    cgroups here); journal what could be had (`containment`)."""
+    not_subreaper = become_subreaper()
+    cgroups, no_cgroups = StartCgroups.find(run_dir)
+    containment: dict[str, Any] = {
+        "subreaper": not_subreaper is None,
+        "cgroups": str(cgroups.base) if cgroups is not None else None,
+    }
+    if not_subreaper is not None:
+        # Orphans of the trainer's tree then go to init: still found by their marker.
+        containment["subreaper_error"] = not_subreaper
+        log.warning("not a child subreaper: %s", not_subreaper)
+    if cgroups is None:
+        containment["cgroups_error"] = no_cgroups
+    journal.append("containment", containment)
+    return cgroups

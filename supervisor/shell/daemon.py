@@ -26,7 +26,6 @@ from trainwarden.supervisor.config_checks import slurm_signal
 from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs import signals, slurm_job
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
-from trainwarden.supervisor.inputs.gpu import shared_nvml
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
 from trainwarden.supervisor.protocol import CheckpointsView, StateView, StatusResult
 from trainwarden.supervisor.serve.notify import watchdog_pings
@@ -43,18 +42,17 @@ from trainwarden.supervisor.shell.boot import (
 )
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.config_watch import ConfigWatch
-from trainwarden.supervisor.shell.containment import (
-    become_subreaper,
-    reap_adopted,
-    stop_leftovers,
-)
+from trainwarden.supervisor.shell.containment import contain, reap_adopted, stop_leftovers
 from trainwarden.supervisor.shell.executor import Executor
+from trainwarden.supervisor.shell.gpu_watch import watch_gpus
 from trainwarden.supervisor.shell.hangdump import dump_stacks
 from trainwarden.supervisor.shell.hub import TelemetryHub
+from trainwarden.supervisor.shell.job_signal import JobSignal
 from trainwarden.supervisor.shell.pivot_files import archive_dir as archive_dir
 from trainwarden.supervisor.shell.pivot_files import pivot_context
 from trainwarden.supervisor.shell.slurm import JobWatch, keep_lease, requeue_last, take_run
 from trainwarden.supervisor.shell.snapshots import Snapshots, fixed_file
+from trainwarden.supervisor.shell.ticks import Ticks
 from trainwarden.supervisor.shell.verdicts import CheckpointReports
 from trainwarden.supervisor.store.appendfile import DiskSpace, no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
@@ -73,9 +71,6 @@ DUMP_REQUEST_TIMEOUT_S = 10.0
 REAP_INTERVAL_S = 1.0
 DISK_RETRY_S = 1.0
 """How often the daemon tries again to write what a full disk refused."""
-IGNORED_SIGNAL_S = 60.0
-"""A signal ignored outside a Slurm job is said at once, then those that follow within this
-long are counted and said together: a flood of them must not flood the journal."""
 CONFIG_CHECK_S = 2.0
 """How often the config file is compared with what the daemon read (a stat; the state topic
 is pushed when the answer changes)."""
@@ -107,7 +102,7 @@ class Daemon:
         self.watched = watched_paths(cfg, self.store)
         self.cfg = cfg = with_resolved_log(cfg, self.watched)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._tick_handle: asyncio.TimerHandle | None = None
+        self.ticks = Ticks(self.queue.put_nowait)
         self.state = core.State()
         self.persisted: dict[str, Any] | None = None
         self.journal: Journal | None = None
@@ -130,12 +125,8 @@ class Daemon:
         self._gpu_events_task: asyncio.Task[None] | None = None
         self.slurm: JobWatch | None = None
         """The Slurm job this daemon runs in (None: none), once the journal is read."""
-        self._ignored_signals = 0
-        """Signals ignored (outside a job) and not said yet (see IGNORED_SIGNAL_S)."""
-        self._ignored_said: asyncio.TimerHandle | None = None
-        self.job_signals_held: list[str] | None = []
-        """The job's signals that came before the start was queued, acted on once it is;
-        None from then on (each is acted on as it comes)."""
+        self.job_signal = JobSignal(self.slurm_job is not None)
+        """[slurm] signal: the job's pre-timeout signal, or one ignored outside a job."""
 
     @property
     def exit_code(self) -> int | None:
@@ -149,7 +140,7 @@ class Daemon:
         # asks Slurm or scans the checkpoints, and outside a job a stray one (USR1 by
         # default) would end the daemon by its default action.
         job_signal = slurm_signal(self.cfg.slurm.signal) or signal.SIGUSR1
-        loop.add_signal_handler(job_signal, self._on_job_signal, job_signal)
+        loop.add_signal_handler(job_signal, self.job_signal.caught, job_signal)
         # The command held them until now (cli.commands.cmd_daemon): one that came is
         # taken by the handler; USR1, when another signal is the job's, goes back to its
         # default action. Before any child is started, which would inherit the mask.
@@ -158,8 +149,7 @@ class Daemon:
             return await self._run_holding(loop)
         finally:
             loop.remove_signal_handler(job_signal)
-            if self._ignored_said is not None:
-                self._ignored_said.cancel()  # the journal is closed
+            self.job_signal.close()
 
     async def _run_holding(self, loop: asyncio.AbstractEventLoop) -> int:
         """The run, with this daemon's lease and lock on it; the job's requeue last."""
@@ -206,11 +196,12 @@ class Daemon:
                 segments.n, segments.lost_s, segments.last_t, self.started_t
             )
             self.slurm = JobWatch(self.slurm_job, segment, self.cfg.slurm, self.queue.put_nowait)
+            self.job_signal.watch = self.slurm
             # Started now: scontrol answers while the rest of the start-up goes on.
             slurm_read = loop.create_task(
                 self.slurm.read_limit(journal, lambda: self._publish_state())
             )
-        self._contain(journal)
+        self.cgroups = contain(self.cfg.run_dir, journal)
         # Decided but not journaled: this is the state the journal already holds.
         event = core.Restored(time.monotonic(), restored, frozenset(self.cfg.checkpoints.pinned))
         self.state, _ = core.decide(self.state, event, self.rules)
@@ -231,9 +222,7 @@ class Daemon:
                 ),
             )
         )
-        held, self.job_signals_held = self.job_signals_held, None
-        if held and self.slurm is not None:
-            self.slurm.signalled(held[0])  # after the start: the trainer it asks to stop
+        self.job_signal.started()
         # What start-up built (modules, config, plugins, the loss history's index) lives
         # as long as the daemon: out of the collector's sight, a full collection scans
         # only what came since, and no longer holds a step decision off for tens of ms.
@@ -266,7 +255,7 @@ class Daemon:
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop, clean: bool) -> Journal:
         """The journal, its alerts, and this daemon's first records."""
-        journal = self.journal = Journal(self.files.journal, self.space)
+        journal = self.journal = self.job_signal.journal = Journal(self.files.journal, self.space)
         if self.cfg.alerts.urls or self.cfg.alerts.command:
             # Installed first: the start's own records (an unclean exit's) are alerted too.
             self.alerter = Alerter(
@@ -282,23 +271,6 @@ class Daemon:
     def _publish_state(self) -> None:
         if self.hub is not None:
             self.hub.publish_state(self.state_view())
-
-    def _contain(self, journal: Journal) -> None:
-        """Become the trainers' subreaper and find where each start's cgroup goes; journal
-        what could be had (`containment`)."""
-        not_subreaper = become_subreaper()
-        self.cgroups, no_cgroups = StartCgroups.find(self.cfg.run_dir)
-        containment: dict[str, Any] = {
-            "subreaper": not_subreaper is None,
-            "cgroups": str(self.cgroups.base) if self.cgroups is not None else None,
-        }
-        if not_subreaper is not None:
-            # Orphans of the trainer's tree then go to init: still found by their marker.
-            containment["subreaper_error"] = not_subreaper
-            log.warning("not a child subreaper: %s", not_subreaper)
-        if self.cgroups is None:
-            containment["cgroups_error"] = no_cgroups
-        journal.append("containment", containment)
 
     def _assemble(
         self, loop: asyncio.AbstractEventLoop, journal: Journal, spawned_seg: int
@@ -394,7 +366,9 @@ class Daemon:
         hub.sinks.append(self.server.publish)
         hub.listening = self.server.listening
         hub.start_samplers()
-        self._start_gpu_events(loop)
+        self.gpu_events, self._gpu_events_task = watch_gpus(
+            loop, self.queue.put_nowait, self.journal
+        )
         self._start_mirror()
         self.metrics = start_metrics(self.cfg, self.journal, self.metrics_snapshot, loop)
         return watcher
@@ -482,38 +456,11 @@ class Daemon:
                 # asks for the next one, as many times as the restart budget allows.)
                 event = outcomes.popleft()
             elif self.queue.empty():
-                self._arm_tick(core.deadline(self.state, self.rules))
+                self.ticks.arm(core.deadline(self.state, self.rules))
                 event = await self.queue.get()
             else:
                 event = self.queue.get_nowait()
             await self.handle(event)
-
-    def _arm_tick(self, due: float | None) -> None:
-        """Have a Tick queued by `due` (time.monotonic()).
-
-        One timer, moved only when the deadline comes earlier: a step line pushes the
-        stall deadline later each time, and a timer left armed too early just delivers a
-        Tick that finds nothing due, once per stall timeout rather than a timer
-        rescheduled per line.
-        """
-        if due is None:
-            return
-        when = self._loop_time(due)
-        armed = self._tick_handle
-        if armed is not None:
-            if armed.when() <= when:
-                return
-            armed.cancel()
-        self._tick_handle = asyncio.get_running_loop().call_at(when, self._tick)
-
-    def _tick(self) -> None:
-        self._tick_handle = None
-        self.queue.put_nowait(core.Tick(time.monotonic()))
-
-    def _loop_time(self, monotonic_t: float) -> float:
-        """A time.monotonic() deadline in the event loop's clock."""
-        loop = asyncio.get_running_loop()
-        return loop.time() + (monotonic_t - time.monotonic())
 
     async def handle(self, event: core.Event) -> None:
         before = self.state
@@ -562,37 +509,6 @@ class Daemon:
 
     def _on_signal(self, sig: int) -> None:
         self.queue.put_nowait(core.ShutdownRequested(time.monotonic(), signal.Signals(sig).name))
-
-    def _on_job_signal(self, sig: int) -> None:
-        """[slurm] signal: in a job, leave before its limit (see JobWatch); outside one it
-        asks nothing, and is journaled as ignored."""
-        name = signal.Signals(sig).name
-        if self.slurm_job is None:
-            self._ignored_signals += 1
-            if self._ignored_said is None:
-                self._say_ignored(name)
-            return
-        if self.job_signals_held is not None:
-            log.info("%s during the start: acted on once the run is up", name)
-            self.job_signals_held.append(name)
-        elif self.slurm is not None:
-            self.slurm.signalled(name)
-
-    def _say_ignored(self, name: str) -> None:
-        """Journal the signals ignored since the last time this said them, if any; the
-        next ones wait IGNORED_SIGNAL_S to be said."""
-        count, self._ignored_signals = self._ignored_signals, 0
-        self._ignored_said = None
-        if not count:
-            return
-        log.warning("%s ignored (%d): this daemon is not in a Slurm job", name, count)
-        if self.journal is not None:
-            self.journal.append(
-                "signal_ignored",
-                {"signal": name, "count": count, "reason": "not in a Slurm job ([slurm] signal)"},
-            )
-        loop = asyncio.get_running_loop()
-        self._ignored_said = loop.call_later(IGNORED_SIGNAL_S, self._say_ignored, name)
 
     def _on_step(self, step: int, loss: float, grad_norm: float | None = None) -> None:
         """A step line, queued as every event is: the one path from a line to `decide`.
@@ -688,34 +604,6 @@ class Daemon:
     def snapshot(self, topic: str) -> Any:
         assert self.hub is not None
         return self.hub.snapshot(topic)
-
-    # ------------------------------------------------------------------ GPU faults
-
-    def _start_gpu_events(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Watch NVML's XID events and GPU loss in a thread (see inputs.gpu_events)."""
-
-        def on_xid(gpu: int, xid: int, recovery: str | None) -> None:
-            event = core.GpuFault(time.monotonic(), gpu, xid, recovery)
-            loop.call_soon_threadsafe(self.queue.put_nowait, event)
-
-        def on_lost(gpu: int, error: str) -> None:
-            event = core.GpuLost(time.monotonic(), gpu, error)
-            loop.call_soon_threadsafe(self.queue.put_nowait, event)
-
-        watcher = self.gpu_events = GpuEventWatcher(shared_nvml(), on_xid, on_lost)
-        watcher.start()
-
-        async def journal_watching() -> None:
-            """Say which GPUs' XIDs are watched (nothing where NVML is unusable)."""
-            assert self.journal is not None
-            await asyncio.to_thread(watcher.ready.wait, 60.0)
-            if watcher.watching or watcher.without_events:
-                without = {str(i): why for i, why in watcher.without_events.items()}
-                self.journal.append(
-                    "gpu_events", {"watching": watcher.watching, "without_events": without}
-                )
-
-        self._gpu_events_task = loop.create_task(journal_watching())
 
     # ------------------------------------------------------------------ mirror, metrics
 

@@ -117,7 +117,7 @@ class JobWatch:
         self._ask("end_time")
 
     def signalled(self, name: str) -> None:
-        """The job's pre-timeout signal, `name`d (the daemon catches it, see Daemon.run)."""
+        """The job's pre-timeout signal, `name`d (the daemon catches it, see shell.job_signal)."""
         self._ask(name)
 
     def _ask(self, why: str) -> None:

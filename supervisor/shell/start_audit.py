@@ -16,9 +16,6 @@ from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import encode_loss
 from trainwarden.supervisor.store.resume_audit import ResumeAudit
 
-RECORD_KINDS = {"verified": "resume_verified", "drift": "resume_drift"}
-
-
 class StartAudit:
     def __init__(self, runs: RunHistory, journal: Journal, tolerance: float) -> None:
         self.runs = runs
@@ -73,7 +70,10 @@ class StartAudit:
         self.current = None
         fields = audit_result(result)
         self.result = fields
-        self.journal.append(RECORD_KINDS.get(fields["status"], "resume_unverified"), fields)
+        kind = {"verified": "resume_verified", "drift": "resume_drift"}.get(
+            fields["status"], "resume_unverified"
+        )
+        self.journal.append(kind, fields)
 
 
 def audit_result(result: resume_audit.AuditResult) -> AuditResult:
