@@ -114,12 +114,17 @@ def spawn(
     spikes = state.spikes
     new_windows = spikes.windows[spikes.passed :]
     timeline = (seg, min(a for a, _ in new_windows)) if new_windows else spikes.timeline
+    rollback_from = state.rollback_from
+    if rollback_from is None and spikes.rolling_back is not None:
+        # A spike's rollback whose own restart never came (a shutdown, a stop, a daemon
+        # that died came between): this start is it, and its record says so.
+        rollback_from = spikes.rolling_back[0]
     actions.append(
         Spawn(
             seg=seg,
             resume=resume,
             pivot=pivot,
-            rollback_from=state.rollback_from,
+            rollback_from=rollback_from,
             skip_data=spikes.windows,
             lr_scale=spikes.lr_scale,
             timeline=timeline,

@@ -422,7 +422,25 @@ def test_a_daemon_that_died_before_the_rollback_restarted_sets_aside_late_commit
     assert (late.step, late.cause, late.cause_step) == (64, "rollback", 61)
     (spawn,) = kinds(actions, p.Spawn)
     assert spawn.resume is not None and spawn.resume.step == 40
-    assert spawn.skip_data == ((41, 79),)
+    assert spawn.skip_data == ((41, 79),) and spawn.rollback_from == 61
+
+
+def test_a_shutdown_during_a_spike_s_kill_leaves_the_rollback_to_the_next_daemon():
+    """SIGTERM while the spiking trainer is being killed: the daemon exits once it is gone
+    (no restart of its own), and the next daemon's first start is the rollback, named."""
+    state, _ = healthy_run()
+    state, _ = run(steps(61, 63, loss=5.0), state)
+    state, actions = run(
+        [p.ShutdownRequested(64.0, "SIGTERM"), p.TrainerExited(65.0, 100, -9, "SIGKILL")], state
+    )
+    assert not kinds(actions, p.Spawn) and kinds(actions, p.Exit)
+    fresh, actions = run(
+        [p.Restored(0.0, p.persisted(state)), p.Startup(0.0, scanned=_scanned(state))]
+    )
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 40
+    assert spawn.skip_data == ((41, 79),) and spawn.lr_scale == 0.5
+    assert spawn.rollback_from == 61
 
 
 def test_steps_above_the_threshold_in_the_warmup_do_not_raise_the_ema():
