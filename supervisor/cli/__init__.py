@@ -1,7 +1,10 @@
 """The command line: the parser, one function per command, and the text they print.
 
-- `main`: the parser and `main()`, the `trainwarden` entry point
+- `main`: `main()`, the `trainwarden` entry point: one-line errors and exit statuses
+- `parser`: every command's arguments and help, bound to the function that runs it
 - `commands`: one function per command, each returning the exit status
+- `reach`: the run directory, config and daemon socket a command names
+- `events`: `trainwarden events`: the journal's newest records, from the daemon or the file
 - `output`: what the commands print: status, checkpoints, replies, events
 - `offline`: `trainwarden checkpoints` with no daemon, from the folder and the journal
 - `init`: `trainwarden init`: a working config for the reference trainer

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,11 +17,11 @@ from trainwarden.supervisor.cli.output import (
     format_dump,
     format_status,
     newest_first,
-    print_event,
     print_json,
     print_progress,
     stop_status,
 )
+from trainwarden.supervisor.cli.reach import client_for, daemon_target, run_dir_of
 from trainwarden.supervisor.errors import (
     CommandRefused,
     ConfigError,
@@ -31,79 +29,20 @@ from trainwarden.supervisor.errors import (
     NobodyAnswers,
     UsageError,
 )
-from trainwarden.supervisor.journal_text import LEFT_OUT
 
 if TYPE_CHECKING:
     from trainwarden.supervisor.protocol import (
         DumpResult,
-        EventsResult,
         PivotResult,
         StatusResult,
     )
-
-
-def _run_dir(args: argparse.Namespace) -> Path:
-    return Path(args.run_dir).expanduser().resolve()
-
-
-def _run_config(run_dir: Path) -> Any:
-    """RUN's config, or None when it has none (a socket at the default place is tried)."""
-    from trainwarden.supervisor.config import CONFIG_NAME, load_config
-
-    if (run_dir / CONFIG_NAME).exists():
-        return load_config(run_dir, check_plugins=False)
-    return None
-
-
-def _daemon_target(args: argparse.Namespace) -> tuple[Path, int | None, Any]:
-    """The socket to reach (--socket when given: a forwarded one needs no run directory;
-    else RUN's), the uid the operator named as the daemon's (--daemon-user, else RUN's
-    [control] daemon_user), and RUN's config when read."""
-    from trainwarden.supervisor.client import daemon_uid_of
-    from trainwarden.supervisor.store.lease import elsewhere
-    from trainwarden.supervisor.store.rundir import RunFiles
-
-    named = getattr(args, "daemon_user", None)
-    if getattr(args, "socket", None):
-        return Path(args.socket).expanduser(), daemon_uid_of(named), None
-    run_dir = _run_dir(args)
-    command = getattr(args, "command", None) or "status"
-    away = elsewhere(RunFiles(run_dir), socket.gethostname(), command, time.time())
-    if away is not None:
-        raise DaemonNotRunning(away)
-    cfg = _run_config(run_dir)
-    if cfg is None:
-        socket_path = run_dir / ".trainwarden" / "control.sock"
-        if not os.path.lexists(socket_path):
-            # Neither a config nor a daemon's socket: no run here to start a daemon for.
-            raise UsageError(no_run_message(run_dir))
-        return socket_path, daemon_uid_of(named), None
-    return cfg.socket_path, daemon_uid_of(named or cfg.control.daemon_user), cfg
-
-
-def no_run_message(run_dir: Path) -> str:
-    from trainwarden.supervisor.config import CONFIG_NAME
-
-    if not run_dir.is_dir():
-        return f"no run at {run_dir} (no such directory): name a run directory"
-    return (
-        f"no run at {run_dir} (no {CONFIG_NAME} there): name a run directory, or make one"
-        f" with `trainwarden init {run_dir}`"
-    )
-
-
-def _client(args: argparse.Namespace, timeout: float | None = 30.0) -> Any:
-    from trainwarden.supervisor.protocol import Client
-
-    socket_path, daemon_uid, _ = _daemon_target(args)
-    return Client(socket_path, timeout=timeout, daemon_uid=daemon_uid)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli.init import cpu_warning, write_config
 
     path = write_config(
-        _run_dir(args),
+        run_dir_of(args),
         preset=args.preset,
         steps=args.steps,
         save_every=args.save_every,
@@ -142,7 +81,7 @@ def _daemon(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.config_checks import slurm_signal
     from trainwarden.supervisor.config_trainer import check_trainer_program
 
-    run_dir = _run_dir(args)
+    run_dir = run_dir_of(args)
     cfg = load_for_start(run_dir)
     job_signal = slurm_signal(cfg.slurm.signal)
     if job_signal is not None:
@@ -166,7 +105,6 @@ def _daemon(args: argparse.Namespace) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    import os
 
     try:
         daemon = Daemon(cfg, Notifier.from_env(os.environ))
@@ -180,7 +118,7 @@ def _daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         status: StatusResult = client.request("status")
     if args.json:
         print_json({**status, "checkpoints": newest_first(status.get("checkpoints") or [])})
@@ -193,15 +131,15 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.config import CONFIG_NAME
 
     try:
-        with _client(args) as client:
+        with client_for(args) as client:
             result: Any = client.request("checkpoints")
     except DaemonNotRunning:
         # No daemon: a run directory can still be read as it is (never a bare socket).
-        if args.socket or not (_run_dir(args) / CONFIG_NAME).exists():
+        if args.socket or not (run_dir_of(args) / CONFIG_NAME).exists():
             raise
         from trainwarden.supervisor.cli.offline import checkpoints_from_directory
 
-        result = checkpoints_from_directory(_run_dir(args))
+        result = checkpoints_from_directory(run_dir_of(args))
     if args.json:
         print_json({**result, "checkpoints": newest_first(result.get("checkpoints") or [])})
         return 0
@@ -211,7 +149,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_unpin(args: argparse.Namespace) -> int:
     """Unpin; a checkpoint that retention would then delete only with --yes."""
-    with _client(args) as client:
+    with client_for(args) as client:
         if not args.yes:
             preview = client.request("unpin", step=args.step, dry_run=True)
             if not preview.get("dry_run"):  # a daemon that cannot preview unpinned it
@@ -240,7 +178,7 @@ def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
         timeout = None if cmd in ("stop", "shutdown") or getattr(args, "wait", False) else 30.0
         as_json = getattr(args, "json", False)
         try:
-            client = _client(args, timeout=timeout)
+            client = client_for(args, timeout=timeout)
         except NobodyAnswers as exc:
             if cmd != "shutdown":
                 raise
@@ -259,7 +197,7 @@ def acting(cmd: str, **extra: Any) -> Callable[[argparse.Namespace], int]:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    with _client(args, timeout=60.0) as client:
+    with client_for(args, timeout=60.0) as client:
         result: DumpResult = client.request("dump")
     if args.json:
         print_json(result)
@@ -268,121 +206,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0 if result["path"] is not None else 1
 
 
-EVENTS_ASK_MAX = 100_000
-"""The most records one `events` request may ask the daemon for (its own bound)."""
-EVENTS_ASK_GROWTH = 4
-"""How much more an `events` request asks for when too few of the newest records match."""
-SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def cmd_events(args: argparse.Namespace) -> int:
-    kinds = {kind for item in args.kind or [] for kind in item.split(",") if kind}
-    since = since_time(args.since, time.time()) if args.since else None
-
-    def wanted(record: dict[str, Any]) -> bool:
-        kind = record.get("kind")
-        if kinds and kind not in kinds:
-            return False
-        if not kinds and not args.json and kind in LEFT_OUT:  # the TUI's too
-            return False
-        return since is None or _record_time(record) >= since
-
-    try:
-        client = _client(args, timeout=None if args.follow else 30.0)
-        with client:
-            records = _newest_wanted(client, args.n, wanted, since)
-            for record in records:
-                print_event(record, args.json)
-            if not args.follow:
-                return 0
-            client.request("subscribe", topics=["events"])
-            try:
-                while True:
-                    message = client.read_message()
-                    if message.get("topic") == "events" and wanted(message["data"]):
-                        print_event(message["data"], args.json)
-            except KeyboardInterrupt:
-                return 0
-    except NobodyAnswers as exc:
-        cfg = None if args.socket else _run_config(_run_dir(args))
-        if cfg is None:
-            raise
-        if args.follow:
-            raise DaemonNotRunning(f"--follow needs the daemon, and {exc}") from None
-    # No daemon: the journal is a file, read as the daemon would have answered.
-    from trainwarden.supervisor.store.journal import read_records
-    from trainwarden.supervisor.store.rundir import RunFiles
-
-    path = RunFiles(cfg.run_dir).journal
-    print(f"trainwarden: no daemon answers: read from {path}", file=sys.stderr)
-    for record in deque((r for r in read_records(path) if wanted(r)), maxlen=args.n):
-        print_event(record, args.json)  # type: ignore[arg-type]
-    return 0
-
-
-def _newest_wanted(
-    client: Any, n: int, wanted: Callable[[dict[str, Any]], bool], since: float | None
-) -> list[Any]:
-    """The daemon's newest `n` records that are wanted, oldest first: asked for n, then for
-    EVENTS_ASK_GROWTH times more while too few match and older ones could."""
-    ask = n
-    while True:
-        reply: EventsResult = client.request("events", n=ask)
-        records: list[Any] = reply["events"]
-        matching = [r for r in records if wanted(r)]
-        done = (
-            len(matching) >= n
-            or len(records) < ask  # the whole journal
-            or ask >= EVENTS_ASK_MAX
-            or reply.get("truncated", False)
-            or (since is not None and bool(records) and _record_time(records[0]) < since)
-        )
-        if done:
-            if reply.get("truncated") and len(matching) < n:
-                print(
-                    f"trainwarden: only the newest {len(records)} records fit one reply"
-                    f" ({len(matching)} of them shown); the whole journal is"
-                    " .trainwarden/journal.jsonl, read by `trainwarden events` without a daemon",
-                    file=sys.stderr,
-                )
-            return matching[-n:] if n else []
-        ask = min(ask * EVENTS_ASK_GROWTH, EVENTS_ASK_MAX)
-
-
-def _record_time(record: dict[str, Any]) -> float:
-    t = record.get("t")
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else float("-inf")
-
-
-def since_time(text: str, now: float) -> float:
-    """--since as Unix time: a duration back from now (`90s`, `10m`, `2h`, `1d`, `1w`) or an
-    ISO 8601 time (UTC unless it names a zone, as `events` prints times)."""
-    from datetime import UTC, datetime
-
-    number, unit = text[:-1].strip(), text[-1:].lower()
-    if unit in SINCE_UNITS:
-        try:
-            amount = float(number)
-        except ValueError:
-            amount = -1.0
-        if 0 <= amount < float("inf"):
-            return now - amount * SINCE_UNITS[unit]
-    try:
-        at = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"--since {text!r}: expected a duration such as 10m, 2h or 1d, or an ISO time"
-            " such as 2024-05-01T12:00 (UTC unless a zone is given)"
-        ) from None
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
-
-
 def cmd_pivot(args: argparse.Namespace) -> int:
     caps = _pairs(args.cap, "--cap")
     floors = _pairs(args.floor, "--floor")
     if not caps and not floors:
         raise UsageError("pivot needs at least one --cap ARM=X or --floor ARM=X")
-    with _client(args, timeout=None) as client:
+    with client_for(args, timeout=None) as client:
         result: PivotResult = client.request("pivot", caps=caps, floors=floors)
     if args.json:
         print_json(result)
@@ -407,7 +236,6 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, float]:
 
 
 def cmd_install_unit(args: argparse.Namespace) -> int:
-    import os
     import pwd
     import shutil
     import subprocess
@@ -415,7 +243,7 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.cli import units
     from trainwarden.supervisor.cli.start_checks import load_for_start
 
-    run_dir = _run_dir(args)
+    run_dir = run_dir_of(args)
     cfg = load_for_start(run_dir)
     kind: units.Kind = "system" if args.system or (not args.user and os.getuid() == 0) else "user"
     exe = Path(sys.executable).parent / "trainwarden"
@@ -466,7 +294,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     if compare is not None and Path(compare).expanduser().exists():
         # A path on this machine; one that is not is the daemon's to find (over SSH).
         compare = str(Path(compare).expanduser().resolve())
-    socket_path, daemon_uid, cfg = _daemon_target(args)
+    socket_path, daemon_uid, cfg = daemon_target(args)
     return tui_main(
         socket_path,
         read_only=args.read_only,
@@ -487,5 +315,5 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from trainwarden.supervisor.store.restore import restore
 
     config = Path(args.config).expanduser() if args.config else None
-    print(restore(_run_dir(args), Path(args.mirror).expanduser(), config_from=config))
+    print(restore(run_dir_of(args), Path(args.mirror).expanduser(), config_from=config))
     return 0
