@@ -22,6 +22,7 @@
 - `snapshots`: snapshots of a checkpoint file the trainer overwrites in place
 - `fixed_folder`: snapshots of a checkpoint folder the trainer overwrites in place
 - `mirror`: a second, verified copy of every committed checkpoint on another disk
+- `mirror_files`: the mirror's layout and latest.json, and the hashed copy of one file
 - `restore`: `trainwarden restore`: a run directory rebuilt from its mirror
 - `identity`: whose run a run directory is, and whose run a mirror serves
 - `lease`: which daemon (job, node) supervises a run, for daemons on other machines

@@ -23,7 +23,7 @@ from trainwarden.supervisor.config import CONFIG_NAME
 from trainwarden.supervisor.errors import CheckpointInvalid, TrainwardenError, UsageError
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.identity import adopt_run_id, read_owner, read_run_id
-from trainwarden.supervisor.store.mirror import (
+from trainwarden.supervisor.store.mirror_files import (
     CHECKPOINT_PART,
     RUN_PART,
     MirrorError,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import journal, running_daemon, scripted_run, wait_for
-from trainwarden.supervisor.store.mirror import Mirror, step_dir_name
+from trainwarden.supervisor.store.mirror import Mirror
+from trainwarden.supervisor.store.mirror_files import step_dir_name
 
 N_PARAMS = 1000
 WEIGHTS_AT = 8  # after the int32 step and int32 n_params of the header

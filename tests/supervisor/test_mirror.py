@@ -13,10 +13,10 @@ import xxhash
 
 from trainwarden.supervisor.core.policy import mirror_deletions
 from trainwarden.supervisor.store import mirror as mirror_module
-from trainwarden.supervisor.store.mirror import (
+from trainwarden.supervisor.store.mirror import Mirror
+from trainwarden.supervisor.store.mirror_files import (
     LATEST,
     MANIFEST,
-    Mirror,
     MirrorError,
     read_pointer,
     step_dir_name,

@@ -16,7 +16,8 @@ from trainwarden.plugins.formats.andrea_bin import checkpoint_name
 from trainwarden.supervisor.errors import LockHeld, TrainwardenError, UsageError
 from trainwarden.supervisor.registry import checkpoint_format
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
-from trainwarden.supervisor.store.mirror import LATEST, Mirror, step_dir_name
+from trainwarden.supervisor.store.mirror import Mirror
+from trainwarden.supervisor.store.mirror_files import LATEST, step_dir_name
 from trainwarden.supervisor.store.restore import restore
 from trainwarden.supervisor.store.rundir import RunFiles, acquire_lock
 
