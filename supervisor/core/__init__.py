@@ -9,7 +9,8 @@ package imports only the standard library and itself. Importing it (or `phases` 
 
 - `phases`: the run's phases and their transition diagram
 - `kinds`: the vocabularies: journal record kinds, loss chart marker kinds, error codes
-- `state`: Rules, State and what of it survives a daemon restart
+- `state`: Rules and State
+- `persist`: what of the state survives a daemon restart: written, and restored
 - `requests`: the operator's commands, typed, and their parser
 - `events`: what the policy is told
 - `actions`: what it asks for

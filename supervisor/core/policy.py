@@ -58,6 +58,7 @@ from trainwarden.supervisor.core.events import (
     checkpoint_event,
 )
 from trainwarden.supervisor.core.gpu_faults import Throttle, XidClass, classify, throttle_step
+from trainwarden.supervisor.core.persist import persisted, restore
 from trainwarden.supervisor.core.phases import HALTED, TRAINER_UP, Phase
 from trainwarden.supervisor.core.plausible import implausible_step, step_jump_limit
 from trainwarden.supervisor.core.progress import is_divergent
@@ -105,8 +106,6 @@ from trainwarden.supervisor.core.state import (
     Waiter,
     ckpt_json,
     failures_of,
-    persisted,
-    restore,
     suspicion_of,
 )
 from trainwarden.supervisor.core.transitions import describe_exit

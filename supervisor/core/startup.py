@@ -9,11 +9,12 @@ from dataclasses import replace
 from trainwarden.supervisor.core import pivot, rollback
 from trainwarden.supervisor.core.actions import Action, Quarantine, ReadMirrorPointer, Record
 from trainwarden.supervisor.core.events import Outcome, Restored, Startup
+from trainwarden.supervisor.core.persist import restore
 from trainwarden.supervisor.core.phases import HALTED
 from trainwarden.supervisor.core.plausible import implausible_at_startup, largest_gap
 from trainwarden.supervisor.core.progress import diverged_unseen
 from trainwarden.supervisor.core.retention import apply_retention
-from trainwarden.supervisor.core.state import Ckpt, Rules, State, restore
+from trainwarden.supervisor.core.state import Ckpt, Rules, State
 from trainwarden.supervisor.core.transitions import spawn
 
 
