@@ -27,6 +27,7 @@ the policy's actions.
 - `gpu_watch`: NVML's XID events and a lost GPU as the policy's events
 - `ticks`: the policy's clock: one timer that queues a Tick by the next deadline
 - `telemetry`: tokens/s, MFU, loss averages, ETA from step lines
+- `save_cadence`: the trainer's own checkpoint cadence and its next save
 - `validation`: the held-out evaluations: `.eval.json`, the newest, the history
 - `parser_watch`: notices when the configured parser matches none of the trainer's lines
 - `hangdump`: a hung trainer's stack dump, to a file and a journal record

@@ -35,14 +35,10 @@ from trainwarden.supervisor.shell.log_offset import LogOffset
 from trainwarden.supervisor.shell.parser_watch import ParserWatch, no_match_after_s
 from trainwarden.supervisor.shell.run_history import RunHistory
 from trainwarden.supervisor.shell.samplers import Samplers
+from trainwarden.supervisor.shell.save_cadence import SaveCadence
 from trainwarden.supervisor.shell.start_audit import StartAudit
 from trainwarden.supervisor.shell.stray import StrayLines
-from trainwarden.supervisor.shell.telemetry import (
-    Monitor,
-    SaveCadence,
-    grad_norm_of,
-    settings_from_config,
-)
+from trainwarden.supervisor.shell.telemetry import Monitor, grad_norm_of, settings_from_config
 from trainwarden.supervisor.shell.validation import Validation
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles

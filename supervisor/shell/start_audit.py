@@ -16,6 +16,7 @@ from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.lossdb import encode_loss
 from trainwarden.supervisor.store.resume_audit import ResumeAudit
 
+
 class StartAudit:
     def __init__(self, runs: RunHistory, journal: Journal, tolerance: float) -> None:
         self.runs = runs

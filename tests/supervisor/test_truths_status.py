@@ -13,7 +13,8 @@ import pytest
 
 from tests.support import DaemonProcess, running_daemon, scripted_run, wait_for
 from trainwarden.plugins.formats.andrea_bin import checkpoint_name
-from trainwarden.supervisor.shell.telemetry import Monitor, MonitorSettings, SaveCadence
+from trainwarden.supervisor.shell.save_cadence import SaveCadence
+from trainwarden.supervisor.shell.telemetry import Monitor, MonitorSettings
 
 pytestmark = pytest.mark.timeout(240)
 
