@@ -37,8 +37,6 @@ from trainwarden.supervisor.serve.connection import (
     WRITE_BUFFER_HIGH,
     Connection,
     admission,
-    bounded_push,
-    error_reply,
     evictable,
     hang_up_after,
     hung_up,
@@ -48,6 +46,7 @@ from trainwarden.supervisor.serve.connection import (
     writer_peer_uid,
 )
 from trainwarden.supervisor.serve.memory import map_large_allocations, release_memory
+from trainwarden.supervisor.serve.queues import bounded_push, error_reply
 from trainwarden.supervisor.serve.reads import READS, CommandError, ReadCommands
 from trainwarden.supervisor.serve.supervised import Supervised
 from trainwarden.supervisor.serve.turns import Turns

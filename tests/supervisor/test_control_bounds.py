@@ -41,7 +41,7 @@ from trainwarden.supervisor.protocol import (
     bounded_sidecar,
     encode,
 )
-from trainwarden.supervisor.serve import connection, turns
+from trainwarden.supervisor.serve import connection, queues, turns
 from trainwarden.supervisor.serve.control import ControlServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -292,8 +292,8 @@ async def test_a_burst_of_connections_is_taken_in_a_batch_per_pass_and_none_refu
 def test_a_push_is_encoded_once_for_all_its_subscribers(monkeypatch: pytest.MonkeyPatch):
     server = ControlServer(fake_daemon())
     encoded: list[Any] = []
-    real_encode = connection.encode
-    monkeypatch.setattr(connection, "encode", lambda m: encoded.append(m) or real_encode(m))
+    real_encode = queues.encode
+    monkeypatch.setattr(queues, "encode", lambda m: encoded.append(m) or real_encode(m))
     subscribers = []
     for _ in range(10):
         conn = connection.Connection(SimpleNamespace(transport=None), os.getuid())  # type: ignore[arg-type]
