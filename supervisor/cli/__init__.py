@@ -17,6 +17,7 @@
   Slurm job, requeued before each time limit
 - `alerting`: `trainwarden alert-test`: a test alert to every configured target
 - `branch`: `trainwarden branch`: a new run from one verified checkpoint of another
+- `branch_checkpoint`: the checkpoint a branch trains on: chosen, verified, copied
 - `compare`: `trainwarden compare`: two related runs' losses set side by side
 - `inspection`: `trainwarden inspect`: what one checkpoint holds, read without a daemon
 - `export`: `trainwarden export`: a checkpoint's inference weights, by the trainer side

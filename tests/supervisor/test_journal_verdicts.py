@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import make_run
 from trainwarden.plugins.formats.andrea_bin import AndreaBin
-from trainwarden.supervisor.cli.branch import choose_checkpoint
+from trainwarden.supervisor.cli.branch_checkpoint import choose_checkpoint
 from trainwarden.supervisor.cli.export import exportable
 from trainwarden.supervisor.cli.inspection import inspect_checkpoint
 from trainwarden.supervisor.config import load_config
