@@ -20,6 +20,7 @@
 - `branch_checkpoint`: the checkpoint a branch trains on: chosen, verified, copied
 - `compare`: `trainwarden compare`: two related runs' losses set side by side
 - `inspection`: `trainwarden inspect`: what one checkpoint holds, read without a daemon
+- `inspect_formats`: what each format's files say, read without torch
 - `export`: `trainwarden export`: a checkpoint's inference weights, by the trainer side
 """
 
