@@ -135,7 +135,17 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
     return replace(state, phase=Phase.SAVING)
 
 
+BEING_KILLED = {
+    "stall": "it stopped logging steps",
+    "divergence": "its loss diverged",
+    "spike": "its loss spiked",
+}
+"""The daemon's own stops of a trainer, each followed by a restart unless a stop stands."""
+
+
 def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    if state.trainer_alive and state.phase == Phase.STOPPING and state.stop_reason in BEING_KILLED:
+        return _stop_instead_of_restart(state, ev, rules, actions)
     if _unforced_kill(state, ev, rules, actions):
         return state
     if state.phase == Phase.BACKOFF or state.spawn_due:
@@ -163,6 +173,26 @@ def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
     state = replace(state, waiters=(*state.waiters, waiter))
     _tell_stopping(state, ev, rules, actions)
     return state
+
+
+def _stop_instead_of_restart(
+    state: State, ev: Operator, rules: Rules, actions: list[Action]
+) -> State:
+    """The daemon is already stopping the trainer (it hung, or its loss went bad) to restart
+    it: the operator's stop stands once it is gone, in place of the restart. The stop's
+    reply waits for the exit, as any stop's does; the kill goes on as it was decided."""
+    why = BEING_KILLED[state.stop_reason or ""]
+    due = max(ev.t, state.dump_until or ev.t, state.kill_at or ev.t)
+    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
+    state = supersede_saves(state, actions, "stop")
+    actions.append(
+        Progress(
+            ev.request_id,
+            f"the daemon is already stopping the trainer ({why}): the run stops once it is"
+            " gone, with no restart",
+        )
+    )
+    return replace(state, waiters=(*state.waiters, waiter))
 
 
 def _tell_stopping(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> None:

@@ -114,6 +114,9 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
     if state.shutdown and state.phase == Phase.DIVERGED:
         # Diverged for good while shutting down: the shutdown's exit, with the halt's code.
         return finish_stop(state, actions, {})
+    if state.phase == Phase.DIVERGED and any(w.kind == "stop" for w in state.waiters):
+        # A stop asked while the diverging trainer was killed: it is stopped, the run halted.
+        return finish_stop(state, actions, {"state": str(state.phase)})
     return state
 
 
@@ -140,11 +143,12 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         state = pivot.abort(
             state, actions, f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
         )
-    if reason in ("divergence", "spike") and not (
+    if reason in ("divergence", "spike", "stall") and not (
         reason == "divergence" and halts_on_divergence(state, rules)
     ):
-        # A stop or shutdown asked for before the loss went bad stands: no restart. The
-        # divergence's quarantine is done; the next start resumes from what is left.
+        # A stop or shutdown asked for before the loss went bad (or the trainer hung), or
+        # while the daemon was killing it, stands: no restart. The divergence's quarantine
+        # and the spike's rollback are done; the next start resumes from what is left.
         reason = asked_to_stop(state) or reason
     if reason in ("operator", "shutdown"):
         actions.append(Record("trainer_stopped", exit_fields))

@@ -262,6 +262,61 @@ def test_stall_sends_sigterm_then_sigkill_then_restarts():
     assert state.phase == "backoff"
 
 
+def replies(actions: list[object]) -> list[p.Reply]:
+    return kinds(actions, p.Reply)
+
+
+def test_a_stop_while_a_hung_trainer_is_killed_stands_instead_of_the_restart():
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 1, 3.0), p.Tick(61.0)], state)
+    assert state.stop_reason == "stall"
+    state, actions = run([p.Operator(62.0, 7, p.Stop(), None)], state)
+    assert not replies(actions)  # answered at the exit, as any stop is
+    (said,) = kinds(actions, p.Progress)
+    assert "no restart" in said.message and "stopped logging steps" in said.message
+    state, actions = run([p.Tick(71.0), p.TrainerExited(71.1, 100, -9)], state)
+    assert not kinds(actions, p.Spawn) and state.phase == "stopped"
+    (reply,) = replies(actions)
+    assert reply.ok and reply.request_id == 7 and reply.result["outcome"] == "killed"
+    state, actions = run([p.Tick(200.0)], state)
+    assert not kinds(actions, p.Spawn)
+
+
+def test_a_stop_while_a_diverging_trainer_is_killed_stands_and_start_resumes_before_it():
+    ckpts = tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in (100, 200, 300))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
+    state, _ = run([p.StepLogged(1.0, 250, math.nan)], state)
+    state, actions = run([p.Operator(1.05, 7, p.Stop(), None), p.TrainerExited(1.1, 1, -9)], state)
+    assert not kinds(actions, p.Spawn) and state.phase == "stopped"
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["state"] == "stopped"
+    state, actions = run([p.Operator(5.0, 8, p.Start(), None)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 200  # 300 stays set aside
+
+
+def test_a_stop_while_a_diverging_trainer_is_killed_for_good_is_answered_with_the_halt():
+    ckpts = tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in (100, 200, 300))
+    state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
+    state, _ = run([p.StepLogged(1.0, 250, math.nan), p.TrainerExited(1.1, 1, -9)], state)
+    state, _ = run([p.TrainerSpawned(2.0, 2), p.StepLogged(3.0, 250, 25.0)], state)
+    state, actions = run([p.Operator(3.05, 7, p.Stop(), None), p.TrainerExited(3.1, 2, -9)], state)
+    assert state.phase == "diverged" and not kinds(actions, p.Spawn)
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["state"] == "diverged"
+
+
+def test_a_stop_while_nothing_runs_is_still_refused():
+    state, _ = started()
+    state, _ = run([p.TrainerExited(1.0, 100, 1)], state)
+    assert state.phase == "backoff"
+    state, actions = run([p.Operator(1.5, 7, p.Stop(), None)], state)
+    assert state.phase == "stopped"
+    state, actions = run([p.Operator(2.0, 8, p.Stop(), None)], state)
+    (reply,) = replies(actions)
+    assert not reply.ok and reply.code == "wrong_state"
+
+
 def test_a_hang_while_no_line_matched_the_parser_says_so():
     state, _ = started()
     assert state.seg == 1

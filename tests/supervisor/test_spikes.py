@@ -443,6 +443,21 @@ def test_a_shutdown_during_a_spike_s_kill_leaves_the_rollback_to_the_next_daemon
     assert spawn.rollback_from == 61
 
 
+def test_a_stop_during_a_spike_s_kill_stands_and_the_next_start_is_the_rollback():
+    state, _ = healthy_run()
+    state, _ = run(steps(61, 63, loss=5.0), state)
+    state, actions = run(
+        [p.Operator(64.0, 7, p.Stop(), None), p.TrainerExited(65.0, 100, -9, "SIGKILL")], state
+    )
+    assert not kinds(actions, p.Spawn) and state.phase == p.Phase.STOPPED
+    (reply,) = kinds(actions, p.Reply)
+    assert reply.ok and reply.request_id == 7
+    state, actions = run([p.Operator(66.0, 8, p.Start(), None)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 40
+    assert spawn.skip_data == ((41, 79),) and spawn.rollback_from == 61
+
+
 def test_steps_above_the_threshold_in_the_warmup_do_not_raise_the_ema():
     """A restart straight into bad data: its warmup must not teach the EMA the bad loss,
     or the spike that follows would go unseen."""
