@@ -21,7 +21,7 @@ from trainwarden.supervisor.core.requests import (
     command_name,
 )
 from trainwarden.supervisor.core.retention import apply_retention, retention_deletions
-from trainwarden.supervisor.core.state import Rules, State, Waiter
+from trainwarden.supervisor.core.state import KILLS_TO_RESTART, Rules, State, Waiter
 from trainwarden.supervisor.core.transitions import (
     NO_CHECKPOINT_INSTRUCTION,
     finish_stop,
@@ -140,11 +140,15 @@ BEING_KILLED = {
     "divergence": "its loss diverged",
     "spike": "its loss spiked",
 }
-"""The daemon's own stops of a trainer, each followed by a restart unless a stop stands."""
+"""Why the daemon is stopping a trainer it will restart (KILLS_TO_RESTART), in words."""
 
 
 def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
-    if state.trainer_alive and state.phase == Phase.STOPPING and state.stop_reason in BEING_KILLED:
+    if (
+        state.trainer_alive
+        and state.phase == Phase.STOPPING
+        and state.stop_reason in KILLS_TO_RESTART
+    ):
         return _stop_instead_of_restart(state, ev, rules, actions)
     if _unforced_kill(state, ev, rules, actions):
         return state

@@ -32,6 +32,7 @@ from trainwarden.supervisor.core.events import (
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.retention import abandon_changed
 from trainwarden.supervisor.core.state import (
+    KILLS_TO_RESTART,
     Rules,
     State,
     StopReason,
@@ -143,7 +144,7 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         state = pivot.abort(
             state, actions, f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
         )
-    if reason in ("divergence", "spike", "stall") and not (
+    if reason in KILLS_TO_RESTART and not (
         reason == "divergence" and halts_on_divergence(state, rules)
     ):
         # A stop or shutdown asked for before the loss went bad (or the trainer hung), or
@@ -278,6 +279,10 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
         )
     if expired:
         state = replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
+        if state.stop_reason in KILLS_TO_RESTART and any(w.kind == "stop" for w in expired):
+            # A stop asked during the daemon's kill outlived its wait, not its word: the run
+            # still stops once the trainer is gone (one stuck in the driver can take long).
+            state = replace(state, stop_reason="operator")
     plan = state.pivot
     if (
         plan is not None

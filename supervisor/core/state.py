@@ -9,6 +9,9 @@ from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Spike, SpikeLog, SpikeRules
 
 StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
+KILLS_TO_RESTART: tuple[StopReason, ...] = ("stall", "divergence", "spike")
+"""The daemon's own stops of a trainer that a restart follows, unless a stop or shutdown
+asked meanwhile stands."""
 RestartCause = Literal[
     "crash", "hang", "disk_full", "divergence", "spike", "gpu_fault", "pivot", "operator", "daemon"
 ]

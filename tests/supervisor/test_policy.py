@@ -282,6 +282,19 @@ def test_a_stop_while_a_hung_trainer_is_killed_stands_instead_of_the_restart():
     assert not kinds(actions, p.Spawn)
 
 
+def test_a_stop_during_the_kill_of_a_trainer_that_outlives_its_wait_still_stands():
+    """A hung trainer stuck where SIGKILL cannot reach it (in a driver): the stop's wait
+    ends with a timeout, and the run still stops when the trainer is finally gone."""
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 1, 3.0), p.Tick(61.0)], state)
+    state, _ = run([p.Operator(62.0, 7, p.Stop(), None), p.Tick(71.0)], state)
+    state, actions = run([p.Tick(500.0)], state)
+    (reply,) = replies(actions)
+    assert not reply.ok and reply.code == "timeout"
+    state, actions = run([p.TrainerExited(900.0, 100, -9), p.Tick(1000.0)], state)
+    assert not kinds(actions, p.Spawn) and state.phase == "stopped"
+
+
 def test_a_stop_while_a_diverging_trainer_is_killed_stands_and_start_resumes_before_it():
     ckpts = tuple(p.Ckpt(s, f"step_{s:06d}.bin", 1) for s in (100, 200, 300))
     state, _ = run([p.Startup(0.0), p.TrainerSpawned(0.0, 1)], p.State(checkpoints=ckpts))
