@@ -72,7 +72,7 @@ LONGEST = {
     "integrations/test_inplace.py": 40,
     "integrations/test_hf.py": 75,
     "chaos/test_chaos_soak.py": 60,
-    "integrations/test_lightning.py": 50,
+    "integrations/test_lightning.py": 40,
     "supervisor/test_long_history.py": 50,
     "test_packaging.py": 45,
     "supervisor/test_containment.py": 30,

@@ -257,6 +257,10 @@ def test_save_wait_commits_a_checkpoint_and_stop_saves_and_exits_zero(tmp_path: 
         assert daemon.status()["state"] == "stopped"
 
 
+# A soak (about 50 s beside a busy loop: three kills, one mid-write), in the slow tier;
+# .ci/run runs it. One kill and a restart: the daemon-SIGKILL test below (its trainer is
+# stopped by the next daemon and resumed from its checkpoint).
+@pytest.mark.slow
 def test_three_sigkills_one_mid_write_end_bit_identical_with_every_step_once(
     tmp_path: Path, straight_run: tuple[Path, dict[int, float]]
 ):
