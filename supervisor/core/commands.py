@@ -135,14 +135,6 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
     return replace(state, phase=Phase.SAVING)
 
 
-BEING_KILLED = {
-    "stall": "it stopped logging steps",
-    "divergence": "its loss diverged",
-    "spike": "its loss spiked",
-}
-"""Why the daemon is stopping a trainer it will restart (KILLS_TO_RESTART), in words."""
-
-
 def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
     if (
         state.trainer_alive
@@ -185,7 +177,8 @@ def _stop_instead_of_restart(
     """The daemon is already stopping the trainer (it hung, or its loss went bad) to restart
     it: the operator's stop stands once it is gone, in place of the restart. The stop's
     reply waits for the exit, as any stop's does; the kill goes on as it was decided."""
-    why = BEING_KILLED[state.stop_reason or ""]
+    assert state.stop_reason is not None
+    why = KILLS_TO_RESTART[state.stop_reason]
     due = max(ev.t, state.dump_until or ev.t, state.kill_at or ev.t)
     waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
     state = supersede_saves(state, actions, "stop")

@@ -9,9 +9,13 @@ from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Spike, SpikeLog, SpikeRules
 
 StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
-KILLS_TO_RESTART: tuple[StopReason, ...] = ("stall", "divergence", "spike")
+KILLS_TO_RESTART: dict[StopReason, str] = {
+    "stall": "it stopped logging steps",
+    "divergence": "its loss diverged",
+    "spike": "its loss spiked",
+}
 """The daemon's own stops of a trainer that a restart follows, unless a stop or shutdown
-asked meanwhile stands."""
+asked meanwhile stands; each with why, in words."""
 RestartCause = Literal[
     "crash", "hang", "disk_full", "divergence", "spike", "gpu_fault", "pivot", "operator", "daemon"
 ]
