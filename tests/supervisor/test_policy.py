@@ -262,10 +262,6 @@ def test_stall_sends_sigterm_then_sigkill_then_restarts():
     assert state.phase == "backoff"
 
 
-def replies(actions: list[object]) -> list[p.Reply]:
-    return kinds(actions, p.Reply)
-
-
 def test_a_stop_while_a_hung_trainer_is_killed_stands_instead_of_the_restart():
     state, _ = started()
     state, _ = run([p.StepLogged(1.0, 1, 3.0), p.Tick(61.0)], state)
