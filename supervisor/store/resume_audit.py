@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainwarden.supervisor.store.lossdb import encode_loss
 from trainwarden.supervisor.store.losshistory import LossHistory
 
 
@@ -30,14 +29,6 @@ class AuditResult:
     """The first step whose loss differed (drift only)."""
     old_loss: float | None = None
     new_loss: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields; non-finite losses as "nan"/"inf"/"-inf" like the history file."""
-        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        for key in ("old_loss", "new_loss"):
-            if fields[key] is not None:
-                fields[key] = encode_loss(fields[key])
-        return fields
 
 
 class ResumeAudit:

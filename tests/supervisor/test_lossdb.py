@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainwarden.supervisor.shell.start_audit import audit_result
 from trainwarden.supervisor.store.lossdb import LossWriter, decode_loss, encode_loss
 from trainwarden.supervisor.store.losshistory import LossHistory
 from trainwarden.supervisor.store.resume_audit import AuditResult, ResumeAudit
@@ -198,7 +199,7 @@ def test_audit_verified_when_replay_matches():
     results = [audit.observe(step, history.get(step).loss) for step in (7, 8, 9, 10)]
     assert results[:3] == [None, None, None]
     assert results[3] == AuditResult("verified", 6, checked=4, expected=4, seg=2)
-    assert results[3].to_dict()["status"] == "verified"
+    assert audit_result(results[3])["status"] == "verified"
     assert audit.observe(11, 1.0) is None  # handed out once
     assert audit.finish() is None
 
@@ -221,7 +222,7 @@ def test_audit_non_finite_values():
     assert ResumeAudit({1: math.nan}, 0).observe(1, math.nan).status == "verified"
     assert ResumeAudit({1: math.inf}, 0).observe(1, math.inf).status == "verified"
     drift = ResumeAudit({1: 3.0}, 0).observe(1, math.nan)
-    assert drift.status == "drift" and drift.to_dict()["new_loss"] == "nan"
+    assert drift.status == "drift" and audit_result(drift)["new_loss"] == "nan"
     # A non-finite loss superseded by a finite one is a divergence the rollback undid,
     # not a resume that lost state.
     assert ResumeAudit({1: math.nan}, 0, tolerance=1.0).observe(1, 3.0).status == "verified"
