@@ -154,6 +154,10 @@ class Event:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+MUST_INJECT = ("corrupt_committed", "plant_future")
+"""Fault kinds the judge fails a soak for not having injected (invariant 7)."""
+
+
 def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
     """(events sorted by step, NaN step, hang step), all from plan.seed."""
     rng = random.Random(plan.seed)
@@ -177,6 +181,14 @@ def make_schedule(plan: SoakPlan) -> tuple[list[Event], int, int]:
     kinds += [Event(0, "broken_script") for _ in range(plan.script_breaks)]
     kinds += [Event(0, "nan"), Event(0, "hang")]
     rng.shuffle(kinds)
+    # The judge requires these to have been injected, and a slow fault before one near the
+    # end (a daemon kill takes about 2 s) can let the run finish first: none in the last
+    # third, each swapped with an event of the first two thirds.
+    early = len(kinds) * 2 // 3
+    for i in range(early, len(kinds)):
+        if kinds[i].kind in MUST_INJECT:
+            j = rng.choice([k for k in range(early) if kinds[k].kind not in MUST_INJECT])
+            kinds[i], kinds[j] = kinds[j], kinds[i]
     if plan.pivot:
         kinds.insert(max(0, round(0.85 * len(kinds))), Event(0, "pivot"))
     # Leave room for two checkpoints before the first fault and a few after the last.
