@@ -267,6 +267,12 @@ def _describe_result(cmd: str, result: dict[str, Any]) -> str:
             where = f"; newest checkpoint: step {ckpt['step']}" if ckpt else ""
             return f"trainer stopped{where}{suffix}"
         what = "run" if result.get("outcome") == "not_running" else "trainer"
+        state = result.get("state")
+        if state not in (None, "stopped"):
+            # It halted meanwhile (its loss diverged for good, a GPU fault): status says why.
+            suffix = (
+                f"; the run halted ({clean(str(state))}): `trainwarden status` says why{suffix}"
+            )
         return f"{what} stopped: {clean(message)}{suffix}"
     if cmd == "start":
         resume = result.get("resume_step")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from trainwarden.supervisor.core import pivot
+from trainwarden.supervisor.core import gpu_faults, pivot
 from trainwarden.supervisor.core.actions import Action, Progress, Record, Reply, SignalTrainer
 from trainwarden.supervisor.core.events import Operator, RequestAbandoned
 from trainwarden.supervisor.core.phases import HALTED, Phase
@@ -142,8 +142,16 @@ def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
         and state.stop_reason in KILLS_TO_RESTART
     ):
         return _stop_instead_of_restart(state, ev, rules, actions)
+    if state.gpu_fault is not None and state.phase == Phase.STOPPING:
+        return _stop_during_gpu_fault(state, ev, rules, actions)
+    if state.pivot is not None and state.pivot.stage != "saving":
+        return _stop_after_pivot(state, ev, rules, actions)
     if _unforced_kill(state, ev, rules, actions):
         return state
+    if state.pivot is not None:
+        # No pivot checkpoint yet: the pivot is given up (the old policy stays), and the
+        # stop goes on as any other.
+        state = pivot.abort(state, actions, "stopped by operator")
     if state.phase == Phase.BACKOFF or state.spawn_due:
         actions.append(Record("restart_cancelled", {}))
         state = replace(
@@ -190,6 +198,51 @@ def _stop_instead_of_restart(
         )
     )
     return replace(state, waiters=(*state.waiters, waiter))
+
+
+def _stop_during_gpu_fault(
+    state: State, ev: Operator, rules: Rules, actions: list[Action]
+) -> State:
+    """The daemon is stopping the trainer for a GPU fault, or waits for the GPU to be free
+    (or reset) to start it again: the stop stands, and the run halts in gpu_fault, whose
+    reason says what the GPU still needs, as soon as the trainer is gone."""
+    fault = state.gpu_fault
+    assert fault is not None
+    state = supersede_saves(state, actions, "stop")
+    due = max(ev.t, state.kill_at or ev.t)
+    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
+    state = replace(
+        state, gpu_fault=replace(fault, stop_asked=True), waiters=(*state.waiters, waiter)
+    )
+    if not state.trainer_alive:
+        return gpu_faults.halt(state, fault, actions)
+    actions.append(
+        Progress(
+            ev.request_id,
+            f"the daemon is already stopping the trainer (GPU {fault.gpu} faulted): the run"
+            " halts once it is gone, with no restart",
+        )
+    )
+    return state
+
+
+def _stop_after_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    """Past its checkpoint a pivot finishes (the trainer stopped, the old policy archived,
+    the new one written); then the run stops instead of starting again. The stop's reply
+    comes then."""
+    plan = state.pivot
+    assert plan is not None
+    state = supersede_saves(state, actions, "stop")
+    due = max(ev.t, state.kill_at or ev.t)
+    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
+    actions.append(
+        Progress(
+            ev.request_id,
+            f"the pivot is past its checkpoint (step {plan.step}): it finishes, then the run"
+            " stops, with no restart",
+        )
+    )
+    return replace(state, pivot=replace(plan, stop_after=True), waiters=(*state.waiters, waiter))
 
 
 def _tell_stopping(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> None:

@@ -30,7 +30,12 @@ from trainwarden.supervisor.core.actions import Action, AwaitGpuIdle, Record, Re
 from trainwarden.supervisor.core.events import GpuFault, GpuIdle, GpuLost, GpuResetDone
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.state import GpuFaultInfo, Rules, State
-from trainwarden.supervisor.core.transitions import fail_waiters, spawn, stop_trainer
+from trainwarden.supervisor.core.transitions import (
+    fail_waiters,
+    finish_stop,
+    spawn,
+    stop_trainer,
+)
 
 
 class XidClass(StrEnum):
@@ -195,7 +200,7 @@ def after_trainer_gone(state: State, t: float, rules: Rules, actions: list[Actio
     """The trainer is gone: wait for the GPU to be free, or halt at once if it is gone too."""
     fault = state.gpu_fault
     assert fault is not None
-    if fault.cls in (XidClass.REBOOT, XidClass.LOST):
+    if fault.cls in (XidClass.REBOOT, XidClass.LOST) or fault.stop_asked:
         return halt(state, fault, actions)
     actions.append(AwaitGpuIdle(fault.gpu, rules.gpu_idle_timeout_s))
     return replace(state, phase=Phase.STOPPING, trainer_pid=None, stop_reason=None, kill_at=None)
@@ -217,9 +222,9 @@ def on_idle(state: State, ev: GpuIdle, rules: Rules, actions: list[Action]) -> S
 
 def on_reset_done(state: State, ev: GpuResetDone, rules: Rules, actions: list[Action]) -> State:
     fault = state.gpu_fault
-    if fault is None or fault.gpu != ev.gpu:
-        return state
     actions.append(Record("gpu_reset", {"gpu": ev.gpu, "ok": ev.ok, "error": ev.error}))
+    if fault is None or fault.gpu != ev.gpu:
+        return state  # no longer waited for (a stop halted the run meanwhile)
     if not ev.ok:
         return halt(state, fault, actions, f"the automatic reset failed ({ev.error}); ")
     return spawn(replace(state, gpu_fault=None), ev.t, actions, "gpu_fault")
@@ -240,8 +245,7 @@ def halt(state: State, fault: GpuFaultInfo, actions: list[Action], before: str =
             },
         )
     )
-    state = fail_waiters(state, actions, "wrong_state", f"the run halted: {reason}")
-    return replace(
+    state = replace(
         state,
         phase=Phase.GPU_FAULT,
         gpu_fault=None,
@@ -250,6 +254,11 @@ def halt(state: State, fault: GpuFaultInfo, actions: list[Action], before: str =
         kill_at=None,
         halt_reason=reason,
     )
+    if any(w.kind == "stop" for w in state.waiters):
+        # A stop asked while the daemon handled the fault: the trainer is stopped, the run
+        # halted, and the reply says so.
+        return finish_stop(state, actions, {"state": str(Phase.GPU_FAULT)})
+    return fail_waiters(state, actions, "wrong_state", f"the run halted: {reason}")
 
 
 # ----------------------------------------------------------------------------- throttling

@@ -136,9 +136,13 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
     exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
     if reason == "pivot" and state.pivot is not None:
         actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
+        if state.pivot.stop_after:
+            state = replace(state, stop_exit=ended)  # what the stop's reply will say
         return pivot.on_trainer_stopped(state, ev.t, rules, actions)
     if reason == "gpu_fault" and state.gpu_fault is not None:
         actions.append(Record("trainer_stopped", {**exit_fields, "cause": "gpu_fault"}))
+        if state.gpu_fault.stop_asked:
+            state = replace(state, stop_exit=ended)
         return gpu_faults.after_trainer_gone(state, ev.t, rules, actions)
     if state.pivot is not None:
         state = pivot.abort(

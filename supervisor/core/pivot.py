@@ -37,6 +37,7 @@ from trainwarden.supervisor.core.requests import Pivot
 from trainwarden.supervisor.core.retention import apply_retention
 from trainwarden.supervisor.core.state import Ckpt, PivotPlan, Rules, State, without_checkpoints
 from trainwarden.supervisor.core.transitions import (
+    finish_stop,
     reply_error,
     shutdown_exit,
     spawn,
@@ -198,13 +199,15 @@ def on_progress(state: State, ev: PivotProgress, rules: Rules, actions: list[Act
             reply_error(
                 actions, plan.request_id, "internal", f"pivot failed at {plan.stage}: {ev.error}"
             )
-        return replace(
+        state = replace(
             state,
             phase=Phase.STOPPED,
-            pivot=replace(plan, request_id=None),
+            pivot=replace(plan, request_id=None, stop_after=False),
             halt_reason=f"pivot failed at {plan.stage}: {ev.error}; fix it, then `trainwarden start` "
             "completes the pivot",
         )
+        # A stop asked during the pivot: the run is stopped.
+        return finish_stop(state, actions, {}) if plan.stop_after else state
     if ev.done == "archived" and plan.stage == "archiving":
         plan = replace(plan, stage="writing_policy")
         actions.append(Record("pivot_stage", {"stage": "writing_policy"}))
@@ -242,6 +245,13 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
     if state.shutdown:
         shutdown_exit(state, actions, Phase.STOPPED)
         return replace(state, phase=Phase.STOPPED, halt_reason="stopped by operator")
+    if plan.stop_after:
+        # The operator's stop, asked during the pivot, stands: no start under the new policy
+        # until `trainwarden start` (which resumes from the pivot's checkpoint).
+        state = replace(state, phase=Phase.STOPPED, halt_reason="stopped by operator")
+        if state.pending or state.containing:
+            return replace(state, stop_due=True)
+        return finish_stop(state, actions, {})
     return spawn(state, t, actions, "pivot")
 
 

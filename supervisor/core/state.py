@@ -94,6 +94,9 @@ class GpuFaultInfo:
     message: str = ""
     reason: str = ""
     """The halt reason it ends in: also what a daemon restarted meanwhile halts with."""
+    stop_asked: bool = False
+    """The operator's stop came while the daemon handled it: the run halts once the trainer
+    is gone, with no wait for the GPU, no reset and no restart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,9 @@ class PivotPlan:
     """Arms in the bandit state whose data source is gone (reported, never nameable)."""
     request_id: int | None = None
     deadline: float | None = None
+    stop_after: bool = False
+    """The operator's stop came past the pivot's checkpoint: the pivot finishes, then the run
+    stops instead of starting again (not persisted, as no waiting stop is)."""
 
     @property
     def archive(self) -> str:

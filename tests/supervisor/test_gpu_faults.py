@@ -13,6 +13,7 @@ import pytest
 from tests.supervisor.fake_pynvml import FakeNvml
 from tests.support import journal, running_daemon, scripted_run, wait_for
 from tests.support.policy import decide_all, of
+from trainwarden.supervisor.cli.output import describe_result
 from trainwarden.supervisor.core import policy as p
 from trainwarden.supervisor.inputs.gpu import Nvml
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
@@ -123,6 +124,58 @@ def test_with_reset_allowed_the_gpu_is_reset_and_the_run_resumes():
     assert of(actions, p.ResetGpu) == [p.ResetGpu(0)]
     state, actions = run([p.GpuResetDone(9.0, 0, True)], state, rules)
     assert of(actions, p.Spawn) and state.phase == "starting" and state.gpu_fault is None
+
+
+def replies(actions: list[object]) -> list[p.Reply]:
+    return of(actions, p.Reply)
+
+
+def test_a_stop_while_the_trainer_is_stopped_for_a_fault_stands_with_no_reset_or_restart():
+    rules = replace(RULES, gpu_reset=True)
+    state, actions = run([p.GpuFault(2.0, 0, 119)], running(), rules)
+    assert of(actions, p.SignalTrainer)
+    state, actions = run([p.Operator(2.5, 7, p.Stop(), None)], state, rules)
+    assert not replies(actions)  # answered at the exit, as any stop is
+    (said,) = of(actions, p.Progress)
+    assert "GPU 0" in said.message and "no restart" in said.message
+    state, actions = run([p.TrainerExited(3.0, 100, -15, "SIGTERM")], state, rules)
+    assert not of(actions, p.AwaitGpuIdle) and not of(actions, p.ResetGpu)
+    assert not of(actions, p.Spawn) and state.phase == "gpu_fault"
+    assert "nvidia-smi -r -i 0" in (state.halt_reason or "")  # what the GPU still needs
+    (reply,) = replies(actions)
+    assert reply.ok and reply.request_id == 7 and reply.result["state"] == "gpu_fault"
+    assert reply.result["exit"] == "killed by SIGTERM"
+    # What `trainwarden stop` prints: how the trainer ended, and that the run halted.
+    printed = describe_result("stop", reply.result)
+    assert printed.startswith("trainer stopped: exited without saving (steps lost: 1): killed by")
+    assert printed.endswith("; the run halted (gpu_fault): `trainwarden status` says why")
+    state, actions = run([p.Tick(100.0), p.GpuIdle(101.0, 0)], state, rules)
+    assert not of(actions, p.Spawn) and not of(actions, p.ResetGpu)
+
+
+def test_a_stop_while_the_daemon_waits_for_the_faulted_gpu_halts_at_once():
+    rules = replace(RULES, gpu_reset=True)
+    state, _ = run([p.GpuFault(2.0, 0, 119), p.TrainerExited(3.0, 100, -15)], running(), rules)
+    assert state.phase == "stopping" and not state.trainer_alive
+    state, actions = run([p.Operator(3.5, 7, p.Stop(), None)], state, rules)
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["state"] == "gpu_fault"
+    assert state.phase == "gpu_fault"
+    state, actions = run([p.GpuIdle(4.0, 0), p.Tick(100.0)], state, rules)
+    assert not of(actions, p.ResetGpu) and not of(actions, p.Spawn)
+
+
+def test_a_reset_under_way_when_a_stop_halts_the_run_is_still_journaled():
+    rules = replace(RULES, gpu_reset=True)
+    state, _ = run(
+        [p.GpuFault(2.0, 0, 119), p.TrainerExited(3.0, 100, -15), p.GpuIdle(4.0, 0)],
+        running(),
+        rules,
+    )
+    state, _ = run([p.Operator(4.5, 7, p.Stop(), None)], state, rules)
+    state, actions = run([p.GpuResetDone(9.0, 0, True)], state, rules)
+    assert records(actions, "gpu_reset") == [{"gpu": 0, "ok": True, "error": None}]
+    assert not of(actions, p.Spawn) and state.phase == "gpu_fault"
 
 
 def test_a_failed_reset_halts_and_says_why():

@@ -1019,3 +1019,91 @@ def test_a_checkpoint_the_old_trainer_wrote_after_the_pivot_step_is_set_aside_wh
     (spawn,) = kinds(actions, p.Spawn)
     assert spawn.resume is not None and spawn.resume.step == 86 and spawn.pivot
     assert 88 not in {c.step for c in state.checkpoints}
+
+
+def pivoting(t: float = 3.1) -> p.State:
+    """A running trainer whose pivot's checkpoint (step 86) is committed: the daemon is
+    stopping it to archive the old policy, write the new one and start again."""
+    from trainwarden.supervisor.core.requests import PivotContext
+
+    old = {"arms": {"docs": {"cap": 1.0, "floor": 0.0}}}
+    new = {"arms": {"docs": {"cap": 0.2, "floor": 0.0}}}
+    context = PivotContext(("docs",), (), old, new, (), "20261205T000000Z")
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 85, 2.0)], state)
+    state, _ = run([p.Operator(2.0, 7, p.Pivot(caps={"docs": 0.2}), pivot=context)], state)
+    state, _ = run([p.CheckpointSeen(3.0, "step_000086.bin", 86), commit(86, t)], state)
+    assert state.pivot is not None and state.pivot.stage == "stopping" and state.trainer_alive
+    return state
+
+
+def test_a_stop_during_a_pivots_stop_lets_the_pivot_finish_then_stands():
+    state, actions = run([p.Operator(3.5, 9, p.Stop(), None)], pivoting())
+    assert not replies(actions)  # answered when the pivot is done, with no restart
+    (said,) = kinds(actions, p.Progress)
+    assert "no restart" in said.message and "pivot" in said.message
+    state, actions = run(
+        [
+            p.TrainerExited(4.1, 100, 0),
+            p.PivotProgress(4.2, "archived"),
+            p.PivotProgress(4.3, "policy_written"),
+        ],
+        state,
+    )
+    pivot_reply, stop_reply = replies(actions)
+    assert pivot_reply.request_id == 7 and pivot_reply.ok and pivot_reply.result["step"] == 86
+    assert stop_reply.request_id == 9 and stop_reply.ok
+    assert stop_reply.result["state"] == "stopped" and stop_reply.result["checkpoint"]["step"] == 86
+    assert not kinds(actions, p.Spawn) and state.phase == "stopped" and state.pivot is None
+    state, actions = run([p.Tick(100.0)], state)
+    assert not kinds(actions, p.Spawn)
+    # The next start is the pivot's: from its checkpoint, under the new policy.
+    state, actions = run([p.Operator(101.0, 10, p.Start(), None)], state)
+    (spawn,) = kinds(actions, p.Spawn)
+    assert spawn.resume is not None and spawn.resume.step == 86
+
+
+def test_a_stop_while_a_pivot_archives_stands_once_the_pivot_is_done():
+    state, _ = run([p.TrainerExited(4.1, 100, 0)], pivoting())
+    assert state.phase == "pivoting" and not state.trainer_alive
+    state, actions = run([p.Operator(4.15, 9, p.Stop(), None)], state)
+    assert not replies(actions)
+    # A wait that runs out does not bring the restart back.
+    state, actions = run([p.Tick(600.0), p.PivotProgress(601.0, "archived")], state)
+    (late,) = replies(actions)
+    assert late.request_id == 9 and late.code == "timeout"
+    state, actions = run([p.PivotProgress(602.0, "policy_written")], state)
+    assert not kinds(actions, p.Spawn) and state.phase == "stopped"
+    (pivot_reply,) = replies(actions)
+    assert pivot_reply.request_id == 7 and pivot_reply.ok
+
+
+def test_a_stop_during_a_pivot_that_fails_is_answered_stopped():
+    state, _ = run([p.TrainerExited(4.1, 100, 0)], pivoting())
+    state, _ = run([p.Operator(4.15, 9, p.Stop(), None)], state)
+    state, actions = run([p.PivotProgress(4.2, "archived", "disk full")], state)
+    answered = {r.request_id: r for r in replies(actions)}
+    assert not answered[7].ok and answered[9].ok and answered[9].result["state"] == "stopped"
+    assert state.phase == "stopped" and not kinds(actions, p.Spawn)
+
+
+def test_a_stop_before_the_pivots_checkpoint_gives_the_pivot_up_and_stops():
+    from trainwarden.supervisor.core.requests import PivotContext
+
+    old = {"arms": {"docs": {"cap": 1.0, "floor": 0.0}}}
+    new = {"arms": {"docs": {"cap": 0.2, "floor": 0.0}}}
+    context = PivotContext(("docs",), (), old, new, (), "20261205T000000Z")
+    state, _ = started()
+    state, _ = run([p.StepLogged(1.0, 85, 2.0)], state)
+    state, _ = run([p.Operator(2.0, 7, p.Pivot(caps={"docs": 0.2}), pivot=context)], state)
+    assert state.pivot is not None and state.pivot.stage == "saving"
+    state, actions = run([p.Operator(2.5, 9, p.Stop(), None)], state)
+    (given_up,) = replies(actions)
+    assert given_up.request_id == 7 and not given_up.ok
+    assert "pivot abandoned: stopped by operator" in given_up.message
+    assert [a.signal for a in kinds(actions, p.SignalTrainer)] == ["SIGTERM"]
+    state, actions = run([commit(86, 2.8), p.TrainerExited(3.0, 100, 0)], state)
+    (stopped,) = replies(actions)
+    assert stopped.request_id == 9 and stopped.ok and stopped.result["outcome"] == "saved"
+    assert state.phase == "stopped" and state.pivot is None
+    assert not kinds(actions, p.Spawn) and not kinds(actions, p.Archive)
