@@ -1107,3 +1107,24 @@ def test_a_stop_before_the_pivots_checkpoint_gives_the_pivot_up_and_stops():
     assert stopped.request_id == 9 and stopped.ok and stopped.result["outcome"] == "saved"
     assert state.phase == "stopped" and state.pivot is None
     assert not kinds(actions, p.Spawn) and not kinds(actions, p.Archive)
+
+
+def test_a_stop_during_a_pivot_answers_once_the_old_trainers_last_save_is_set_aside():
+    state, _ = run([p.Operator(3.5, 9, p.Stop(), None)], pivoting())
+    # Its save on SIGTERM: seen before it exits, verified only after the pivot's file work.
+    state, actions = run(
+        [
+            p.CheckpointSeen(4.0, "step_000088.bin", 88),
+            p.TrainerExited(4.1, 100, 0),
+            p.PivotProgress(4.2, "archived"),
+            p.PivotProgress(4.3, "policy_written"),
+        ],
+        state,
+    )
+    assert [r.request_id for r in replies(actions)] == [7]  # the stop waits for the check
+    state, actions = run([commit(88, 4.4)], state)
+    (set_aside,) = kinds(actions, p.Quarantine)
+    assert set_aside.step == 88 and set_aside.cause == "pivot"
+    (reply,) = replies(actions)
+    assert reply.request_id == 9 and reply.ok and reply.result["checkpoint"]["step"] == 86
+    assert state.phase == "stopped" and not kinds(actions, p.Spawn)
