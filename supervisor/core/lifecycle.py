@@ -36,6 +36,7 @@ from trainwarden.supervisor.core.state import (
     Rules,
     State,
     StopReason,
+    Waiter,
     with_start_counted,
 )
 from trainwarden.supervisor.core.transitions import (
@@ -274,13 +275,34 @@ def on_fixed_file_leftover(
     return spawn(replace(state, seg=state.seg - 1), ev.t, actions, leftover=leftover)
 
 
+def waited_too_long(state: State, w: Waiter) -> str:
+    """What a request whose wait ran out was still waiting for; the stop it asked for still
+    stands."""
+    if w.kind == "save":
+        return "no checkpoint was committed for save in time"
+    if w.kind == "start":
+        return "the trainer had not started in time; `trainwarden status` shows the run's state"
+    if state.trainer_alive:
+        return (
+            f"the trainer (pid {state.trainer_pid}) had not exited when the stop's wait ran"
+            " out; the run still stops, with no restart, once it is gone"
+        )
+    if state.pivot is not None and state.pivot.stop_after:
+        return (
+            f"the pivot was still at {state.pivot.stage} when the stop's wait ran out; the run"
+            " stops once it is done, with no restart"
+        )
+    return (
+        "the run is stopped, but the verification of its last checkpoints had not ended when"
+        " the stop's wait ran out; `trainwarden checkpoints` shows them"
+    )
+
+
 def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> State:
     t = ev.t
     expired = [w for w in state.waiters if w.deadline <= t]
     for w in expired:
-        reply_error(
-            actions, w.request_id, "timeout", f"no checkpoint was committed for {w.kind} in time"
-        )
+        reply_error(actions, w.request_id, "timeout", waited_too_long(state, w))
     if expired:
         state = replace(state, waiters=tuple(w for w in state.waiters if w not in expired))
         if state.stop_reason in KILLS_TO_RESTART and any(w.kind == "stop" for w in expired):

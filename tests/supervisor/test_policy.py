@@ -287,6 +287,10 @@ def test_a_stop_during_the_kill_of_a_trainer_that_outlives_its_wait_still_stands
     state, actions = run([p.Tick(500.0)], state)
     (reply,) = replies(actions)
     assert not reply.ok and reply.code == "timeout"
+    assert reply.message == (
+        "the trainer (pid 100) had not exited when the stop's wait ran out; the run still"
+        " stops, with no restart, once it is gone"
+    )
     state, actions = run([p.TrainerExited(900.0, 100, -9), p.Tick(1000.0)], state)
     assert not kinds(actions, p.Spawn) and state.phase == "stopped"
 
@@ -1072,6 +1076,7 @@ def test_a_stop_while_a_pivot_archives_stands_once_the_pivot_is_done():
     state, actions = run([p.Tick(600.0), p.PivotProgress(601.0, "archived")], state)
     (late,) = replies(actions)
     assert late.request_id == 9 and late.code == "timeout"
+    assert late.message.startswith("the pivot was still at archiving when the stop's wait")
     state, actions = run([p.PivotProgress(602.0, "policy_written")], state)
     assert not kinds(actions, p.Spawn) and state.phase == "stopped"
     (pivot_reply,) = replies(actions)
