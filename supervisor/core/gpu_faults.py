@@ -256,8 +256,10 @@ def halt(state: State, fault: GpuFaultInfo, actions: list[Action], before: str =
     )
     if any(w.kind == "stop" for w in state.waiters):
         # A stop asked while the daemon handled the fault: the trainer is stopped, the run
-        # halted, and the reply says so.
-        return finish_stop(state, actions, {"state": str(Phase.GPU_FAULT)})
+        # halted, and the reply says so (naming its last checkpoint once verified).
+        if state.pending or state.containing:
+            return replace(state, stop_due=True)
+        return finish_stop(state, actions, {})
     return fail_waiters(state, actions, "wrong_state", f"the run halted: {reason}")
 
 

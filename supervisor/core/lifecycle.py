@@ -118,7 +118,7 @@ def on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Actio
         return finish_stop(state, actions, {})
     if state.phase == Phase.DIVERGED and any(w.kind == "stop" for w in state.waiters):
         # A stop asked while the diverging trainer was killed: it is stopped, the run halted.
-        return finish_stop(state, actions, {"state": str(state.phase)})
+        return finish_stop(state, actions, {})
     return state
 
 

@@ -237,7 +237,10 @@ def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> S
     stop_result), the newest verified checkpoint and `extra`; journal the same as
     `stop_outcome`; fail the other waiters, and exit after a shutdown."""
     outcome = stop_result(state)
-    result = {"state": "stopped", "checkpoint": ckpt_json(state.newest), **outcome, **extra}
+    # The trainer is stopped either way; a run that halted meanwhile (its loss diverged for
+    # good, a GPU fault) says which halt.
+    ended = state.phase if state.phase in (Phase.DIVERGED, Phase.GPU_FAULT) else "stopped"
+    result = {"state": str(ended), "checkpoint": ckpt_json(state.newest), **outcome, **extra}
     newest = state.newest
     actions.append(
         Record(

@@ -153,6 +153,18 @@ def test_a_stop_while_the_trainer_is_stopped_for_a_fault_stands_with_no_reset_or
     assert not of(actions, p.Spawn) and not of(actions, p.ResetGpu)
 
 
+def test_a_stop_during_a_fault_names_the_save_the_trainer_made_on_its_way_out():
+    state, _ = run([p.GpuFault(2.0, 0, 79), p.Operator(2.5, 7, p.Stop(), None)], running())
+    state, actions = run(
+        [p.CheckpointSeen(2.8, "step_000001.bin", 1), p.TrainerExited(3.0, 100, 0)], state
+    )
+    assert state.phase == "gpu_fault" and not replies(actions)  # its save is being verified
+    state, actions = run([p.CheckpointCommitted(3.2, 1, "step_000001.bin", 100)], state)
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["state"] == "gpu_fault"
+    assert reply.result["outcome"] == "saved" and reply.result["checkpoint"]["step"] == 1
+
+
 def test_a_stop_while_the_daemon_waits_for_the_faulted_gpu_halts_at_once():
     rules = replace(RULES, gpu_reset=True)
     state, _ = run([p.GpuFault(2.0, 0, 119), p.TrainerExited(3.0, 100, -15)], running(), rules)
