@@ -4,7 +4,7 @@ Connections (outboxes, read-ahead, admission) are in `connection`, the time slic
 requests are answered in are in `turns`, the read commands' answers in `reads`.
 
 Acting commands run one at a time, except that stop and shutdown pre-empt a waiting save
-(the policy answers the save "superseded").
+or pivot (see PRE_EMPT).
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ TRIM_DELAY_S = 2.0
 closed) freed memory is handed back to the system: once per flood, not per client (a full
 collection takes the loop for a while)."""
 TRIM_AFTER = 8
-PRE_EMPT = {"stop": ("save",), "shutdown": ("save",)}
-"""Acting commands that may start while another waits, and whose waits they end."""
+PRE_EMPT = {"stop": ("save", "pivot"), "shutdown": ("save", "pivot")}
+"""Acting commands that may start while another waits, and whose waits they end (the policy
+answers a save "superseded"; a pivot before its checkpoint "pivot abandoned", and one past
+it finishes first)."""
 
 
 class ControlServer:
@@ -362,7 +364,7 @@ class ControlServer:
             raise CommandError(command.code, command.message)
         if self.acting.locked() or self.pre_empting is not None:
             if self.pre_empting is None and self.acting_cmd in PRE_EMPT.get(cmd, ()):
-                # A waiting save must not hold a stop off: the policy answers it.
+                # A waiting save or pivot must not hold a stop off: the policy answers it.
                 self.pre_empting = cmd
                 try:
                     reply = await self._operate(conn, rid, command)

@@ -319,6 +319,36 @@ def test_stop_pre_empts_a_waiting_save_whose_client_is_still_there(tmp_path: Pat
         assert str(answer) == "superseded by stop"
 
 
+def test_stop_pre_empts_a_pivot_waiting_for_its_checkpoint_and_the_old_policy_stays(
+    tmp_path: Path,
+):
+    from tests.supervisor.test_pivot import BANDIT_ARGS, ready_for_pivot
+
+    # The trainer ignores SIGUSR1: the pivot waits for a checkpoint that does not come.
+    run = scripted_run(tmp_path / "run", *BANDIT_ARGS, "--arms", "docs,code", "--usr1", "ignore")
+    with running_daemon(run) as daemon:
+        ready_for_pivot(daemon)
+        answers: list[BaseException | Any] = []
+
+        def pivot() -> None:
+            try:
+                answers.append(daemon.request("pivot", caps={"docs": 0.2}, timeout=60))
+            except CommandRefused as exc:
+                answers.append(exc)
+
+        pivoting = threading.Thread(target=pivot)
+        pivoting.start()
+        wait_for(lambda: signals_sent(run, "SIGUSR1"), 30, what="the pivot's SIGUSR1")
+        result = daemon.request("stop", timeout=60)
+        pivoting.join(30)
+        assert result["state"] == "stopped" and result["outcome"] == "saved"
+        (answer,) = answers
+        assert isinstance(answer, CommandRefused) and answer.code == "wrong_state"
+        assert str(answer) == "pivot abandoned: stopped by operator"
+        assert not (run / "policy.json").exists() and not (run / "archive").exists()
+        assert daemon.status()["state"] == "stopped"
+
+
 # ------------------------------------------------------------------ the TUI's confirm
 
 
