@@ -146,9 +146,12 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
             state = replace(state, stop_exit=ended)
         return gpu_faults.after_trainer_gone(state, ev.t, rules, actions)
     if state.pivot is not None:
-        state = pivot.abort(
-            state, actions, f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
+        why = (
+            "the daemon is shutting down"
+            if reason == "shutdown"
+            else f"the trainer exited ({describe_exit(ev.returncode, ev.signal_name)})"
         )
+        state = pivot.abort(state, actions, why)
     if reason in KILLS_TO_RESTART and not (
         reason == "divergence" and halts_on_divergence(state, rules)
     ):

@@ -1133,3 +1133,11 @@ def test_a_stop_during_a_pivot_answers_once_the_old_trainers_last_save_is_set_as
     (reply,) = replies(actions)
     assert reply.request_id == 9 and reply.ok and reply.result["checkpoint"]["step"] == 86
     assert state.phase == "stopped" and not kinds(actions, p.Spawn)
+
+
+def test_a_shutdown_during_a_pivots_stop_gives_the_pivot_up_and_says_why():
+    state, actions = run([p.Operator(3.5, 9, p.Shutdown(), None)], pivoting())
+    state, actions = run([p.TrainerExited(4.0, 100, 0)], state)
+    answered = {r.request_id: r for r in replies(actions)}
+    assert answered[7].message == "pivot abandoned: the daemon is shutting down"
+    assert answered[9].ok and kinds(actions, p.Exit) and not kinds(actions, p.Spawn)
