@@ -115,6 +115,11 @@ def test_reset_class_waits_for_the_gpu_to_be_free_then_halts_with_the_reset_inst
     assert not of(actions, p.ResetGpu)
 
 
+RESETTING = [p.GpuFault(2.0, 0, 119), p.TrainerExited(3.0, 100, -15), p.GpuIdle(4.0, 0)]
+"""A reset-class fault, its trainer gone, the GPU free: with [gpu] reset on, the daemon resets
+it (a ResetGpu under way)."""
+
+
 def test_with_reset_allowed_the_gpu_is_reset_and_the_run_resumes():
     rules = replace(RULES, gpu_reset=True)
     state, actions = run(
@@ -179,11 +184,7 @@ def test_a_stop_while_the_daemon_waits_for_the_faulted_gpu_halts_at_once():
 
 def test_a_reset_under_way_when_a_stop_halts_the_run_is_still_journaled():
     rules = replace(RULES, gpu_reset=True)
-    state, _ = run(
-        [p.GpuFault(2.0, 0, 119), p.TrainerExited(3.0, 100, -15), p.GpuIdle(4.0, 0)],
-        running(),
-        rules,
-    )
+    state, _ = run(RESETTING, running(), rules)
     state, _ = run([p.Operator(4.5, 7, p.Stop(), None)], state, rules)
     state, actions = run([p.GpuResetDone(9.0, 0, True)], state, rules)
     assert records(actions, "gpu_reset") == [{"gpu": 0, "ok": True, "error": None}]
@@ -192,11 +193,7 @@ def test_a_reset_under_way_when_a_stop_halts_the_run_is_still_journaled():
 
 def test_a_failed_reset_halts_and_says_why():
     rules = replace(RULES, gpu_reset=True)
-    state, _ = run(
-        [p.GpuFault(2.0, 0, 119), p.TrainerExited(3.0, 100, -15), p.GpuIdle(4.0, 0)],
-        running(),
-        rules,
-    )
+    state, _ = run(RESETTING, running(), rules)
     state, actions = run(
         [p.GpuResetDone(9.0, 0, False, "nvidia-smi is not installed")], state, rules
     )

@@ -296,25 +296,32 @@ def test_an_abandoned_save_wait_is_dropped_and_does_not_block_stop(tmp_path: Pat
         assert result["state"] == "stopped" and result["outcome"] == "saved"
 
 
+def stop_while_waiting(daemon: Any, run: Path, cmd: str, **args: Any) -> tuple[Any, Any]:
+    """`cmd` sent from another client (a thread), a stop once its SIGUSR1 went out: the
+    stop's result, and the answer the first client got (a result, or the refusal)."""
+    answers: list[BaseException | Any] = []
+
+    def ask() -> None:
+        try:
+            answers.append(daemon.request(cmd, timeout=60, **args))
+        except CommandRefused as exc:
+            answers.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    wait_for(lambda: signals_sent(run, "SIGUSR1"), 30, what=f"the {cmd}'s SIGUSR1")
+    result = daemon.request("stop", timeout=60)
+    asking.join(30)
+    (answer,) = answers
+    return result, answer
+
+
 def test_stop_pre_empts_a_waiting_save_whose_client_is_still_there(tmp_path: Path):
     run = scripted(tmp_path, "--usr1", "ignore")
     with running_daemon(run) as daemon:
         at_step(daemon, 3)
-        answers: list[BaseException | Any] = []
-
-        def save() -> None:
-            try:
-                answers.append(daemon.request("save", wait=True, timeout=60))
-            except CommandRefused as exc:
-                answers.append(exc)
-
-        saver = threading.Thread(target=save)
-        saver.start()
-        wait_for(lambda: signals_sent(run, "SIGUSR1"), 30, what="the save's SIGUSR1")
-        result = daemon.request("stop", timeout=60)
-        saver.join(30)
+        result, answer = stop_while_waiting(daemon, run, "save", wait=True)
         assert result["outcome"] == "saved"
-        (answer,) = answers
         assert isinstance(answer, CommandRefused) and answer.code == "superseded"
         assert str(answer) == "superseded by stop"
 
@@ -328,21 +335,8 @@ def test_stop_pre_empts_a_pivot_waiting_for_its_checkpoint_and_the_old_policy_st
     run = scripted_run(tmp_path / "run", *BANDIT_ARGS, "--arms", "docs,code", "--usr1", "ignore")
     with running_daemon(run) as daemon:
         ready_for_pivot(daemon)
-        answers: list[BaseException | Any] = []
-
-        def pivot() -> None:
-            try:
-                answers.append(daemon.request("pivot", caps={"docs": 0.2}, timeout=60))
-            except CommandRefused as exc:
-                answers.append(exc)
-
-        pivoting = threading.Thread(target=pivot)
-        pivoting.start()
-        wait_for(lambda: signals_sent(run, "SIGUSR1"), 30, what="the pivot's SIGUSR1")
-        result = daemon.request("stop", timeout=60)
-        pivoting.join(30)
+        result, answer = stop_while_waiting(daemon, run, "pivot", caps={"docs": 0.2})
         assert result["state"] == "stopped" and result["outcome"] == "saved"
-        (answer,) = answers
         assert isinstance(answer, CommandRefused) and answer.code == "wrong_state"
         assert str(answer) == "pivot abandoned: stopped by operator"
         assert not (run / "policy.json").exists() and not (run / "archive").exists()

@@ -991,11 +991,9 @@ def test_a_divergence_beyond_the_window_is_not_the_checkpoint_s_fault():
     assert state.phase == "diverged"
 
 
-def test_a_checkpoint_the_old_trainer_wrote_after_the_pivot_step_is_set_aside_when_its_verification_ends_after_the_pivot():
-    """The trainer stopped for a pivot saves once more on SIGTERM: a checkpoint after the
-    pivot's own, written under the old policy. Seen before its exit, it may still be
-    verified when the pivot ends; it is set aside then, like those verified in time, and the
-    new start resumes from the pivot's checkpoint with a fresh bandit."""
+def pivot_requested() -> p.State:
+    """A running trainer at step 85 asked to pivot (docs capped at 0.2, request 7): the
+    daemon waits for the pivot's checkpoint."""
     from trainwarden.supervisor.core.requests import PivotContext
 
     old = {"arms": {"docs": {"cap": 1.0, "floor": 0.0}}}
@@ -1004,18 +1002,36 @@ def test_a_checkpoint_the_old_trainer_wrote_after_the_pivot_step_is_set_aside_wh
     state, _ = started()
     state, _ = run([p.StepLogged(1.0, 85, 2.0)], state)
     state, _ = run([p.Operator(2.0, 7, p.Pivot(caps={"docs": 0.2}), pivot=context)], state)
-    state, _ = run([p.CheckpointSeen(3.0, "step_000086.bin", 86), commit(86, 3.1)], state)
-    assert state.pivot is not None and state.pivot.step == 86
-    # Its save on SIGTERM: seen before it exits, verified only after the pivot's file work.
-    state, actions = run(
-        [
-            p.CheckpointSeen(4.0, "step_000088.bin", 88),
-            p.TrainerExited(4.1, 100, 0),
-            p.PivotProgress(4.2, "archived"),
-            p.PivotProgress(4.3, "policy_written"),
-        ],
-        state,
+    assert state.pivot is not None and state.pivot.stage == "saving"
+    return state
+
+
+def pivoting() -> p.State:
+    """The pivot's checkpoint (step 86) is committed: the daemon is stopping the trainer to
+    archive the old policy, write the new one and start again."""
+    state, _ = run(
+        [p.CheckpointSeen(3.0, "step_000086.bin", 86), commit(86, 3.1)], pivot_requested()
     )
+    assert state.pivot is not None and state.pivot.stage == "stopping" and state.trainer_alive
+    return state
+
+
+SAVED_ON_ITS_WAY_OUT = [
+    p.CheckpointSeen(4.0, "step_000088.bin", 88),
+    p.TrainerExited(4.1, 100, 0),
+    p.PivotProgress(4.2, "archived"),
+    p.PivotProgress(4.3, "policy_written"),
+]
+"""The trainer stopped for a pivot saves once more on SIGTERM, after the pivot's own
+checkpoint, under the old policy: seen before its exit, verified only after the pivot's
+file work."""
+
+
+def test_a_checkpoint_the_old_trainer_wrote_after_the_pivot_step_is_set_aside_when_its_verification_ends_after_the_pivot():
+    """Still being verified when the pivot ends, the old trainer's last save is set aside
+    then, like those verified in time, and the new start resumes from the pivot's checkpoint
+    with a fresh bandit."""
+    state, actions = run(SAVED_ON_ITS_WAY_OUT, pivoting())
     assert not kinds(actions, p.Spawn)  # waits for the verification in flight
     state, actions = run([commit(88, 4.4)], state)
     (set_aside,) = kinds(actions, p.Quarantine)
@@ -1023,22 +1039,6 @@ def test_a_checkpoint_the_old_trainer_wrote_after_the_pivot_step_is_set_aside_wh
     (spawn,) = kinds(actions, p.Spawn)
     assert spawn.resume is not None and spawn.resume.step == 86 and spawn.pivot
     assert 88 not in {c.step for c in state.checkpoints}
-
-
-def pivoting(t: float = 3.1) -> p.State:
-    """A running trainer whose pivot's checkpoint (step 86) is committed: the daemon is
-    stopping it to archive the old policy, write the new one and start again."""
-    from trainwarden.supervisor.core.requests import PivotContext
-
-    old = {"arms": {"docs": {"cap": 1.0, "floor": 0.0}}}
-    new = {"arms": {"docs": {"cap": 0.2, "floor": 0.0}}}
-    context = PivotContext(("docs",), (), old, new, (), "20261205T000000Z")
-    state, _ = started()
-    state, _ = run([p.StepLogged(1.0, 85, 2.0)], state)
-    state, _ = run([p.Operator(2.0, 7, p.Pivot(caps={"docs": 0.2}), pivot=context)], state)
-    state, _ = run([p.CheckpointSeen(3.0, "step_000086.bin", 86), commit(86, t)], state)
-    assert state.pivot is not None and state.pivot.stage == "stopping" and state.trainer_alive
-    return state
 
 
 def test_a_stop_during_a_pivots_stop_lets_the_pivot_finish_then_stands():
@@ -1093,16 +1093,7 @@ def test_a_stop_during_a_pivot_that_fails_is_answered_stopped():
 
 
 def test_a_stop_before_the_pivots_checkpoint_gives_the_pivot_up_and_stops():
-    from trainwarden.supervisor.core.requests import PivotContext
-
-    old = {"arms": {"docs": {"cap": 1.0, "floor": 0.0}}}
-    new = {"arms": {"docs": {"cap": 0.2, "floor": 0.0}}}
-    context = PivotContext(("docs",), (), old, new, (), "20261205T000000Z")
-    state, _ = started()
-    state, _ = run([p.StepLogged(1.0, 85, 2.0)], state)
-    state, _ = run([p.Operator(2.0, 7, p.Pivot(caps={"docs": 0.2}), pivot=context)], state)
-    assert state.pivot is not None and state.pivot.stage == "saving"
-    state, actions = run([p.Operator(2.5, 9, p.Stop(), None)], state)
+    state, actions = run([p.Operator(2.5, 9, p.Stop(), None)], pivot_requested())
     (given_up,) = replies(actions)
     assert given_up.request_id == 7 and not given_up.ok
     assert "pivot abandoned: stopped by operator" in given_up.message
@@ -1116,16 +1107,7 @@ def test_a_stop_before_the_pivots_checkpoint_gives_the_pivot_up_and_stops():
 
 def test_a_stop_during_a_pivot_answers_once_the_old_trainers_last_save_is_set_aside():
     state, _ = run([p.Operator(3.5, 9, p.Stop(), None)], pivoting())
-    # Its save on SIGTERM: seen before it exits, verified only after the pivot's file work.
-    state, actions = run(
-        [
-            p.CheckpointSeen(4.0, "step_000088.bin", 88),
-            p.TrainerExited(4.1, 100, 0),
-            p.PivotProgress(4.2, "archived"),
-            p.PivotProgress(4.3, "policy_written"),
-        ],
-        state,
-    )
+    state, actions = run(SAVED_ON_ITS_WAY_OUT, state)
     assert [r.request_id for r in replies(actions)] == [7]  # the stop waits for the check
     state, actions = run([commit(88, 4.4)], state)
     (set_aside,) = kinds(actions, p.Quarantine)
