@@ -766,7 +766,9 @@ class ConfigNoticed(TypedDict, total=False):
 class StopResult(ConfigNoticed, Unverified):
     """stop and shutdown: the trainer is gone; what came of it; the newest verified checkpoint."""
 
-    state: Literal[Phase.STOPPED]
+    state: Literal[Phase.STOPPED, Phase.DIVERGED, Phase.GPU_FAULT]
+    """stopped; or the halt the run came to while the trainer was stopped (a divergence for
+    good, a GPU fault): the trainer is gone either way."""
     checkpoint: CheckpointRef | None
     outcome: StopOutcome
     """saved: nothing logged is lost (a checkpoint at its last logged step); exited
