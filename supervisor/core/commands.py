@@ -144,11 +144,13 @@ def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
         return _stop_instead_of_restart(state, ev, rules, actions)
     if state.gpu_fault is not None and state.phase == Phase.STOPPING:
         return _stop_during_gpu_fault(state, ev, rules, actions)
-    if state.pivot is not None and state.pivot.stage != "saving":
+    # A pivot under way (a failed one waits, stopped, for `start` to complete it).
+    plan = state.pivot if state.phase == Phase.PIVOTING else None
+    if plan is not None and plan.stage != "saving":
         return _stop_after_pivot(state, ev, rules, actions)
     if _unforced_kill(state, ev, rules, actions):
         return state
-    if state.pivot is not None:
+    if plan is not None:
         # No pivot checkpoint yet: the pivot is given up (the old policy stays), and the
         # stop goes on as any other.
         state = pivot.abort(state, actions, "stopped by operator")

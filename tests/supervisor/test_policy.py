@@ -1123,3 +1123,14 @@ def test_a_shutdown_during_a_pivots_stop_gives_the_pivot_up_and_says_why():
     answered = {r.request_id: r for r in replies(actions)}
     assert answered[7].message == "pivot abandoned: the daemon is shutting down"
     assert answered[9].ok and kinds(actions, p.Exit) and not kinds(actions, p.Spawn)
+
+
+def test_a_stop_after_a_failed_pivot_is_refused_as_with_nothing_running():
+    state, _ = run([p.TrainerExited(4.1, 100, 0)], pivoting())
+    state, _ = run([p.PivotProgress(4.2, "archived", "disk full")], state)
+    assert state.phase == "stopped" and state.pivot is not None  # `start` completes it
+    state, actions = run([p.Operator(5.0, 9, p.Stop(), None)], state)
+    (reply,) = replies(actions)
+    assert not reply.ok and reply.code == "wrong_state"
+    assert reply.message == "nothing to stop: the run is stopped"
+    assert state.pivot is not None and not state.waiters
