@@ -159,17 +159,32 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         # while the daemon was killing it, stands: no restart. The divergence's quarantine
         # and the spike's rollback are done; the next start resumes from what is left.
         reason = asked_to_stop(state) or reason
+    if reason == "operator" and state.gpu_fault is not None:
+        # A GPU fault came while the operator's stop was under way: the run halts in
+        # gpu_fault, whose reason says what the GPU needs (the reply says so too).
+        actions.append(Record("trainer_stopped", exit_fields))
+        tell(state, actions, ended)
+        return gpu_faults.halt(
+            replace(state, stop_reason=None, stop_exit=ended), state.gpu_fault, actions
+        )
     if reason in ("operator", "shutdown"):
         actions.append(Record("trainer_stopped", exit_fields))
         tell(state, actions, ended)
+        # A shutdown while a GPU fault is handled keeps it (persisted): the next daemon
+        # halts in gpu_fault instead of starting the trainer on that GPU, as it does after
+        # a daemon killed then.
+        kept = state.gpu_fault if reason == "shutdown" else None
         state = replace(
             state,
-            gpu_fault=None,
+            gpu_fault=kept,
             phase=Phase.STOPPED,
             stop_reason=None,
             halt_reason=(
-                f"the daemon was stopped by {state.resumes_after}; the run resumes when the"
-                " daemon starts again"
+                f"the daemon was stopped by {state.resumes_after or 'the operator'} while"
+                f" handling a GPU fault: {kept.reason}"
+                if kept is not None
+                else f"the daemon was stopped by {state.resumes_after}; the run resumes when"
+                " the daemon starts again"
                 if state.resumes_after
                 else "stopped by operator"
             ),

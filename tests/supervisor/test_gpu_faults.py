@@ -504,3 +504,26 @@ def test_a_worse_fault_while_one_is_handled_changes_the_instruction():
     state, _ = run([p.GpuFault(2.0, 0, 46), p.TrainerExited(3.0, 100, -15)], running())
     state, actions = run([p.GpuFault(3.5, 0, 13)], state)
     assert records(actions, "gpu_fault")[0]["action"] == "none: already handling a GPU fault"
+
+
+def test_a_daemon_shut_down_while_it_stops_a_trainer_for_a_fault_halts_when_it_starts_again():
+    """systemctl stop (SIGTERM) during the fault's kill: the next daemon halts in gpu_fault
+    with the instruction, as it does after a daemon killed at that moment."""
+    state, _ = run([p.GpuFault(2.0, 0, 46)], running())
+    state, actions = run(
+        [p.ShutdownRequested(2.5, "SIGTERM"), p.TrainerExited(3.0, 100, -15)], state
+    )
+    assert of(actions, p.Exit) and not of(actions, p.AwaitGpuIdle)
+    restored = p.restore(p.persisted(state), RULES)
+    state, actions = run([p.Startup(10.0)], restored)
+    assert state.phase == "gpu_fault" and "nvidia-smi -r -i 0" in (state.halt_reason or "")
+    assert not of(actions, p.Spawn)
+
+
+def test_a_fault_during_an_operators_stop_halts_in_gpu_fault_with_the_instruction():
+    state, _ = run([p.Operator(2.0, 7, p.Stop(), None)], running())
+    state, actions = run([p.GpuFault(2.5, 0, 46), p.TrainerExited(3.0, 100, -15)], state)
+    assert state.phase == "gpu_fault" and "nvidia-smi -r -i 0" in (state.halt_reason or "")
+    (reply,) = replies(actions)
+    assert reply.ok and reply.result["state"] == "gpu_fault"
+    assert not of(actions, p.Spawn) and not of(actions, p.AwaitGpuIdle)
