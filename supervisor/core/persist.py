@@ -62,8 +62,9 @@ def restore(data: dict[str, Any], rules: Rules) -> State:
         # Stopped by a signal (a reboot, systemctl stop), not by the operator: go on.
         phase, halt_reason = Phase.STARTING, None
     if phase not in HALTED and data.get("gpu_fault"):
-        # It died handling a GPU fault: restarting the trainer would run into the fault.
-        phase, halt_reason = Phase.GPU_FAULT, data["gpu_fault"]
+        # It died or was shut down handling a GPU fault: restarting the trainer would run
+        # into the fault (and a signal's shutdown resumes nothing).
+        phase, halt_reason, resumes_after = Phase.GPU_FAULT, data["gpu_fault"], None
     return State(
         # A daemon that died with a trainer up starts it again; a halted run stays halted.
         phase=Phase(phase) if phase in HALTED else Phase.STARTING,

@@ -517,7 +517,8 @@ def test_a_daemon_shut_down_while_it_stops_a_trainer_for_a_fault_halts_when_it_s
     restored = p.restore(p.persisted(state), RULES)
     state, actions = run([p.Startup(10.0)], restored)
     assert state.phase == "gpu_fault" and "nvidia-smi -r -i 0" in (state.halt_reason or "")
-    assert not of(actions, p.Spawn)
+    assert not of(actions, p.Spawn) and not records(actions, "resumed_after_signal")
+    assert records(actions, "idle")[0]["state"] == "gpu_fault"
 
 
 def test_a_fault_during_an_operators_stop_halts_in_gpu_fault_with_the_instruction():
