@@ -189,9 +189,7 @@ def _stop_instead_of_restart(
     reply waits for the exit, as any stop's does; the kill goes on as it was decided."""
     assert state.stop_reason is not None
     why = KILLS_TO_RESTART[state.stop_reason]
-    due = max(ev.t, state.dump_until or ev.t, state.kill_at or ev.t)
-    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
-    state = supersede_saves(state, actions, "stop")
+    state = _waits_for_the_exit(state, ev, rules, actions)
     actions.append(
         Progress(
             ev.request_id,
@@ -199,6 +197,15 @@ def _stop_instead_of_restart(
             " gone, with no restart",
         )
     )
+    return state
+
+
+def _waits_for_the_exit(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> State:
+    """A stop asked while the daemon already stops the trainer (or handles what follows):
+    it pre-empts a waiting save and waits, past the kill already due, for the end."""
+    state = supersede_saves(state, actions, "stop")
+    due = max(ev.t, state.dump_until or ev.t, state.kill_at or ev.t)
+    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
     return replace(state, waiters=(*state.waiters, waiter))
 
 
@@ -210,12 +217,8 @@ def _stop_during_gpu_fault(
     reason says what the GPU still needs, as soon as the trainer is gone."""
     fault = state.gpu_fault
     assert fault is not None
-    state = supersede_saves(state, actions, "stop")
-    due = max(ev.t, state.kill_at or ev.t)
-    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
-    state = replace(
-        state, gpu_fault=replace(fault, stop_asked=True), waiters=(*state.waiters, waiter)
-    )
+    state = _waits_for_the_exit(state, ev, rules, actions)
+    state = replace(state, gpu_fault=replace(fault, stop_asked=True))
     if not state.trainer_alive:
         return gpu_faults.halt(state, fault, actions)
     actions.append(
@@ -234,9 +237,7 @@ def _stop_after_pivot(state: State, ev: Operator, rules: Rules, actions: list[Ac
     comes then."""
     plan = state.pivot
     assert plan is not None
-    state = supersede_saves(state, actions, "stop")
-    due = max(ev.t, state.kill_at or ev.t)
-    waiter = Waiter(ev.request_id, "stop", 0, due + rules.stop_timeout_s + STOP_GRACE_S)
+    state = _waits_for_the_exit(state, ev, rules, actions)
     actions.append(
         Progress(
             ev.request_id,
@@ -244,7 +245,7 @@ def _stop_after_pivot(state: State, ev: Operator, rules: Rules, actions: list[Ac
             " stops, with no restart",
         )
     )
-    return replace(state, pivot=replace(plan, stop_after=True), waiters=(*state.waiters, waiter))
+    return replace(state, pivot=replace(plan, stop_after=True))
 
 
 def _tell_stopping(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> None:

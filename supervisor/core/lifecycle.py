@@ -33,6 +33,7 @@ from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.retention import abandon_changed
 from trainwarden.supervisor.core.state import (
     KILLS_TO_RESTART,
+    GpuFaultInfo,
     Rules,
     State,
     StopReason,
@@ -179,15 +180,7 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
             gpu_fault=kept,
             phase=Phase.STOPPED,
             stop_reason=None,
-            halt_reason=(
-                f"the daemon was stopped by {state.resumes_after or 'the operator'} while"
-                f" handling a GPU fault: {kept.reason}"
-                if kept is not None
-                else f"the daemon was stopped by {state.resumes_after}; the run resumes when"
-                " the daemon starts again"
-                if state.resumes_after
-                else "stopped by operator"
-            ),
+            halt_reason=_stopped_because(state, kept),
             stop_exit=ended,
         )
         if reason == "shutdown":
@@ -291,6 +284,19 @@ def on_fixed_file_leftover(
     leftover = Quarantine(step=None, name=ev.name, reason=LEFTOVER_REASON, retract_mirror=False)
     # No trainer started for that segment: the next start takes its number.
     return spawn(replace(state, seg=state.seg - 1), ev.t, actions, leftover=leftover)
+
+
+def _stopped_because(state: State, kept: GpuFaultInfo | None) -> str:
+    """A run stopped by the operator or a shutdown: why, and what the next daemon does."""
+    by = state.resumes_after
+    if kept is not None:
+        return (
+            f"the daemon was stopped by {by or 'the operator'} while handling a GPU fault:"
+            f" {kept.reason}"
+        )
+    if by:
+        return f"the daemon was stopped by {by}; the run resumes when the daemon starts again"
+    return "stopped by operator"
 
 
 def waited_too_long(state: State, w: Waiter) -> str:
