@@ -967,11 +967,21 @@ class Soak:
         fault = self.record("enospc", status.get("step"), free_before=free, ballast=fill)
         crash = None
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            crash = self.journal.find("crash", fault.t)
-            if crash is not None:
-                break
-            time.sleep(0.02)
+        with open(ballast, "ab") as f:
+            while time.monotonic() < deadline:
+                crash = self.journal.find("crash", fault.t)
+                if crash is not None:
+                    break
+                # A save already written when the disk was filled commits, and retention
+                # then deletes an older checkpoint: fill what that frees again, or the next
+                # save fits and the disk never fills for the trainer.
+                stats = os.statvfs(self.ckpt)
+                more = stats.f_bavail * stats.f_frsize - size // 2
+                with contextlib.suppress(OSError):
+                    while more > 0:
+                        more -= f.write(b"\0" * min(1 << 20, more))
+                    f.flush()
+                time.sleep(0.02)
         ballast.unlink()
         fault.detail["cleared_t"] = time.time()
         if crash is None:
