@@ -1,7 +1,8 @@
-"""Part of section 1: what a start's own cgroup costs a restart, piece by piece.
+"""Part of section 1: what a start's own cgroup costs a restart spawned for it, piece by piece.
 
-The daemon's child writes itself into its start's cgroup before it executes the trainer
-(shell.process.spawn), so nothing the trainer forks can start outside. That takes two
+A spawned start's child writes itself into its start's cgroup before it executes the
+trainer (shell.process.spawn), so nothing the trainer forks can start outside (a restart
+run in a spare, shell.spare, paid this ahead of time). That takes two
 things a plain spawn does not: a `preexec_fn`, which makes Python fork() the spawning
 process where it would vfork(), and a cgroup v2 move. Each is timed here on its own,
 from this process, after a quiet pause as between two crashes:
@@ -9,7 +10,7 @@ from this process, after a quiet pause as between two crashes:
 - vfork spawn: `subprocess.Popen` of /bin/true with no preexec_fn (what returns once the
   child has executed);
 - fork spawn: the same with a preexec_fn that does nothing;
-- fork spawn + join: the daemon's way, the preexec_fn writing "0" to the cgroup's
+- fork spawn + join: a spawned start's way, the preexec_fn writing "0" to the cgroup's
   cgroup.procs;
 - parent's move: the same write of a running child's pid from here, after a vfork spawn.
 
@@ -30,6 +31,8 @@ from typing import Any
 from bench.common import fmt_ms, latency_summary
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 
+JOINED = "fork spawn + join (a spawned start's)"
+
 QUIET_S = 0.3
 """The pause before each sample: a restart comes after a trainer's life, not right after
 the previous move."""
@@ -49,7 +52,7 @@ def measure(work_dir: Path, samples: int) -> tuple[dict[str, list[float]], str]:
     ways: dict[str, list[float]] = {
         "vfork spawn": [],
         "fork spawn": [],
-        "fork spawn + join (the daemon's)": [],
+        JOINED: [],
         "parent's move of a running child": [],
     }
     for i in range(samples):

@@ -8,6 +8,7 @@ the policy's actions.
 - `process`: the trainer as a child process: spawn, signal, leftovers
 - `containment`: a start's processes found by marker and subreaper; none outlives the start
 - `cgroups`: a cgroup v2 of its own for each trainer start, where one can be made
+- `spare`: the next start's process, made ahead inside its cgroup, which becomes the trainer
 - `boot`: start-up reads: the rules from the config, the journal's last state, metrics
 - `config_watch`: whether the config file still holds what the daemon read at its start
 - `verdicts`: each commit verified and digested once; the registry of what each was

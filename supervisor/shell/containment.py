@@ -41,6 +41,7 @@ from trainwarden.supervisor.inputs.proctree import (
 )
 from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.process import TrainerIdentity
+from trainwarden.supervisor.shell.spare import spare_pids
 from trainwarden.supervisor.store.journal import Journal
 
 log = logging.getLogger("trainwarden.daemon")
@@ -203,6 +204,8 @@ async def stop_leftovers(
     identity = TrainerIdentity.load(trainer_pid_file)
     main = identity if identity is not None and identity.alive() else None
     old_starts = cgroups.markers() if cgroups is not None else []
+    spares: set[int] = set()
+    # The old daemon's spare (see shell.spare) is no start's: ended with its cgroup, unlisted.
 
     def find() -> list[int]:
         found = set(marked_processes(run_dir))
@@ -211,8 +214,10 @@ async def stop_leftovers(
             found.update(descendants(main.pid))
         if cgroups is not None:
             for marker in old_starts:
-                found.update(cgroups.procs(marker))
-        return sorted(found)
+                in_cgroup = cgroups.procs(marker)
+                spares.update(spare_pids(in_cgroup))
+                found.update(in_cgroup)
+        return sorted(found - spares)
 
     leftovers = await asyncio.to_thread(find)
     if not leftovers:
@@ -226,7 +231,7 @@ async def stop_leftovers(
     if cgroups is not None:
         for marker in old_starts:
             killed = await asyncio.to_thread(cgroups.end, marker)
-            ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed]
+            ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed if p not in spares]
     journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
     return True
 

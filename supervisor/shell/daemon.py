@@ -384,6 +384,7 @@ class Daemon:
         """Everything started, ended in order; the journal's last record says the exit."""
         # The trainer's helpers and orphaned workers end with the start, before the daemon.
         await executor.starts.finish_containment()
+        await executor.starts.end_spare()
         if self.notifier is not None and not self.state.shutdown:
             self.notifier.stopping()
         watcher.stop()
@@ -486,6 +487,8 @@ class Daemon:
         assert self.executor is not None
         for action in actions:
             await self.executor.execute(action)
+        if self.state.phase in core.HALTED or self.state.shutdown:
+            self.executor.starts.drop_spare()
         self._announce(before)
 
     def _announce(self, before: core.State) -> None:

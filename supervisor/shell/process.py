@@ -17,6 +17,7 @@ import psutil
 
 from trainwarden.supervisor.config_trainer import trainer_program_problem
 from trainwarden.supervisor.inputs.proctree import descendants
+from trainwarden.supervisor.shell.spare import Spare
 from trainwarden.supervisor.store.rundir import APPEND_FLAGS, write_atomic
 
 
@@ -176,11 +177,18 @@ async def spawn(
     env: dict[str, str],
     log_path: Path,
     cgroup_procs_fd: int | None = None,
+    spare: Spare | None = None,
 ) -> asyncio.subprocess.Process:
     """Start the trainer in a new session with stdout and stderr appended to the run log;
     with `cgroup_procs_fd` (a start cgroup's cgroup.procs), inside that cgroup from its
-    first instruction, so nothing it forks at once can escape it."""
+    first instruction, so nothing it forks at once can escape it; with `spare`, in that
+    spare process, already in the start's cgroup (SpareGone: it died first)."""
     log_fd = _open_run_log(log_path)
+    if spare is not None:
+        try:
+            return await spare.launch(argv, cwd, env, log_fd)
+        finally:
+            os.close(log_fd)
     join = None if cgroup_procs_fd is None else functools.partial(_join_cgroup, cgroup_procs_fd)
     try:
         return await asyncio.create_subprocess_exec(

@@ -36,6 +36,7 @@ from trainwarden.supervisor.shell.process import (
     spawn_failure,
 )
 from trainwarden.supervisor.shell.snapshots import Snapshots
+from trainwarden.supervisor.shell.spare import Spare, SpareGone, Spares
 from trainwarden.supervisor.shell.spawning import resume_path, trainer_argv, trainer_env
 from trainwarden.supervisor.store.appendfile import no_space
 from trainwarden.supervisor.store.checkpoints import CheckpointStore
@@ -92,6 +93,8 @@ class Starts:
         find the trainer it is to stop)."""
         self.cgroups: StartCgroups | None = None
         """Each start's cgroup, where the daemon may make them (see shell.cgroups)."""
+        self.spares: Spares | None = None
+        """The next start's process, made ahead in its cgroup where there are cgroups."""
         self.identity_unsaved: TrainerIdentity | None = None
         """The live trainer's identity the disk had no space for (trainer.pid), to save."""
         self.settle_commits: Callable[[], Awaitable[None]] = _nothing
@@ -138,7 +141,10 @@ class Starts:
             if refused is not None:
                 self.outcomes.append(core.SpawnFailed(time.monotonic(), refused))
                 return
-        marker = new_marker(action.seg)
+        if self.spares is None and self.cgroups is not None:
+            self.spares = Spares(self.cgroups, new_marker)
+        spare = self.spares.take(action.seg) if self.spares is not None else None
+        marker = spare.marker if spare is not None else new_marker(action.seg)
         argv = trainer_argv(self.cfg, self.store.dir, action)
         env = trainer_env(self.cfg, self.store.dir, action, marker)
         # The intent, durable before the fork: a daemon killed at any instant after it finds
@@ -152,16 +158,13 @@ class Starts:
             timeline=action.timeline,
             resume_names=(action.resume.name, str(resume_file)) if action.resume else (),
         )
+        # Made after our own reads of the checkpoint: what opens it from here is the start.
+        self.resume_read = ResumeReadWatch(resume_file) if resume_file is not None else None
         # The new trainer may print (a NaN, even) before the spawn returns: its lines are
         # queued and reach the policy after the spawn's outcome, which the daemon's loop
         # takes before its queue.
-        procs_fd, no_procs_fd = (
-            self.cgroups.open_for_child(marker) if self.cgroups is not None else (None, None)
-        )
-        # Made after our own reads of the checkpoint: what opens it from here is the start.
-        self.resume_read = ResumeReadWatch(resume_file) if resume_file is not None else None
         try:
-            proc = await spawn(argv, self.cfg.trainer_cwd, env, self.cfg.log_path, procs_fd)
+            proc, in_cgroup = await self._start_process(argv, env, marker, spare)
         except OSError as exc:
             self._close_resume_read()
             failure = spawn_failure(argv, self.cfg.trainer_cwd, env, exc)
@@ -170,22 +173,57 @@ class Starts:
                     self.cgroups.path(marker).rmdir()  # made for a start that never ran
             self.outcomes.append(core.SpawnFailed(time.monotonic(), failure))
             return
-        finally:
-            if procs_fd is not None:
-                os.close(procs_fd)
         self.proc = proc
-        started: dict[str, Any] = {"pid": proc.pid, "seg": action.seg, "marker": marker}
-        if self.cgroups is not None:
-            # The child joined before its exec; checked (and done) again here for a child
-            # whose own write was refused: the error says why.
-            refused = self.cgroups.join(marker, proc.pid) if no_procs_fd is None else no_procs_fd
-            started["cgroup"] = str(self.cgroups.path(marker)) if refused is None else None
-            if refused is not None:
-                started["cgroup_error"] = refused
+        started = {"pid": proc.pid, "seg": action.seg, "marker": marker, **in_cgroup}
         self.journal.append("trainer_started", started)
+        if self.spares is not None:
+            self.spares.plan(action.seg + 1, proc)
         self.outcomes.append(core.TrainerSpawned(time.monotonic(), proc.pid))
         asyncio.get_running_loop().create_task(self._await_exit(proc, marker))
         await self._record_identity(proc.pid, marker)
+
+    async def _start_process(
+        self, argv: list[str], env: dict[str, str], marker: str, spare: Spare | None
+    ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+        """The trainer's process, run in the spare or spawned into its cgroup, and what its
+        `trainer_started` record says of its cgroup. OSError as a spawn raises it."""
+        cwd, log_path = self.cfg.trainer_cwd, self.cfg.log_path
+        if spare is not None:
+            try:
+                proc = await spawn(argv, cwd, env, log_path, spare=spare)
+                return proc, {"cgroup": str(spare.cgroups.path(marker)), "spare": True}
+            except SpareGone as gone:
+                log.warning("the spare start was gone (%s): spawning the trainer", gone)
+                await spare.end()  # what is left of it, and its cgroup, made again below
+            except OSError:
+                await spare.end()  # its exec failed: it exits, its cgroup is removed
+                raise
+        procs_fd, no_procs_fd = (
+            self.cgroups.open_for_child(marker) if self.cgroups is not None else (None, None)
+        )
+        try:
+            proc = await spawn(argv, cwd, env, log_path, procs_fd)
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
+        if self.cgroups is None:
+            return proc, {}
+        # The child joined before its exec; checked (and done) again here for a child
+        # whose own write was refused: the error says why.
+        refused = self.cgroups.join(marker, proc.pid) if no_procs_fd is None else no_procs_fd
+        if refused is not None:
+            return proc, {"cgroup": None, "cgroup_error": refused}
+        return proc, {"cgroup": str(self.cgroups.path(marker))}
+
+    def drop_spare(self) -> None:
+        """The run halted: no start is coming soon, and no spare waits for one."""
+        if self.spares is not None:
+            self.spares.drop()
+
+    async def end_spare(self) -> None:
+        """The daemon exits: its spare (and any being made) gone first."""
+        if self.spares is not None:
+            await self.spares.end()
 
     async def _record_identity(self, pid: int, marker: str) -> None:
         """Write trainer.pid for a trainer just started (a daemon killed later finds it)."""

@@ -60,6 +60,12 @@ def test_a_helper_without_the_marker_is_ended_through_the_start_s_cgroup(
             30,
             what="the helper",
         )
+        # It writes its pid file just before its exec drops the environment.
+        wait_for(
+            lambda: Path(f"/proc/{helper}/cmdline").read_bytes().startswith(b"sleep"),
+            30,
+            what="the helper's exec",
+        )
         assert b"TRAINWARDEN_START" not in Path(f"/proc/{helper}/environ").read_bytes()
         daemon.wait_state("backoff", timeout=60)  # it crashed at step 20
         wait_for(lambda: not pid_alive(helper), 30, what="the helper ended with its start")
@@ -74,6 +80,7 @@ def test_a_helper_without_the_marker_is_ended_through_the_start_s_cgroup(
         assert helper in [p["pid"] for p in leftover["processes"]]
         wait_for(lambda: not folder.exists(), 30, what="the start's cgroup removed")
         daemon.request("shutdown", timeout=60)
+        daemon.wait_exit(60)
     assert not any(n.startswith(folder.name[:25]) for n in os.listdir(folder.parent))
 
 

@@ -276,11 +276,16 @@ def test_a_spike_logged_while_no_daemon_ran_is_found_in_the_lines_caught_up(tmp_
         daemon.start()
         (spike,) = wait_for(lambda: of_kind(run_dir, "spike"), 60, what="the spike")
         (rollback,) = wait_for(lambda: of_kind(run_dir, "rollback"), 30, what="the rollback")
+        # The rollback's start is journaled after the rollback, once the old start is gone.
+        spawn = wait_for(
+            lambda: [r for r in of_kind(run_dir, "spawn") if r.get("rollback_from")][-1:],
+            30,
+            what="the rollback's start",
+        )[0]
     finally:
         daemon.cleanup()
     assert spike["caught_up"] is True and spike["first_step"] == BAD_AT, spike
     assert rollback["step"] <= BAD_AT - SPIKE_TABLE["rollback_steps"], rollback
-    spawn = [r for r in journal(run_dir) if r["kind"] == "spawn"][-1]
     assert spawn["resume"]["step"] == rollback["step"] and spawn["rollback_from"] == BAD_AT
 
 
