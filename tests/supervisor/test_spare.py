@@ -38,6 +38,7 @@ facts = {
     "sigign": next(l for l in status.splitlines() if l.startswith("SigIgn:")).split()[1],
     "cgroup": open("/proc/self/cgroup").read().strip().split("::", 1)[1],
     "fds": sorted(os.listdir("/proc/self/fd")),
+    "bytes": os.environb.get(b"TW_TEST_BYTES", b"").hex(),
 }
 Path(f"facts-{os.getpid()}.json").write_text(json.dumps(facts))
 print(f"hello from {os.getpid()}", flush=True)
@@ -105,7 +106,8 @@ def test_a_restart_runs_the_trainer_in_the_spare_as_a_spawn_would(
     tmp_path: Path, cgroups: StartCgroups
 ):
     run_dir = _run(tmp_path, NO_BACKOFF)
-    with running_daemon(run_dir) as daemon:
+    # An environment variable that is no text reaches the trainer byte for byte.
+    with running_daemon(run_dir, env={"TW_TEST_BYTES": "caf\udcff"}) as daemon:
         second = wait_for(lambda: _started(run_dir, 2), 60, what="the restart")
         first = _started(run_dir, 1)
         assert first is not None and "spare" not in first, "the first start is spawned"
@@ -118,8 +120,9 @@ def test_a_restart_runs_the_trainer_in_the_spare_as_a_spawn_would(
         assert after["marker"] == second["marker"]
         # What a spawned start has: the working directory, stdin, the signals it ignores
         # (none that Python ignores), no descriptor of the daemon's or the spare's.
-        for key in ("cwd", "stdin", "sigign", "fds"):
+        for key in ("cwd", "stdin", "sigign", "fds", "bytes"):
             assert after[key] == before[key], key
+        assert after["bytes"] == b"caf\xff".hex()
         assert after["stdin"] == "/dev/null"
         # Its output is the run log's, read as the start's own lines.
         log_path = run_dir / "training.log"
