@@ -97,6 +97,15 @@ def _facts(run_dir: Path, pid: int) -> dict[str, Any]:
     return wait_for(lambda: path.exists() and json.loads(path.read_text()), 30, what="facts")
 
 
+def _lasting_start_and_its_spare(daemon: DaemonProcess, cgroups: StartCgroups) -> tuple[int, int]:
+    """Start the daemon; the pids of its second start (which runs on) and of the next
+    start's spare, once ready."""
+    daemon.start()
+    trainer = wait_for(lambda: _started(daemon.run_dir, 2), 60, what="the start that lasts")
+    (spare,) = wait_for(lambda: _spares(daemon.pid, cgroups), 30, what="the spare")
+    return trainer["pid"], spare
+
+
 def _run_cgroups(cgroups: StartCgroups) -> list[str]:
     return [n for n in os.listdir(cgroups.base) if n.startswith(cgroups.prefix)]
 
@@ -189,9 +198,7 @@ def test_a_spare_outliving_a_killed_daemon_is_ended_by_the_next_and_not_called_a
     daemon = DaemonProcess(run_dir)
     spare = 0
     try:
-        daemon.start()
-        trainer = wait_for(lambda: _started(run_dir, 2), 60, what="the start that lasts")["pid"]
-        (spare,) = wait_for(lambda: _spares(daemon.pid, cgroups), 30, what="the spare")
+        trainer, spare = _lasting_start_and_its_spare(daemon, cgroups)
         # Stopped, it cannot see its daemon go (a spare reads end-of-file and exits).
         os.kill(spare, signal.SIGSTOP)
         daemon.kill()  # the trainer lives on, and the stopped spare
@@ -216,9 +223,7 @@ def test_a_killed_daemons_spare_leaves_its_cgroup_removes_it_and_exits(
     run_dir = _run(tmp_path, NO_BACKOFF)
     daemon = DaemonProcess(run_dir)
     try:
-        daemon.start()
-        trainer = wait_for(lambda: _started(run_dir, 2), 60, what="the start that lasts")["pid"]
-        (spare,) = wait_for(lambda: _spares(daemon.pid, cgroups), 30, what="the spare")
+        trainer, spare = _lasting_start_and_its_spare(daemon, cgroups)
         folder = cgroups.base / _cgroup_of(spare, cgroups)
         daemon.kill()
         wait_for(lambda: not pid_alive(spare), 30, what="the spare gone")
