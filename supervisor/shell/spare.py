@@ -275,7 +275,8 @@ class Spares:
         return None
 
     def drop(self) -> None:
-        """No start is coming soon (the run halted): the spare ends, in the background."""
+        """No start is coming soon (the run halted, a shutdown): the spare ends, in the
+        background."""
         spare, self.spare = self.spare, None
         self.generation += 1
         if self.timer is not None:

@@ -216,7 +216,8 @@ class Starts:
         return proc, {"cgroup": str(self.cgroups.path(marker))}
 
     def drop_spare(self) -> None:
-        """The run halted: no start is coming soon, and no spare waits for one."""
+        """The run halted, or the daemon shuts down: no start is coming soon, so no spare
+        waits for one."""
         if self.spares is not None:
             self.spares.drop()
 
