@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import psutil
+
 from trainwarden.supervisor.cli.detach import start_detached
 from trainwarden.supervisor.cli.init import write_config
 from trainwarden.supervisor.cli.output import describe_result, stop_status
@@ -188,6 +190,22 @@ def daemon_holding(files: RunFiles) -> int | None:
     return None
 
 
+def _process(pid: int | None) -> psutil.Process | None:
+    """The daemon's process, taken before it is asked to exit (its pid may be reused after)."""
+    try:
+        return psutil.Process(pid) if pid is not None and pid > 0 else None
+    except psutil.Error:
+        return None
+
+
+def _running(daemon: psutil.Process | None) -> bool:
+    """Whether the daemon still runs (a zombie has ended; its parent reaps it)."""
+    try:
+        return daemon is not None and daemon.is_running() and daemon.status() != "zombie"
+    except psutil.Error:
+        return False
+
+
 def stop_daemon(run_dir: Path, out: TextIO) -> bool:
     """SIGTERM the daemon that supervises `run_dir` (its pid file names it; it stops the
     trainer, which saves, then exits) and wait for its lock; True once none holds it."""
@@ -199,12 +217,14 @@ def stop_daemon(run_dir: Path, out: TextIO) -> bool:
         say(f"a daemon holds {files.lock} but {files.daemon_pid} names none; stop it first", out)
         return False
     say(f"stopping the daemon that supervises it (pid {pid})…", out)
+    daemon = _process(pid)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + SHUTDOWN_WAIT_S
-    while daemon_holding(files) is not None:
+    # It lets go of the lock before its interpreter ends: "exited" only once it has.
+    while daemon_holding(files) is not None or _running(daemon):
         if time.monotonic() > deadline:
             say(f"the daemon (pid {pid}) has not exited after {SHUTDOWN_WAIT_S:.0f} s", out)
             return False
@@ -296,6 +316,7 @@ def ask_to_stop(stdin: TextIO, out: TextIO, own: bool = True, daemon_stays: bool
 def shutdown(cfg: Config, out: TextIO) -> bool:
     """Stop the trainer (it saves first) and the daemon; True once the daemon has exited."""
     say("stopping the trainer (it saves a checkpoint first) and the daemon…", out)
+    daemon = _process(read_pid(RunFiles(cfg.run_dir).daemon_pid))
     done, result = _ask_to_stop(cfg, "shutdown", "daemon", out)
     if done is not None:
         return done
@@ -304,7 +325,7 @@ def shutdown(cfg: Config, out: TextIO) -> bool:
         say(f"newest checkpoint: step {ckpt.get('step')}", out)
     pid_file = RunFiles(cfg.run_dir).daemon_pid
     deadline = time.monotonic() + SHUTDOWN_WAIT_S
-    while pid_file.exists() or daemon_status(cfg) is not None:
+    while pid_file.exists() or daemon_status(cfg) is not None or _running(daemon):
         if time.monotonic() > deadline:
             say(f"the daemon has not exited after {SHUTDOWN_WAIT_S:.0f} s; see its log", out)
             return False

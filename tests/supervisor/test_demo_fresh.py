@@ -5,6 +5,7 @@ and a directory the demo did not make is never deleted. Real daemons and trainer
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,15 @@ from trainwarden.supervisor.cli.demo import (
     offer_fresh,
     prepare,
     run_demo,
+    shutdown,
     start_over,
+    stop_daemon,
 )
+from trainwarden.supervisor.cli.start_checks import load_for_start
 
 pytestmark = pytest.mark.timeout(300)
+
+FAULT_HOOKS = Path(__file__).resolve().parent / "fault_hooks"
 
 
 class Terminal(io.StringIO):
@@ -100,3 +106,29 @@ def test_fresh_never_deletes_a_directory_the_demo_did_not_make(tmp_path: Path):
     assert "is not a demo run directory" in out.getvalue()
     assert (run_dir / "notes.txt").read_text() == "mine\n"
     assert (run_dir / "trainwarden.toml").exists()
+
+
+def _slow_exiting_daemon(run_dir: Path) -> DaemonProcess:
+    """A daemon whose interpreter ends 3 s after it lets go of the run (a fault hook)."""
+    path = os.pathsep.join(p for p in (str(FAULT_HOOKS), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, "TRAINWARDEN_TEST_SLOW_EXIT": "3"}
+    return DaemonProcess(scripted_run(run_dir, "--steps", "100000"), env).start()
+
+
+@pytest.mark.parametrize("how", ["fresh", "quit"])
+def test_the_demo_says_the_daemon_exited_only_once_it_has(tmp_path: Path, how: str):
+    """It let go of the run's lock and pid file before its interpreter ended: the demo
+    (`--fresh`, and quitting the demo it started) said "the daemon has exited" while it
+    still ran."""
+    daemon = _slow_exiting_daemon(tmp_path / "run")
+    try:
+        wait_for(lambda: trainer_pid(tmp_path / "run"), 60, what="the trainer")
+        out = io.StringIO()
+        if how == "fresh":
+            assert stop_daemon(tmp_path / "run", out) is True
+        else:
+            assert shutdown(load_for_start(tmp_path / "run"), out) is True
+        assert "the daemon has exited" in out.getvalue()
+        assert not daemon.alive
+    finally:
+        daemon.cleanup()

@@ -40,7 +40,8 @@ facts = {
     "fds": sorted(os.listdir("/proc/self/fd")),
     "bytes": os.environb.get(b"TW_TEST_BYTES", b"").hex(),
 }
-Path(f"facts-{os.getpid()}.json").write_text(json.dumps(facts))
+Path(f"facts-{os.getpid()}.tmp").write_text(json.dumps(facts))
+os.rename(f"facts-{os.getpid()}.tmp", f"facts-{os.getpid()}.json")  # read whole or not at all
 print(f"hello from {os.getpid()}", flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 for step in range(1, 10**6):

@@ -13,22 +13,29 @@ it that long after the `spawn` record instead, wherever the daemon is by then.
 With TRAINWARDEN_TEST_PAUSE_SPAWN=SECONDS each trainer start waits that long (on the event
 loop, which goes on answering requests) right before the fork: a slow start, as a large
 checkpoint's digest check or a previous start's processes being stopped make one.
+
+With TRAINWARDEN_TEST_SLOW_EXIT=SECONDS a daemon's interpreter takes that long to end
+after its run is over (its lock and pid file already let go), as a loaded machine's
+teardown of threads and modules can.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.abc
 import importlib.machinery
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 STAGE = os.environ.get("TRAINWARDEN_TEST_DIE_AT_PIVOT_STAGE")
 POINT = os.environ.get("TRAINWARDEN_TEST_DIE_AT")
 PAUSE = os.environ.get("TRAINWARDEN_TEST_PAUSE_SPAWN")
+SLOW_EXIT = os.environ.get("TRAINWARDEN_TEST_SLOW_EXIT")
 JOURNAL_MODULE = "trainwarden.supervisor.store.journal"
 PROCESS_MODULE = "trainwarden.supervisor.shell.process"
 
@@ -113,3 +120,12 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if STAGE or POINT or PAUSE:
     sys.meta_path.insert(0, _Finder())
+
+
+def _slow_exit() -> None:
+    if "trainwarden.supervisor.shell.daemon" in sys.modules:  # not the trainer's interpreter
+        time.sleep(float(SLOW_EXIT or 0))
+
+
+if SLOW_EXIT:
+    atexit.register(_slow_exit)
