@@ -208,7 +208,8 @@ def _running(daemon: psutil.Process | None) -> bool:
 
 def stop_daemon(run_dir: Path, out: TextIO) -> bool:
     """SIGTERM the daemon that supervises `run_dir` (its pid file names it; it stops the
-    trainer, which saves, then exits) and wait for its lock; True once none holds it."""
+    trainer, which saves, then exits) and wait for its lock and its exit; True once it has
+    exited and none holds the lock."""
     files = RunFiles(run_dir)
     pid = daemon_holding(files)
     if pid is None:

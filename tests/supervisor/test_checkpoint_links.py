@@ -71,8 +71,9 @@ def test_a_linked_checkpoint_dir_is_watched_retained_and_resumed_from(tmp_path: 
         deleted = wait_for(
             lambda: (done := records(run_dir, "delete"))[1:] and done, 60, what="retention"
         )
-        on_disk = {p.name for p in big.iterdir()}
-        assert not {r["name"] for r in deleted} & on_disk
+        # Each `delete` is journaled before its unlink (in a thread): gone right after.
+        names = {r["name"] for r in deleted}
+        wait_for(lambda: not names & {p.name for p in big.iterdir()}, 30, what="them deleted")
         assert len(records(run_dir, "checkpoint")) >= 4
         assert not records(run_dir, "delete_failed")
         assert daemon.status()["checkpoints"]
