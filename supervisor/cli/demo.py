@@ -201,7 +201,9 @@ def _process(pid: int | None) -> psutil.Process | None:
 def _running(daemon: psutil.Process | None) -> bool:
     """Whether the daemon still runs (a zombie has ended; its parent reaps it)."""
     try:
-        return daemon is not None and daemon.is_running() and daemon.status() != "zombie"
+        return (
+            daemon is not None and daemon.is_running() and daemon.status() != psutil.STATUS_ZOMBIE
+        )
     except psutil.Error:
         return False
 

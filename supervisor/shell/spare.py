@@ -315,7 +315,8 @@ class Spares:
             await spare.end()
             self._give_up(str(gone))
         except asyncio.CancelledError:
-            pass  # ended meanwhile
+            if not spare.waiting.cancelled():
+                raise  # this task itself was cancelled, not the spare's wait (ended meanwhile)
 
     def _give_up(self, why: str) -> None:
         self.off = why
