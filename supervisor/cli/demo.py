@@ -43,12 +43,13 @@ and its config names no total_steps (no percentage or ETA towards this number)."
 DEMO_SAVE_EVERY = 100
 DEMO_FAULTS = {
     "--crash-at-step": 350,
-    "--nan-at-step": 1050,
-    "--hang-at-step": 1750,
-    "--bad-data-at-step": 2450,
+    "--nan-at-step": 650,
+    "--hang-at-step": 950,
+    "--bad-data-at-step": 1250,
 }
-"""One crash, one divergence and one hang, each once per run directory, a few seconds apart
-on a CPU; then 50 steps of garbage data (a loss spike the daemon rolls back and skips)."""
+"""One crash, one divergence and one hang, each once per run directory, 300 steps apart
+(about 10 s of a CPU core each: every caption stays a while); then 50 steps of garbage data
+(a loss spike the daemon rolls back and skips)."""
 DEMO_STALL_TIMEOUT_S = 15.0
 """Short, so the hang is detected within the demo's first minute; longer than the
 trainer's start-up (importing torch) on a busy machine."""

@@ -232,6 +232,7 @@ def mean(losses: dict[int, str], steps: range) -> float:
     return sum(float(losses[step]) for step in steps) / len(steps)
 
 
+@pytest.mark.slow  # three trainers, 900 steps: about 50 s (run by .ci/run; docs/testing.md)
 def test_bad_data_spikes_the_loss_and_skipping_it_cures_it(tmp_path):
     clean = run_trainer(tmp_path / "clean", *CURE_STEPS, timeout=600)
     assert clean.returncode == 0, clean.stderr
