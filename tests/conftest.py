@@ -132,6 +132,21 @@ def _load_for_loaded_tests(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _journals_match_their_records(request: pytest.FixtureRequest) -> Iterator[None]:
+    """At the end of a test with a tmp_path, every journal its daemons wrote there holds to
+    supervisor/core/records.py (tests/support/records_check.py). Set up before the test's
+    own fixtures, so torn down after them: its daemons have ended."""
+    yield
+    if "tmp_path" not in request.fixturenames:
+        return
+    from tests.support.records_check import journals, problems
+
+    found = [p for path in journals(request.getfixturevalue("tmp_path")) for p in problems(path)]
+    if found:
+        pytest.fail("journal records unlike core/records.py:\n" + "\n".join(found[:10]))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the empty start cgroups that daemons killed by the tests left behind (a
     daemon removes its own when it ends a start; a SIGKILLed one cannot). A cgroup still

@@ -9,6 +9,7 @@ package imports only the standard library and itself. Importing it (or `phases` 
 
 - `phases`: the run's phases and their transition diagram
 - `kinds`: the vocabularies: journal record kinds, loss chart marker kinds, error codes
+- `records`: each journal record kind's fields, one TypedDict per kind (the journal's schema)
 - `state`: Rules and State
 - `persist`: what of the state survives a daemon restart: written, and restored
 - `requests`: the operator's commands, typed, and their parser
