@@ -136,13 +136,16 @@ def _load_for_loaded_tests(request: pytest.FixtureRequest) -> Iterator[None]:
 def _journals_match_their_records(request: pytest.FixtureRequest) -> Iterator[None]:
     """At the end of a test with a tmp_path, every journal its daemons wrote there holds to
     supervisor/core/records.py (tests/support/records_check.py). Set up before the test's
-    own fixtures, so torn down after them: its daemons have ended."""
-    yield
+    own fixtures, so torn down after them: its daemons have ended. (tmp_path is taken
+    first, so it is set up before this and torn down after it.)"""
     if "tmp_path" not in request.fixturenames:
+        yield
         return
+    tmp_path = request.getfixturevalue("tmp_path")
+    yield
     from tests.support.records_check import journals, problems
 
-    found = [p for path in journals(request.getfixturevalue("tmp_path")) for p in problems(path)]
+    found = [p for path in journals(tmp_path) for p in problems(path)]
     if found:
         pytest.fail("journal records unlike core/records.py:\n" + "\n".join(found[:10]))
 
