@@ -244,14 +244,6 @@ def calls_of(name: str) -> Iterator[tuple[str, str, ast.Call]]:
                 yield module, function, node
 
 
-def arguments_of(name: str, index: int, keyword: str = "") -> list[str]:
-    """The spelled-out strings passed as an argument of every call of `name`."""
-    found = []
-    for _, _, call in calls_of(name):
-        found += literal(argument(call, index, keyword)) or []
-    return found
-
-
 def returned_pairs(module: str, function: str) -> list[str]:
     """The first strings of the `return "name", ...` pairs of a function."""
     found = []
@@ -262,21 +254,6 @@ def returned_pairs(module: str, function: str) -> list[str]:
             and isinstance(node.value, ast.Tuple)
         ):
             found += literal(node.value.elts[0]) or []
-    return found
-
-
-def table_lookup(module: str, function: str) -> list[str]:
-    """The values of a `{...}.get(key, default)` table in a function, and its default."""
-    found = []
-    for inside, node in in_functions(daemon_trees()[module]):
-        if (
-            inside == function
-            and isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Dict)
-        ):
-            found += [s for value in node.func.value.values for s in literal(value) or []]
-            found += literal(argument(node, 1, "default")) or []
     return found
 
 
@@ -294,37 +271,85 @@ def writes_a_record(module: str, call: ast.Call) -> bool:
     )
 
 
+def kind_of_display(node: ast.expr | None) -> ast.expr | None:
+    """The value of a dict display's "kind" key (None: not a display, or no such key); of
+    `a if c else b`, the kind both displays spell alike."""
+    if isinstance(node, ast.IfExp):
+        body, orelse = kind_of_display(node.body), kind_of_display(node.orelse)
+        same = body is not None and orelse is not None and literal(body) == literal(orelse)
+        return body if same else None
+    if not isinstance(node, ast.Dict):
+        return None
+    for key, value in zip(node.keys, node.values, strict=True):
+        if isinstance(key, ast.Constant) and key.value == "kind":
+            return value
+    return None
+
+
+def display_kinds(module: str, function: str) -> list[str]:
+    """The kinds spelled in the dict displays of one function."""
+    found = []
+    for inside, node in in_functions(daemon_trees()[module]):
+        if inside == function and isinstance(node, ast.Dict):
+            found += literal(kind_of_display(node)) or []
+    return found
+
+
+def entry_kind(function: ast.AST, entry: ast.expr | None) -> ast.expr | None:
+    """The kind of a record passed whole (`Record(entry)`, `journal.append(entry)`): the
+    "kind" of its display, or of the display its name was given in the same function (a
+    `cast` to a record class looked through)."""
+    if isinstance(entry, ast.Call) and callee(entry) == "cast" and len(entry.args) == 2:
+        entry = entry.args[1]
+    if isinstance(entry, ast.Name):
+        for node in ast.walk(function):
+            if isinstance(node, ast.AnnAssign | ast.Assign):
+                targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+                names = {t.id for t in targets if isinstance(t, ast.Name)}
+                kind = kind_of_display(node.value) if entry.id in names else None
+                if kind is not None:
+                    return kind
+        return None
+    return kind_of_display(entry)
+
+
 def journal_sinks() -> Iterator[tuple[str, str, ast.expr | None]]:
     """(module, function, kind) of every call that writes a journal record: the policy's
-    `Record`, a `journal.append` of the shell, serve or store, the journal's own writes."""
+    `Record`, a `journal.append` of the shell, serve or store (each takes the record whole,
+    a dict display with its "kind"), the journal's own writes (kind, fields)."""
     for module, tree in daemon_trees().items():
+        functions = {
+            node.name: node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
         for function, node in in_functions(tree):
-            if isinstance(node, ast.Call) and writes_a_record(module, node):
+            if not isinstance(node, ast.Call) or not writes_a_record(module, node):
+                continue
+            if (module, callee(node)) in JOURNAL_OWN_WRITES:
                 yield module, function, argument(node, 0, "kind")
+            else:
+                scope = functions.get(function, tree)
+                yield module, function, entry_kind(scope, argument(node, 0, "entry"))
 
 
 def _disk_space_change() -> list[str]:
-    return returned_pairs("store/appendfile.py", "change")
-
-
-def _watched_paths() -> list[str]:
-    return arguments_of("WatchedPath", 0)
+    return display_kinds("store/appendfile.py", "change")
 
 
 COMPUTED_KINDS: dict[tuple[str, str], tuple[str, Callable[[], list[str]]]] = {
     ("shell/executor.py", "execute"): ("a Record action's kind: the Records above", list),
-    ("shell/executor.py", "_file_op"): (
-        "a failed file operation's kind",
-        lambda: arguments_of("_file_op", 2, "failure_kind"),
+    ("core/rollback.py", "spiked_unseen"): (
+        "a spike's Record made again, caught up: the spike Records above",
+        list,
     ),
-    ("shell/boot.py", "journal_links"): ("a watched path's kind", _watched_paths),
-    ("shell/boot.py", "report_moved_links"): (
-        "a watched path's kind + _moved",
-        lambda: [f"{kind}_moved" for kind in _watched_paths()],
+    ("shell/starts.py", "spawn"): (
+        "the start's intent",
+        lambda: display_kinds("shell/starts.py", "spawn_intent"),
     ),
-    ("shell/start_audit.py", "_finish"): (
-        "the resume audit's outcome",
-        lambda: table_lookup("shell/start_audit.py", "_finish"),
+    ("shell/stray.py", "flush"): (
+        "the count begun for the first stray line",
+        lambda: display_kinds("shell/stray.py", "note"),
     ),
     ("shell/run_history.py", "_note_loss_space"): (
         ".loss.json full or written again",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainwarden.supervisor.core.kinds import ErrorCode, JournalKind
 from trainwarden.supervisor.core.state import Ckpt
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import JournalEntry
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,19 @@ class Quarantine:
 
 @dataclass(frozen=True)
 class Record:
-    """A journal entry that is only a record (the decision itself, a warning)."""
+    """A journal entry that is only a record (the decision itself, a warning): its kind
+    and fields as one of core.records' TypedDicts, checked where it is made."""
 
-    kind: JournalKind
-    fields: dict[str, Any] = field(default_factory=dict)
+    entry: JournalEntry
+
+    @property
+    def kind(self) -> JournalKind:
+        return self.entry["kind"]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The entry less its kind."""
+        return {key: value for key, value in self.entry.items() if key != "kind"}
 
 
 @dataclass(frozen=True)

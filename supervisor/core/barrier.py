@@ -10,11 +10,12 @@ unchanged. Until then the checkpoint is pending, and what would name a checkpoin
 - the replies of stop and shutdown, and the daemon's exit after a shutdown (`stop_due`);
 - a waiting save's reply: it names the first checkpoint at or after the save's step
   committed since the request, never one beyond a checkpoint still pending.
-- the resume step a record foretells (`resume_forecast`): the divergence record's rollback
-  target, the `restart_scheduled` and `fallback` records' `resume_step`. While a checkpoint
-  that may become the newest is pending, the record names none (it lists them); the start,
-  once they are verified, resumes from the newest good one, and its spawn record says which
-  (after a divergence, beside the divergence it rolls back from).
+- the resume step a record foretells (`resume_forecast`, `rollback_forecast`): the
+  divergence record's rollback target, the `restart_scheduled` and `fallback` records'
+  `resume_step`. While a checkpoint that may become the newest is pending, the record
+  names none (it lists them); the start, once they are verified, resumes from the newest
+  good one, and its spawn record says which (after a divergence, beside the divergence it
+  rolls back from).
 
 The first two also wait while the last start's other processes are being stopped
 (`containing`). What those commit meanwhile (a worker saving on the SIGTERM) is stray, like
@@ -29,12 +30,15 @@ replies name such a checkpoint under `unverified` instead of skipping it in sile
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.core.actions import Action, Record, Reply
 from trainwarden.supervisor.core.events import CheckpointSeen
 from trainwarden.supervisor.core.state import Ckpt, Pending, Rules, State, Waiter
 from trainwarden.supervisor.core.transitions import finish_stop, save_late, spawn
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import ResumeForecast, RollbackForecast
 
 
 def seen(state: State, ev: CheckpointSeen) -> State:
@@ -81,15 +85,23 @@ def in_flight_before(state: State, step: int | None) -> list[str]:
     return [p.name for p in state.pending if (step is None or p.step < step) and not p.stray]
 
 
-def resume_forecast(state: State, key: str, before: int | None = None) -> dict[str, Any]:
+def resume_forecast(state: State, before: int | None = None) -> ResumeForecast:
     """What a record may say now of the checkpoint the next start resumes from: its step,
-    under `key`, only when no checkpoint still being verified can change it (one before
-    `before`, the first poisoned step, if any); otherwise the ones it awaits. The start's
-    spawn record names what it really resumed from."""
+    under `resume_step`, only when no checkpoint still being verified can change it (one
+    before `before`, the first poisoned step, if any); otherwise the ones it awaits. The
+    start's spawn record names what it really resumed from."""
     awaiting = in_flight_before(state, before)
     if awaiting:
         return {"awaiting_verification": awaiting}
-    return {key: state.newest.step if state.newest else None}
+    return {"resume_step": state.newest.step if state.newest else None}
+
+
+def rollback_forecast(state: State, before: int) -> RollbackForecast:
+    """resume_forecast as the divergence record says it: the step under `rollback_to`."""
+    awaiting = in_flight_before(state, before)
+    if awaiting:
+        return {"awaiting_verification": awaiting}
+    return {"rollback_to": state.newest.step if state.newest else None}
 
 
 def deadline(state: State, rules: Rules) -> float | None:
@@ -111,8 +123,12 @@ def give_up_overdue(state: State, t: float, rules: Rules, actions: list[Action])
     for p in overdue:
         actions.append(
             Record(
-                "verification_overdue",
-                {"name": p.name, "step": p.step, "waited_s": round(t - p.since, 3)},
+                {
+                    "kind": "verification_overdue",
+                    "name": p.name,
+                    "step": p.step,
+                    "waited_s": round(t - p.since, 3),
+                },
             )
         )
     return replace(

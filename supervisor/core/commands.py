@@ -47,8 +47,12 @@ def on_operator(state: State, ev: Operator, rules: Rules, actions: list[Action])
     if not (isinstance(command, Unpin) and command.dry_run):
         actions.append(
             Record(
-                "operator",
-                {"cmd": command_name(command), "args": command_args(command), "uid": ev.uid},
+                {
+                    "kind": "operator",
+                    "cmd": command_name(command),
+                    "args": command_args(command),
+                    "uid": ev.uid,
+                },
             )
         )
     if isinstance(command, Pivot) and _lacks(ev, "SIGUSR1"):
@@ -67,7 +71,9 @@ def on_abandoned(state: State, ev: RequestAbandoned, rules: Rules, actions: list
     """Its client has gone: nobody waits for the answer, so nothing may wait on it."""
     gone = [w for w in state.waiters if w.request_id == ev.request_id]
     for w in gone:
-        actions.append(Record("request_abandoned", {"request_id": w.request_id, "command": w.kind}))
+        actions.append(
+            Record({"kind": "request_abandoned", "request_id": w.request_id, "command": w.kind})
+        )
     if not gone:
         return state
     return replace(state, waiters=tuple(w for w in state.waiters if w not in gone))
@@ -126,7 +132,7 @@ def save(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
     actions.append(SignalTrainer("SIGUSR1", "operator save"))
     target = (state.last_step or 0) if state.last_step is not None else (state.resume_step or 0)
     # The step the checkpoint must reach: its reply names the first one at or after it.
-    actions.append(Record("save_requested", {"step": target, "wait": ev.command.wait}))
+    actions.append(Record({"kind": "save_requested", "step": target, "wait": ev.command.wait}))
     if ev.command.wait:
         timeout = timeout or rules.save_wait_timeout_s
         waiter = Waiter(ev.request_id, "save", target, ev.t + timeout)
@@ -155,7 +161,7 @@ def stop(state: State, ev: Operator, rules: Rules, actions: list[Action]) -> Sta
         # stop goes on as any other.
         state = pivot.abort(state, actions, "stopped by operator")
     if state.phase == Phase.BACKOFF or state.spawn_due:
-        actions.append(Record("restart_cancelled", {}))
+        actions.append(Record({"kind": "restart_cancelled"}))
         state = replace(
             state,
             phase=Phase.STOPPED,

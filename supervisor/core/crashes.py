@@ -5,7 +5,7 @@ disk waits for space instead of counting."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core import barrier, suspects
 from trainwarden.supervisor.core.actions import Action, Record
@@ -18,6 +18,9 @@ from trainwarden.supervisor.core.state import (
     with_failures,
 )
 from trainwarden.supervisor.core.transitions import fail_waiters, spawn
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import Crash, ExitFacts, TrainerFailedBeforeResume
 
 
 def hang_cause(state: State) -> str:
@@ -35,7 +38,7 @@ def crashed(
     *,
     cause: str,
     restart_cause: RestartCause = "crash",
-    exit_fields: dict[str, Any] | None = None,
+    exit_fields: ExitFacts | None = None,
     read_resume: bool = False,
     last_line: str | None = None,
     disk_full: bool = False,
@@ -50,14 +53,18 @@ def crashed(
 
     A death on a full disk is not the trainer's nor its checkpoint's: it is not counted
     towards the crash loop, and the restarts go on every backoff_max_s until space returns."""
-    crash = {**(exit_fields or {}), "cause": cause}
+    crash: Crash = (
+        {"kind": "crash", **exit_fields, "cause": cause}
+        if exit_fields
+        else {"kind": "crash", "cause": cause}
+    )
     if disk_full:
         crash["disk_full"] = True
     if state.gpu_xid is not None:
         crash["xid"] = state.gpu_xid  # reported by NVML before the trainer died
     if last_line:
         crash["last_line"] = last_line
-    actions.append(Record("crash", crash))
+    actions.append(Record(crash))
     state = replace(state, gpu_xid=None)
     state = fail_waiters(state, actions, "wrong_state", f"the trainer crashed: {cause}")
     state = replace(state, trainer_pid=None, stop_reason=None, kill_at=None)
@@ -70,16 +77,14 @@ def crashed(
     died_on_it = state.last_step is None or (suspect is not None and state.last_step <= suspect)
     if suspect is not None and died_on_it and not read_resume:
         # No sign it ever read the checkpoint: the trainer's own failure, not the file's.
-        actions.append(
-            Record(
-                "trainer_failed_before_resume",
-                {
-                    "step": suspect,
-                    "cause": cause,
-                    **({"last_line": last_line} if last_line else {}),
-                },
-            )
-        )
+        failed: TrainerFailedBeforeResume = {
+            "kind": "trainer_failed_before_resume",
+            "step": suspect,
+            "cause": cause,
+        }
+        if last_line:
+            failed["last_line"] = last_line
+        actions.append(Record(failed))
     elif suspect is not None and died_on_it:
         count = failures_of(state, suspect) + 1
         state = with_failures(state, suspect, count)
@@ -109,8 +114,8 @@ def crashed(
     if halts:
         actions.append(
             Record(
-                "halt",
                 {
+                    "kind": "halt",
                     "state": "crash_loop",
                     "restarts_without_progress": state.restarts_without_progress,
                 },
@@ -127,12 +132,12 @@ def crashed(
     delay = rules.backoff_initial_s if state.next_backoff_s is None else state.next_backoff_s
     actions.append(
         Record(
-            "restart_scheduled",
             {
+                "kind": "restart_scheduled",
                 "backoff_s": delay,
                 "attempt": state.restarts_without_progress + 1,
                 # The restart waits for what is still being verified (see core.barrier).
-                **barrier.resume_forecast(state, "resume_step"),
+                **barrier.resume_forecast(state),
             },
         )
     )
@@ -156,12 +161,12 @@ def wait_for_space(state: State, t: float, rules: Rules, actions: list[Action]) 
     delay = rules.backoff_max_s
     actions.append(
         Record(
-            "restart_scheduled",
             {
+                "kind": "restart_scheduled",
                 "backoff_s": delay,
                 "attempt": state.restarts_without_progress,
                 "disk_full": True,
-                **barrier.resume_forecast(state, "resume_step"),
+                **barrier.resume_forecast(state),
             },
         )
     )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core import pivot
 from trainwarden.supervisor.core.actions import Action, AwaitGpuIdle, Record, ResetGpu
@@ -36,6 +36,9 @@ from trainwarden.supervisor.core.transitions import (
     spawn,
     stop_trainer,
 )
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import GpuFaultFacts, ThrottleFacts
 
 
 class XidClass(StrEnum):
@@ -126,7 +129,7 @@ def instruction(fault: GpuFaultInfo) -> str:
 
 def on_fault(state: State, ev: GpuFault, rules: Rules, actions: list[Action]) -> State:
     cls = classify(ev.xid, ev.recovery)
-    fields: dict[str, Any] = {
+    fields: GpuFaultFacts = {
         "gpu": ev.gpu,
         "xid": ev.xid,
         "class": str(cls),
@@ -134,23 +137,25 @@ def on_fault(state: State, ev: GpuFault, rules: Rules, actions: list[Action]) ->
         "message": ev.message or XID_NAMES.get(ev.xid, f"Xid {ev.xid}"),
     }
     if not _ours(ev.gpu, rules):
-        actions.append(Record("gpu_fault", {**fields, "action": "none: not a GPU of this run"}))
+        actions.append(
+            Record({"kind": "gpu_fault", **fields, "action": "none: not a GPU of this run"})
+        )
         return state
     if state.phase in HALTED:
-        actions.append(Record("gpu_fault", {**fields, "action": "none: already halted"}))
+        actions.append(Record({"kind": "gpu_fault", **fields, "action": "none: already halted"}))
         return state
     handled = state.gpu_fault
     if handled is not None and _SEVERITY.index(cls) <= _SEVERITY.index(XidClass(handled.cls)):
         actions.append(
-            Record("gpu_fault", {**fields, "action": "none: already handling a GPU fault"})
+            Record({"kind": "gpu_fault", **fields, "action": "none: already handling a GPU fault"})
         )
         return state
     if cls in (XidClass.APPLICATION, XidClass.UNKNOWN):
         # The trainer dies of it (or not); its crash, if any, is the usual restart.
-        actions.append(Record("gpu_fault", {**fields, "action": "crash_path"}))
+        actions.append(Record({"kind": "gpu_fault", **fields, "action": "crash_path"}))
         return replace(state, gpu_xid=ev.xid)
     if cls == XidClass.MEMORY and state.memory_faults == 0:
-        actions.append(Record("gpu_fault", {**fields, "action": "restart_allowed_once"}))
+        actions.append(Record({"kind": "gpu_fault", **fields, "action": "restart_allowed_once"}))
         return replace(state, gpu_xid=ev.xid, memory_faults=1)
     if cls == XidClass.MEMORY:
         # A second memory error in the run: the memory is failing, a reset retires the rows.
@@ -158,19 +163,29 @@ def on_fault(state: State, ev: GpuFault, rules: Rules, actions: list[Action]) ->
         fields["message"] += " (the second memory error in this run)"
     fault = GpuFaultInfo(ev.gpu, ev.xid, cls, fields["message"])
     reset = rules.gpu_reset and cls == XidClass.RESET
-    actions.append(Record("gpu_fault", {**fields, "action": "stop_and_reset" if reset else "halt"}))
+    actions.append(
+        Record({"kind": "gpu_fault", **fields, "action": "stop_and_reset" if reset else "halt"})
+    )
     return _stop_for(state, fault, ev.t, rules, actions)
 
 
 def on_lost(state: State, ev: GpuLost, rules: Rules, actions: list[Action]) -> State:
-    fields = {"gpu": ev.gpu, "xid": None, "class": "lost", "recovery": None, "message": ev.error}
+    fields: GpuFaultFacts = {
+        "gpu": ev.gpu,
+        "xid": None,
+        "class": "lost",
+        "recovery": None,
+        "message": ev.error,
+    }
     if not _ours(ev.gpu, rules):
-        actions.append(Record("gpu_fault", {**fields, "action": "none: not a GPU of this run"}))
+        actions.append(
+            Record({"kind": "gpu_fault", **fields, "action": "none: not a GPU of this run"})
+        )
         return state
     if state.phase in HALTED or (state.gpu_fault is not None and state.gpu_fault.cls == "lost"):
-        actions.append(Record("gpu_fault", {**fields, "action": "none: already halted"}))
+        actions.append(Record({"kind": "gpu_fault", **fields, "action": "none: already halted"}))
         return state
-    actions.append(Record("gpu_fault", {**fields, "action": "halt"}))
+    actions.append(Record({"kind": "gpu_fault", **fields, "action": "halt"}))
     fault = GpuFaultInfo(ev.gpu, None, XidClass.LOST, ev.error)
     return _stop_for(state, fault, ev.t, rules, actions)
 
@@ -212,7 +227,14 @@ def on_idle(state: State, ev: GpuIdle, rules: Rules, actions: list[Action]) -> S
         return state
     if ev.holders:
         actions.append(
-            Record("gpu_busy", {"gpu": ev.gpu, "pids": list(ev.holders), "waited_s": ev.waited_s})
+            Record(
+                {
+                    "kind": "gpu_busy",
+                    "gpu": ev.gpu,
+                    "pids": list(ev.holders),
+                    "waited_s": ev.waited_s,
+                }
+            )
         )
     if rules.gpu_reset and fault.cls == XidClass.RESET and not ev.holders:
         actions.append(ResetGpu(fault.gpu))
@@ -222,7 +244,7 @@ def on_idle(state: State, ev: GpuIdle, rules: Rules, actions: list[Action]) -> S
 
 def on_reset_done(state: State, ev: GpuResetDone, rules: Rules, actions: list[Action]) -> State:
     fault = state.gpu_fault
-    actions.append(Record("gpu_reset", {"gpu": ev.gpu, "ok": ev.ok, "error": ev.error}))
+    actions.append(Record({"kind": "gpu_reset", "gpu": ev.gpu, "ok": ev.ok, "error": ev.error}))
     if fault is None or fault.gpu != ev.gpu:
         return state  # no longer waited for (a stop halted the run meanwhile)
     if not ev.ok:
@@ -235,8 +257,8 @@ def halt(state: State, fault: GpuFaultInfo, actions: list[Action], before: str =
     reason = before + instruction(fault)
     actions.append(
         Record(
-            "halt",
             {
+                "kind": "halt",
                 "state": "gpu_fault",
                 "gpu": fault.gpu,
                 "xid": fault.xid,
@@ -284,7 +306,7 @@ def throttle_step(
     reasons: tuple[str, ...],
     mfu: float | None,
     after_s: float,
-) -> tuple[Throttle, dict[str, Any] | None]:
+) -> tuple[Throttle, ThrottleFacts | None]:
     """Feed one sample (the alarming reasons only); the `gpu_throttle` record's fields once
     an episode has lasted `after_s`, once per episode."""
     if not reasons:
@@ -300,7 +322,7 @@ def throttle_step(
     drop = None
     if watch.mfu_before is not None and mfu is not None:
         drop = round(watch.mfu_before - mfu, 6)
-    record = {
+    record: ThrottleFacts = {
         "reasons": list(watch.reasons),
         "seconds": round(t - since, 1),
         "mfu_before": watch.mfu_before,

@@ -5,7 +5,7 @@ backoff or halt is core.crashes."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core import barrier, gpu_faults, pivot, rollback
 from trainwarden.supervisor.core.actions import (
@@ -54,6 +54,9 @@ from trainwarden.supervisor.core.transitions import (
     stop_trainer,
     tell,
 )
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import ExitFacts, Stall, TrainerFinished
 
 TRAINER_WORKING = frozenset({Phase.STARTING, Phase.RUNNING, Phase.SAVING, Phase.PIVOTING})
 """Phases in which a live trainer must keep logging steps (stall detection applies)."""
@@ -135,14 +138,18 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         stop_exit=None,
         containing=not ev.contained,
     )
-    exit_fields = {"pid": ev.pid, "returncode": ev.returncode, "last_step": state.last_step}
+    exit_fields: ExitFacts = {
+        "pid": ev.pid,
+        "returncode": ev.returncode,
+        "last_step": state.last_step,
+    }
     if reason == "pivot" and state.pivot is not None:
-        actions.append(Record("trainer_stopped", {**exit_fields, "cause": "pivot"}))
+        actions.append(Record({"kind": "trainer_stopped", **exit_fields, "cause": "pivot"}))
         if state.pivot.stop_after:
             state = replace(state, stop_exit=ended)  # what the stop's reply will say
         return pivot.on_trainer_stopped(state, ev.t, rules, actions)
     if reason == "gpu_fault" and state.gpu_fault is not None:
-        actions.append(Record("trainer_stopped", {**exit_fields, "cause": "gpu_fault"}))
+        actions.append(Record({"kind": "trainer_stopped", **exit_fields, "cause": "gpu_fault"}))
         if state.gpu_fault.stop_asked:
             state = replace(state, stop_exit=ended)
         return gpu_faults.after_trainer_gone(state, ev.t, rules, actions)
@@ -163,13 +170,13 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
     if reason == "operator" and state.gpu_fault is not None:
         # A GPU fault came while the operator's stop was under way: the run halts in
         # gpu_fault, whose reason says what the GPU needs (the reply says so too).
-        actions.append(Record("trainer_stopped", exit_fields))
+        actions.append(Record({"kind": "trainer_stopped", **exit_fields}))
         tell(state, actions, ended)
         return gpu_faults.halt(
             replace(state, stop_reason=None, stop_exit=ended), state.gpu_fault, actions
         )
     if reason in ("operator", "shutdown"):
-        actions.append(Record("trainer_stopped", exit_fields))
+        actions.append(Record({"kind": "trainer_stopped", **exit_fields}))
         tell(state, actions, ended)
         # A shutdown while a GPU fault is handled keeps it (persisted): the next daemon
         # halts in gpu_fault instead of starting the trainer on that GPU, as it does after
@@ -192,7 +199,7 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
     if reason == "spike":
         return rollback.after_kill(state, ev.t, exit_fields, actions)
     if reason == "divergence":
-        actions.append(Record("trainer_killed", {**exit_fields, "cause": "divergence"}))
+        actions.append(Record({"kind": "trainer_killed", **exit_fields, "cause": "divergence"}))
         if not halts_on_divergence(state, rules):
             # Its spawn record names the divergence and the checkpoint really resumed from.
             return spawn(
@@ -201,8 +208,8 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         if state.fallbacks > rules.max_fallbacks:
             actions.append(
                 Record(
-                    "halt",
                     {
+                        "kind": "halt",
                         "state": "diverged",
                         "resume_step": state.resume_step,
                         "max_fallbacks": rules.max_fallbacks,
@@ -218,7 +225,7 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
                     f" after {rules.max_fallbacks} fallbacks to older checkpoints"
                 ),
             )
-        actions.append(Record("halt", {"state": "diverged", "step": state.divergence_step}))
+        actions.append(Record({"kind": "halt", "state": "diverged", "step": state.divergence_step}))
         return replace(
             state,
             phase=Phase.DIVERGED,
@@ -227,15 +234,17 @@ def _on_exited(state: State, ev: TrainerExited, rules: Rules, actions: list[Acti
         )
     if reason is None and ev.returncode == 0:
         halt_reason = "the trainer finished"
+        finished: TrainerFinished = {"kind": "trainer_finished", **exit_fields}
         total, last = rules.total_steps, last_logged(state)
         if total is not None and (last is None or last < total):
             # Exit 0 long before the planned end: a trainer's bug or a changed config.
-            exit_fields = {**exit_fields, "early": True, "total_steps": total}
+            finished["early"] = True
+            finished["total_steps"] = total
             halt_reason = (
                 f"the trainer exited 0 at step {last if last is not None else 0} of {total}"
                 " ([trainer] total_steps), before the end"
             )
-        actions.append(Record("trainer_finished", exit_fields))
+        actions.append(Record(finished))
         state = fail_waiters(state, actions, "wrong_state", "the trainer finished")
         return replace(state, phase=Phase.FINISHED, halt_reason=halt_reason)
     cause = hang_cause(state) if reason == "stall" else describe_exit(ev.returncode, ev.signal_name)
@@ -373,14 +382,15 @@ def on_tick(state: State, ev: Tick, rules: Rules, actions: list[Action]) -> Stat
         and t - state.last_activity_t >= rules.stall_timeout_s
     ):
         state = pivot.abort(state, actions, "the trainer stopped logging steps")
-        stall: dict[str, Any] = {
+        stall: Stall = {
+            "kind": "stall",
             "last_step": state.last_step,
             "silent_s": round(t - state.last_activity_t, 3),
         }
         if state.parser_no_match is not None:
             parser, sample = state.parser_no_match
             stall["parser_no_match"] = {"parser": parser, "sample": sample}
-        actions.append(Record("stall", stall))
+        actions.append(Record(stall))
         if rules.dump_timeout_s > 0 and state.trainer_pid is not None:
             # Its stacks say where it hangs; the SIGTERM waits for them, dump_timeout_s at most.
             actions.append(DumpStacks(state.trainer_pid, state.last_step, rules.dump_timeout_s))
@@ -402,7 +412,7 @@ def on_dumped(state: State, ev: StacksDumped, rules: Rules, actions: list[Action
 
 
 def on_shutdown(state: State, ev: ShutdownRequested, rules: Rules, actions: list[Action]) -> State:
-    actions.append(Record("shutdown", {"signal": ev.signal}))
+    actions.append(Record({"kind": "shutdown", "signal": ev.signal}))
     state = replace(state, shutdown=True)
     if state.phase not in HALTED and state.stop_reason not in ("operator", "pivot"):
         # Not the operator's stop: the next daemon goes on with the run.

@@ -5,7 +5,7 @@ checkpoints, which the start-up scan finds again) starts afresh."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.core.phases import HALTED, Phase
 from trainwarden.supervisor.core.spikes import SpikeLog
@@ -17,40 +17,36 @@ from trainwarden.supervisor.core.state import (
     State,
 )
 
-PERSISTED = (
-    "phase",
-    "seg",
-    "restarts",
-    "restarts_by_cause",
-    "restarts_without_progress",
-    "next_backoff_s",
-    "failures",
-    "suspects",
-    "fallbacks",
-    "max_commit_gap",
-    "divergences",
-    "divergence_step",
-    "halt_reason",
-    "last_pivot_step",
-    "memory_faults",
-    "verified_high",
-    "resumes_after",
-)
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import PersistedState
 
 
-def persisted(state: State) -> dict[str, Any]:
+def persisted(state: State) -> PersistedState:
     """What survives a daemon restart (written to the journal as `state` records)."""
-    data = {name: getattr(state, name) for name in PERSISTED}
-    data["phase"] = str(state.phase)
-    data["restarts_by_cause"] = dict(state.restarts_by_cause)
-    data["failures"] = [list(pair) for pair in state.failures]
-    data["suspects"] = [list(pair) for pair in state.suspects]
-    data["pinned"] = sorted(state.pinned)
-    data["digests"] = {c.name: c.digest for c in state.checkpoints if c.digest}
-    data["pivot"] = state.pivot.to_json() if state.pivot else None
-    data["spikes"] = state.spikes.to_json()
-    data["gpu_fault"] = state.gpu_fault.reason if state.gpu_fault else None
-    return data
+    return {
+        "phase": str(state.phase),
+        "seg": state.seg,
+        "restarts": state.restarts,
+        "restarts_by_cause": dict(state.restarts_by_cause),
+        "restarts_without_progress": state.restarts_without_progress,
+        "next_backoff_s": state.next_backoff_s,
+        "failures": [list(pair) for pair in state.failures],
+        "suspects": [list(pair) for pair in state.suspects],
+        "fallbacks": state.fallbacks,
+        "max_commit_gap": state.max_commit_gap,
+        "divergences": state.divergences,
+        "divergence_step": state.divergence_step,
+        "halt_reason": state.halt_reason,
+        "last_pivot_step": state.last_pivot_step,
+        "memory_faults": state.memory_faults,
+        "verified_high": state.verified_high,
+        "resumes_after": state.resumes_after,
+        "pinned": sorted(state.pinned),
+        "digests": {c.name: c.digest for c in state.checkpoints if c.digest},
+        "pivot": state.pivot.to_json() if state.pivot else None,
+        "spikes": state.spikes.to_json(),
+        "gpu_fault": state.gpu_fault.reason if state.gpu_fault else None,
+    }
 
 
 def restore(data: dict[str, Any], rules: Rules) -> State:

@@ -114,8 +114,8 @@ def cmd_pivot(state: State, ev: Operator, rules: Rules, actions: list[Action]) -
     )
     actions.append(
         Record(
-            "pivot_stage",
             {
+                "kind": "pivot_stage",
                 "stage": "saving",
                 "after_step": target,
                 "new_policy": context.new_policy,
@@ -136,8 +136,8 @@ def on_commit(
         return state, False
     if plan.stage == "saving" and ckpt.step >= plan.save_after_step:
         plan = replace(plan, stage="stopping", step=ckpt.step, was_pinned=ckpt.step in state.pinned)
-        actions.append(Record("pivot_stage", {"stage": "pin", "step": ckpt.step}))
-        actions.append(Record("pivot_stage", {"stage": "stopping", "step": ckpt.step}))
+        actions.append(Record({"kind": "pivot_stage", "stage": "pin", "step": ckpt.step}))
+        actions.append(Record({"kind": "pivot_stage", "stage": "stopping", "step": ckpt.step}))
         state = replace(state, pivot=plan, pinned=state.pinned | {ckpt.step})
         state = stop_trainer(state, t, rules, "pivot", actions)
         return replace(state, phase=Phase.PIVOTING), False
@@ -184,7 +184,7 @@ def _start_archiving(state: State, actions: list[Action]) -> State:
     assert state.pivot is not None and state.pivot.step is not None
     step = state.pivot.step
     plan = replace(state.pivot, stage="archiving")
-    actions.append(Record("pivot_stage", {"stage": "archiving", "archive": plan.archive}))
+    actions.append(Record({"kind": "pivot_stage", "stage": "archiving", "archive": plan.archive}))
     actions.append(Archive(plan.archive, step, plan.old_policy, plan.new_policy))
     return replace(state, pivot=plan)
 
@@ -194,7 +194,7 @@ def on_progress(state: State, ev: PivotProgress, rules: Rules, actions: list[Act
     if plan is None:
         return state
     if ev.error is not None:
-        actions.append(Record("pivot_failed", {"stage": plan.stage, "error": ev.error}))
+        actions.append(Record({"kind": "pivot_failed", "stage": plan.stage, "error": ev.error}))
         if plan.request_id is not None:
             reply_error(
                 actions, plan.request_id, "internal", f"pivot failed at {plan.stage}: {ev.error}"
@@ -210,7 +210,7 @@ def on_progress(state: State, ev: PivotProgress, rules: Rules, actions: list[Act
         return finish_stop(state, actions, {}) if plan.stop_after else state
     if ev.done == "archived" and plan.stage == "archiving":
         plan = replace(plan, stage="writing_policy")
-        actions.append(Record("pivot_stage", {"stage": "writing_policy"}))
+        actions.append(Record({"kind": "pivot_stage", "stage": "writing_policy"}))
         actions.append(WritePolicy(plan.new_policy))
         return replace(state, pivot=plan)
     if ev.done == "policy_written" and plan.stage == "writing_policy":
@@ -223,8 +223,8 @@ def _finish(state: State, t: float, rules: Rules, actions: list[Action]) -> Stat
     assert plan is not None and plan.step is not None
     actions.append(
         Record(
-            "pivot",
             {
+                "kind": "pivot",
                 "step": plan.step,
                 "old_policy": plan.old_policy,
                 "new_policy": plan.new_policy,
@@ -260,7 +260,7 @@ def abort(state: State, actions: list[Action], why: str, code: ErrorCode = "wron
     plan = state.pivot
     if plan is None or plan.stage in ("archiving", "writing_policy"):
         return state
-    actions.append(Record("pivot_rolled_back", {"stage": plan.stage, "reason": why}))
+    actions.append(Record({"kind": "pivot_rolled_back", "stage": plan.stage, "reason": why}))
     if plan.request_id is not None:
         reply_error(actions, plan.request_id, code, f"pivot abandoned: {why}")
     pinned = state.pinned
@@ -280,7 +280,7 @@ def resume_after_restart(state: State, t: float, rules: Rules, actions: list[Act
         state = abort(state, actions, "the daemon restarted before the pivot's point of no return")
         state = apply_retention(state, rules, actions)
         return spawn(state, t, actions)
-    actions.append(Record("pivot_resumed", {"stage": plan.stage, "step": plan.step}))
+    actions.append(Record({"kind": "pivot_resumed", "stage": plan.stage, "step": plan.step}))
     if plan.step is not None:
         state = _set_aside_after(state, plan.step, actions)
     state = replace(state, phase=Phase.PIVOTING, pivot=replace(plan, request_id=None))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core import barrier, pivot, rollback, suspects
 from trainwarden.supervisor.core.actions import (
@@ -39,6 +39,14 @@ from trainwarden.supervisor.core.state import (
 )
 from trainwarden.supervisor.core.transitions import fail_waiters, halts_on_divergence, tell
 
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import (
+        Checkpoint,
+        Divergence,
+        HaltsInstead,
+        RollbackForecast,
+    )
+
 SILENT_COMMITS = 3
 """Commits in a row without a step line that make a `no_step_lines` hint (once a start)."""
 
@@ -54,8 +62,8 @@ def _silent_commits(state: State, step: int, actions: list[Action]) -> State:
         since = f"since step {state.last_step}" if state.last_step is not None else "this start"
         actions.append(
             Record(
-                "no_step_lines",
                 {
+                    "kind": "no_step_lines",
                     "commits": count,
                     "checkpoint_step": step,
                     "last_step": state.last_step,
@@ -90,7 +98,7 @@ def on_committed(
         return state
     if stray:
         reason = "written by a process of the ended start after its main process exited"
-        actions.append(Record("stray_checkpoint", {"step": ev.step, "name": ev.name}))
+        actions.append(Record({"kind": "stray_checkpoint", "step": ev.step, "name": ev.name}))
         actions.append(Quarantine(ev.step, ev.name, reason, retract_mirror=False))
         return state
     set_aside = rollback.set_aside(state, ev.step, ev.name)
@@ -131,12 +139,18 @@ def on_committed(
     if state.trainer_alive and (state.resume_step is None or ev.step > state.resume_step):
         state = replace(state, progress_since_start=True)
         if state.restarts_without_progress:
-            actions.append(Record("progress", {"step": ev.step}))
+            actions.append(Record({"kind": "progress", "step": ev.step}))
         state = replace(state, restarts_without_progress=0, next_backoff_s=rules.backoff_initial_s)
     if state.divergence_step is not None and ev.step > state.divergence_step:
         state = replace(state, divergences=0, divergence_step=None)
-    fields = {"step": ev.step, "name": ev.name, "bytes": ev.bytes, "digest": ev.digest}
-    actions.append(Record("checkpoint", fields))
+    checkpoint: Checkpoint = {
+        "kind": "checkpoint",
+        "step": ev.step,
+        "name": ev.name,
+        "bytes": ev.bytes,
+        "digest": ev.digest,
+    }
+    actions.append(Record(checkpoint))
     if state.phase == Phase.SAVING:
         state = replace(state, phase=Phase.RUNNING)
     state = barrier.offer(state, ckpt)
@@ -270,7 +284,8 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
                 fallbacks = state.fallbacks
             else:
                 fallbacks = rules.max_fallbacks + 1
-    fields = {
+    divergence: Divergence = {
+        "kind": "divergence",
         "step": ev.step,
         "loss": loss,
         "max_loss": rules.max_loss,
@@ -279,7 +294,7 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
         "suspect": resumed.step if resumed is not None else None,
         **_rollback(replace(state, divergences=divergences, fallbacks=fallbacks), ev.step, rules),
     }
-    actions.append(Record("divergence", fields))
+    actions.append(Record(divergence))
     # The operator's stop, if one is under way, is answered when the trainer is gone.
     stops = tuple(w for w in state.waiters if w.kind == "stop" and state.stop_reason == "operator")
     others = tuple(w for w in state.waiters if w not in stops)
@@ -303,14 +318,14 @@ def _diverge(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) 
     )
 
 
-def _rollback(state: State, step: int, rules: Rules) -> dict[str, Any]:
+def _rollback(state: State, step: int, rules: Rules) -> HaltsInstead | RollbackForecast:
     """What the divergence record says of the restart: the checkpoint it will resume from
     only when nothing can change that any more. A checkpoint before `step` still being
     verified may become the newest (the start waits for it, see core.barrier); the spawn
     record names the checkpoint then resumed from, and the divergence (`rollback_from`)."""
     if halts_on_divergence(state, rules):
         return {"halts": True}
-    return barrier.resume_forecast(state, "rollback_to", before=step)
+    return barrier.rollback_forecast(state, before=step)
 
 
 def diverged_unseen(
@@ -330,8 +345,8 @@ def diverged_unseen(
     state = replace(state, divergences=divergences, divergence_step=first_bad)
     actions.append(
         Record(
-            "divergence",
             {
+                "kind": "divergence",
                 "step": step,
                 "loss": shown,
                 "max_loss": rules.max_loss,
@@ -344,7 +359,7 @@ def diverged_unseen(
     )
     state = pivot.abort(state, actions, f"the loss diverged at step {step}")
     if halts_on_divergence(state, rules):
-        actions.append(Record("halt", {"state": "diverged", "step": first_bad}))
+        actions.append(Record({"kind": "halt", "state": "diverged", "step": first_bad}))
         return replace(
             state,
             phase=Phase.DIVERGED,

@@ -112,6 +112,30 @@ AwaitingFor = TypedDict("AwaitingFor", {"for": str})
 """What waits for the verifications ("trainer start"); functional form: `for` is a keyword."""
 
 
+class ResumeForecast(TypedDict, total=False):
+    """What a record foretells of the restart's checkpoint (core.barrier.resume_forecast):
+    one key of the two, its step (None: from scratch) or, while checkpoints that may change
+    it are still being verified, those."""
+
+    resume_step: int | None
+    awaiting_verification: list[str]
+
+
+class RollbackForecast(TypedDict, total=False):
+    """ResumeForecast as a divergence says it (core.barrier.rollback_forecast): the step
+    under `rollback_to`."""
+
+    rollback_to: int | None
+    awaiting_verification: list[str]
+
+
+class HaltsInstead(TypedDict):
+    """What a fallback or divergence says in place of its forecast when the run halts
+    instead of restarting (always True)."""
+
+    halts: bool
+
+
 class FileOpFailure(TypedDict):
     """A checkpoint's files could not be moved or deleted (shell.executor._file_op)."""
 

@@ -10,9 +10,12 @@ likewise which signals the trainer catches (the Operator event's `handles`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.core.kinds import ErrorCode
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import OperatorArgs
 
 MAX_STEP = 2**31 - 1
 """The largest step any checkpoint or request may name (the trainer contract's MAX_STEP,
@@ -110,10 +113,10 @@ def _journaled_name(name: str) -> str:
     return f"{name[:JOURNALED_TEXT_MAX]}...[truncated: {len(name)} characters]"
 
 
-def _journaled_table(table: dict[str, float]) -> dict[str, Any]:
+def _journaled_table(table: dict[str, float]) -> dict[str, float | str]:
     """A table of the request as the journal keeps it: bounded however large it came, so
     that junk sent to the socket cannot grow the journal by its own size."""
-    kept: dict[str, Any] = {}
+    kept: dict[str, float | str] = {}
     for index, (name, value) in enumerate(table.items()):
         if index == JOURNALED_ITEMS_MAX:
             kept["...[truncated]"] = f"{len(table) - JOURNALED_ITEMS_MAX} more entries"
@@ -122,10 +125,10 @@ def _journaled_table(table: dict[str, float]) -> dict[str, Any]:
     return kept
 
 
-def command_args(command: Command) -> dict[str, Any]:
+def command_args(command: Command) -> OperatorArgs:
     """The command's arguments as the journal's `operator` record names them."""
     if isinstance(command, Save):
-        args: dict[str, Any] = {"wait": command.wait}
+        args: OperatorArgs = {"wait": command.wait}
         if command.timeout_s is not None:
             args["timeout_s"] = command.timeout_s
         return args

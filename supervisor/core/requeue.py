@@ -51,8 +51,12 @@ def on_requeue(state: State, ev: RequeueRequested, rules: Rules, actions: list[A
         )
         actions.append(
             Record(
-                "slurm_not_requeued",
-                {"why": ev.why, "phase": str(state.phase), "reason": reason},
+                {
+                    "kind": "slurm_not_requeued",
+                    "why": ev.why,
+                    "phase": str(state.phase),
+                    "reason": reason,
+                },
             )
         )
         if state.shutdown:
@@ -60,8 +64,12 @@ def on_requeue(state: State, ev: RequeueRequested, rules: Rules, actions: list[A
         return on_shutdown(state, ShutdownRequested(ev.t, ev.why), rules, actions)
     actions.append(
         Record(
-            "slurm_requeue_requested",
-            {"why": ev.why, "seconds_left": seconds_left, "scontrol": ev.scontrol},
+            {
+                "kind": "slurm_requeue_requested",
+                "why": ev.why,
+                "seconds_left": seconds_left,
+                "scontrol": ev.scontrol,
+            },
         )
     )
     state = replace(state, requeue=Requeueing(by=ev.by, scontrol=ev.scontrol))
@@ -94,8 +102,12 @@ def ended_in_job(
     code = exit_code_for(state.phase)
     actions.append(
         Record(
-            "slurm_run_ended",
-            {"phase": str(state.phase), "reason": state.halt_reason, "code": int(code)},
+            {
+                "kind": "slurm_run_ended",
+                "phase": str(state.phase),
+                "reason": state.halt_reason,
+                "code": int(code),
+            },
         )
     )
     actions.append(Exit(code))

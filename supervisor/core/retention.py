@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from trainwarden.supervisor.core.actions import Action, Delete, PruneMirror, Quarantine, Record
 from trainwarden.supervisor.core.events import MirrorCopied
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.state import Ckpt, Rules, State, without_checkpoints
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import Mirrored, MirrorFailed, MirrorSuperseded
 
 
 def retention_deletions(state: State, rules: Rules) -> list[Ckpt]:
@@ -94,8 +97,13 @@ def abandon_changed(
     known = next((c for c in state.checkpoints if c.name == name), None)
     actions.append(
         Record(
-            "checkpoint_changed",
-            {"step": step, "name": name, "reason": reason, "was_verified": known is not None},
+            {
+                "kind": "checkpoint_changed",
+                "step": step,
+                "name": name,
+                "reason": reason,
+                "was_verified": known is not None,
+            },
         )
     )
     actions.append(
@@ -107,20 +115,23 @@ def abandon_changed(
 
 
 def on_mirror_copied(state: State, ev: MirrorCopied, rules: Rules, actions: list[Action]) -> State:
+    # ev.fields comes untyped from the store (MirrorResult.journal_fields), shaped by the
+    # copy's outcome: each cast names the record that outcome's fields make.
     if ev.changed:
-        actions.append(Record("mirror_failed", ev.fields))
+        actions.append(Record(cast("MirrorFailed", {"kind": "mirror_failed", **ev.fields})))
         name = ev.name or next((c.name for c in state.checkpoints if c.step == ev.step), "")
         return abandon_changed(state, ev.step, name, ev.fields.get("error", ""), actions)
     if ev.superseded:
-        actions.append(Record("mirror_superseded", ev.fields))
+        superseded = {"kind": "mirror_superseded", **ev.fields}
+        actions.append(Record(cast("MirrorSuperseded", superseded)))
         return state
     if not ev.ok:
-        actions.append(Record("mirror_failed", ev.fields))
+        actions.append(Record(cast("MirrorFailed", {"kind": "mirror_failed", **ev.fields})))
         return state
     # A successful copy moved latest.json to its own step.
     doomed = mirror_deletions(ev.mirrored, ev.step, rules.mirror_keep_last)
-    fields: dict[str, Any] = {**ev.fields, "removed": doomed}
-    actions.append(Record("mirrored", fields))
+    mirrored = {"kind": "mirrored", **ev.fields, "removed": doomed}
+    actions.append(Record(cast("Mirrored", mirrored)))
     if doomed:
         actions.append(PruneMirror(tuple(doomed)))
     return state

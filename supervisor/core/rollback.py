@@ -17,7 +17,7 @@ past the spike's last step makes it `cured`, a spike before then `recurred`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core import pivot
 from trainwarden.supervisor.core.actions import Action, Quarantine, Record, SignalTrainer
@@ -35,6 +35,9 @@ from trainwarden.supervisor.core.spikes import (
 )
 from trainwarden.supervisor.core.state import Ckpt, Rules, State, without_checkpoints
 from trainwarden.supervisor.core.transitions import fail_waiters, spawn
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import ExitFacts, Rollback, SpikeDetection
 
 MAX_STEP = 2**31 - 1
 """The largest step a window may reach (contract.MAX_STEP; core imports no contract)."""
@@ -57,12 +60,14 @@ def on_step(state: State, ev: StepLogged, rules: Rules, actions: list[Action]) -
     if log.watch is not None and ev.step >= log.watch[1] and not _is_spike(verdict):
         first, _ = log.watch
         actions.append(
-            Record("spike_outcome", {"first_step": first, "outcome": "cured", "step": ev.step})
+            Record(
+                {"kind": "spike_outcome", "first_step": first, "outcome": "cured", "step": ev.step}
+            )
         )
         log = replace(log, watch=None)
     if isinstance(verdict, Outlier):
-        fields = {**verdict.to_json(), "steps": verdict.step - verdict.first + 1}
-        actions.append(Record("spike_outlier", fields))
+        steps = verdict.step - verdict.first + 1
+        actions.append(Record({"kind": "spike_outlier", **verdict.to_json(), "steps": steps}))
     state = _with_spikes(state, log)
     if isinstance(verdict, Spike) and _is_spike(verdict):
         return _spiked(state, verdict, rules, actions)
@@ -101,13 +106,13 @@ def spiked_unseen(state: State, spike: Spike, rules: Rules, actions: list[Action
     for action in decided:
         if isinstance(action, SignalTrainer):
             continue
-        if isinstance(action, Record) and action.kind == "spike":
-            action = Record("spike", {**action.fields, "caught_up": True})
+        if isinstance(action, Record) and action.entry["kind"] == "spike":
+            action = Record({**action.entry, "caught_up": True})
         actions.append(action)
     log = state.spikes
     if log.halting is not None:
         actions.append(
-            Record("halt", {"state": "diverged", "cause": "spike", "reason": log.halting})
+            Record({"kind": "halt", "state": "diverged", "cause": "spike", "reason": log.halting})
         )
         return replace(
             state,
@@ -146,11 +151,15 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     if log.watch is not None:
         actions.append(
             Record(
-                "spike_outcome",
-                {"first_step": log.watch[0], "outcome": "recurred", "step": spike.first},
+                {
+                    "kind": "spike_outcome",
+                    "first_step": log.watch[0],
+                    "outcome": "recurred",
+                    "step": spike.first,
+                },
             )
         )
-    fields: dict[str, Any] = {
+    fields: SpikeDetection = {
         **spike.to_json(),
         "factor": sr.factor,
         "patience": sr.patience,
@@ -162,7 +171,7 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     )
     state = pivot.abort(state, actions, f"the loss spiked at step {spike.first}")
     if len(recent) >= sr.max_rollbacks:
-        actions.append(Record("spike", {**fields, "halts": True, "rollbacks": len(recent)}))
+        actions.append(Record({"kind": "spike", **fields, "halts": True, "rollbacks": len(recent)}))
         reason = (
             f"the loss spiked again at step {spike.first} after {len(recent)}"
             f" rollback{'' if len(recent) == 1 else 's'} within {sr.horizon} steps"
@@ -173,14 +182,14 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     target = rollback_target(state.checkpoints, spike.first, sr)
     if target is None and (state.checkpoints or state.verified_high is not None):
         # Rolling back would start the run over from step 0 and set aside all it saved.
-        actions.append(Record("spike", {**fields, "halts": True, "rollback_to": None}))
+        actions.append(Record({"kind": "spike", **fields, "halts": True, "rollback_to": None}))
         reason = (
             f"the loss spiked at step {spike.first} and no verified checkpoint before it is"
             " left to roll back to (start it again to train on)"
         )
         log = replace(log, watch=None, halting=reason)
         return replace(state, phase=Phase.STOPPING, stop_reason="spike", kill_at=None, spikes=log)
-    actions.append(Record("spike", fields))
+    actions.append(Record({"kind": "spike", **fields}))
     resume_step = target.step if target is not None else 0
     abandoned = [c for c in state.checkpoints if c.step > resume_step]
     rolling = replace(state, spikes=replace(log, rolling_back=(spike.first, resume_step)))
@@ -195,7 +204,8 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     )
     windows = (*log.windows, window) if window is not None else log.windows
     lr_scale = log.lr_scale * sr.lr_scale if sr.scales_lr else log.lr_scale
-    record: dict[str, Any] = {
+    record: Rollback = {
+        "kind": "rollback",
         "spike_step": spike.first,
         "checkpoint": target.name if target is not None else None,
         "step": target.step if target is not None else None,
@@ -211,7 +221,7 @@ def _spiked(state: State, spike: Spike, rules: Rules, actions: list[Action]) -> 
     unsupported = _unsupported(sr)
     if unsupported:
         record["note"] = unsupported
-    actions.append(Record("rollback", record))
+    actions.append(Record(record))
     log = replace(
         log,
         windows=windows,
@@ -243,14 +253,14 @@ def _unsupported(sr: SpikeRules) -> str | None:
     return f"the trainer does not declare {' nor '.join(notes)} in [trainer] supports"
 
 
-def after_kill(state: State, t: float, exit_fields: dict[str, Any], actions: list[Action]) -> State:
+def after_kill(state: State, t: float, exit_fields: ExitFacts, actions: list[Action]) -> State:
     """The trainer killed for a spike has exited: restart from the rollback's checkpoint,
     or halt in diverged."""
-    actions.append(Record("trainer_killed", {**exit_fields, "cause": "spike"}))
+    actions.append(Record({"kind": "trainer_killed", **exit_fields, "cause": "spike"}))
     log = state.spikes
     if log.halting is not None:
         actions.append(
-            Record("halt", {"state": "diverged", "cause": "spike", "reason": log.halting})
+            Record({"kind": "halt", "state": "diverged", "cause": "spike", "reason": log.halting})
         )
         return replace(
             state,

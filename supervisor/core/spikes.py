@@ -17,7 +17,10 @@ whose from <= s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import PersistedSpikes, SpikeFacts
 
 SkipWindow = tuple[int, int]
 RECENT = 32
@@ -108,7 +111,7 @@ class Spike:
     """The loss EMA when the first step crossed the threshold."""
     threshold: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SpikeFacts:
         return {
             "first_step": self.first,
             "step": self.step,
@@ -226,7 +229,7 @@ class SpikeLog:
     losses logged before that start at or past that step belong to an abandoned timeline."""
     detector: Detector = Detector()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PersistedSpikes:
         return {
             "windows": [list(w) for w in self.windows],
             "lr_scale": self.lr_scale,

@@ -50,8 +50,8 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
                 reason = "content changed since commit (while no daemon was running)"
                 actions.append(
                     Record(
-                        "checkpoint_changed",
                         {
+                            "kind": "checkpoint_changed",
                             "step": found.step,
                             "name": found.name,
                             "reason": reason,
@@ -106,8 +106,8 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
             lost = ev.last_logged_step - (newest.step if newest else 0)
         actions.append(
             Record(
-                "boot_recovery",
                 {
+                    "kind": "boot_recovery",
                     "resume_step": newest.step if newest else None,
                     "last_logged_step": ev.last_logged_step,
                     "steps_lost": max(lost, 0) if lost is not None else None,
@@ -115,7 +115,7 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
             )
         )
     if state.resumes_after is not None:
-        actions.append(Record("resumed_after_signal", {"signal": state.resumes_after}))
+        actions.append(Record({"kind": "resumed_after_signal", "signal": state.resumes_after}))
         state = replace(state, resumes_after=None)
     if ev.diverged is not None:
         state = diverged_unseen(state, *ev.diverged, rules, actions)
@@ -125,6 +125,6 @@ def on_startup(state: State, ev: Startup, rules: Rules, actions: list[Action]) -
         )
     state = apply_retention(state, rules, actions)
     if state.phase in HALTED:
-        actions.append(Record("idle", {"state": state.phase, "reason": state.halt_reason}))
+        actions.append(Record({"kind": "idle", "state": state.phase, "reason": state.halt_reason}))
         return state
     return spawn(state, ev.t, actions, cause="daemon")

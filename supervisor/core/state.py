@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Spike, SpikeLog, SpikeRules
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import CkptRef, PersistedPivot
 
 StopReason = Literal["operator", "shutdown", "stall", "divergence", "spike", "pivot", "gpu_fault"]
 KILLS_TO_RESTART: dict[StopReason, str] = {
@@ -163,7 +166,7 @@ class PivotPlan:
     def archive(self) -> str:
         return f"archive/pivot-{self.step or 0:06d}-{self.utc}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PersistedPivot:
         return {
             "stage": self.stage,
             "old_policy": self.old_policy,
@@ -339,7 +342,7 @@ def without_checkpoints(state: State, steps: set[int]) -> State:
     return replace(state, checkpoints=tuple(c for c in state.checkpoints if c.step not in steps))
 
 
-def ckpt_json(c: Ckpt | None) -> dict[str, Any] | None:
+def ckpt_json(c: Ckpt | None) -> CkptRef | None:
     if c is None:
         return None
     return {"step": c.step, "name": c.name, "bytes": c.bytes}

@@ -10,6 +10,7 @@ row. Once a trainer gets past the window, its checkpoint is cleared and the coun
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core import barrier
 from trainwarden.supervisor.core.actions import Action, Quarantine, Record
@@ -21,6 +22,9 @@ from trainwarden.supervisor.core.state import (
     with_suspicion,
     without_checkpoints,
 )
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import HaltsInstead, ResumeForecast
 
 
 def resumed_from(state: State) -> Ckpt | None:
@@ -66,11 +70,13 @@ def fall_back(
     state = with_suspicion(without_checkpoints(state, {ckpt.step}), ckpt.step, 0)
     if counted:
         state = replace(state, fallbacks=state.fallbacks + 1)
-    restart = {"halts": True} if halts else barrier.resume_forecast(state, "resume_step", before)
+    restart: HaltsInstead | ResumeForecast = (
+        {"halts": True} if halts else barrier.resume_forecast(state, before)
+    )
     actions.append(
         Record(
-            "fallback",
             {
+                "kind": "fallback",
                 "abandoned": ckpt.step,
                 "name": ckpt.name,
                 "reason": reason,

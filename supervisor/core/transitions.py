@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainwarden.supervisor.core.actions import (
     Action,
@@ -22,6 +22,9 @@ from trainwarden.supervisor.core.phases import Phase
 from trainwarden.supervisor.core.spikes import Detector
 from trainwarden.supervisor.core.state import RestartCause, Rules, State, StopReason, ckpt_json
 
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import StopFacts
+
 NO_CHECKPOINT_INSTRUCTION = (
     "`trainwarden start --from-scratch RUN` starts over at step 0"
     " (or put a verified checkpoint back in the checkpoint folder and `trainwarden start RUN`)"
@@ -37,8 +40,8 @@ def no_checkpoint_left(state: State, actions: list[Action]) -> State:
     )
     actions.append(
         Record(
-            "halt",
             {
+                "kind": "halt",
                 "state": str(Phase.NO_CHECKPOINT),
                 "verified_high": state.verified_high,
                 "reason": reason,
@@ -79,8 +82,11 @@ def spawn(
         if not state.spawn_due and state.pending:
             actions.append(
                 Record(
-                    "awaiting_verification",
-                    {"for": "trainer start", "names": [p.name for p in state.pending]},
+                    {
+                        "kind": "awaiting_verification",
+                        "for": "trainer start",
+                        "names": [p.name for p in state.pending],
+                    },
                 )
             )
         return replace(
@@ -100,7 +106,7 @@ def spawn(
     if resume is None and state.verified_high is not None and not state.from_scratch:
         return no_checkpoint_left(state, actions)
     if resume is None and state.from_scratch:
-        actions.append(Record("start_from_scratch", {"verified_high": state.verified_high}))
+        actions.append(Record({"kind": "start_from_scratch", "verified_high": state.verified_high}))
         state = replace(state, verified_high=None)
     state = replace(state, from_scratch=False)
     seg = state.seg + 1
@@ -195,9 +201,9 @@ def steps_lost(state: State) -> int:
     return max(0, last - (state.newest.step if state.newest else 0))
 
 
-def stop_result(state: State) -> dict[str, Any]:
+def stop_result(state: State) -> tuple[StopFacts, str]:
     """What a stop came to: saved and exited, exited without saving, killed after
-    stop_timeout_s (each with the steps lost), or no trainer was running."""
+    stop_timeout_s (each with the steps lost), or no trainer was running; and its message."""
     newest = state.newest
     lost = steps_lost(state)
     ended = state.stop_exit
@@ -217,13 +223,13 @@ def stop_result(state: State) -> dict[str, Any]:
     else:
         outcome = "exited_without_saving"
         message = f"exited without saving (steps lost: {lost}): {ended}; {newest_where}"
-    return {
+    facts: StopFacts = {
         "outcome": outcome,
         "steps_lost": lost,
         "last_step": last_logged(state),
         "exit": ended,
-        "message": message,
     }
+    return facts, message
 
 
 def saved_on_stop(state: State) -> bool:
@@ -236,17 +242,23 @@ def finish_stop(state: State, actions: list[Action], extra: dict[str, Any]) -> S
     """The trainer is stopped: answer stop and shutdown requests with what happened (see
     stop_result), the newest verified checkpoint and `extra`; journal the same as
     `stop_outcome`; fail the other waiters, and exit after a shutdown."""
-    outcome = stop_result(state)
+    outcome, message = stop_result(state)
     # The trainer is stopped either way; a run that halted meanwhile (its loss diverged for
     # good, a GPU fault) says which halt.
     ended = state.phase if state.phase in (Phase.DIVERGED, Phase.GPU_FAULT) else "stopped"
-    result = {"state": str(ended), "checkpoint": ckpt_json(state.newest), **outcome, **extra}
+    result = {
+        "state": str(ended),
+        "checkpoint": ckpt_json(state.newest),
+        **outcome,
+        "message": message,
+        **extra,
+    }
     newest = state.newest
     actions.append(
         Record(
-            "stop_outcome",
             {
-                **{k: v for k, v in outcome.items() if k != "message"},
+                "kind": "stop_outcome",
+                **outcome,
                 "checkpoint_step": newest.step if newest else None,
             },
         )
@@ -263,8 +275,8 @@ def save_late(state: State, t: float, what: str, actions: list[Action]) -> None:
     if state.requeue is not None:
         actions.append(
             Record(
-                "slurm_save_late",
                 {
+                    "kind": "slurm_save_late",
                     "gave_up": what,
                     "last_step": state.last_step,
                     "late_s": round(t - state.requeue.by, 3),
@@ -285,7 +297,7 @@ def shutdown_exit(state: State, actions: list[Action], phase: Phase | None = Non
         code = ExitCode.REQUEUE
     elif state.requeue is not None:
         actions.append(
-            Record("slurm_not_requeued", {"phase": str(phase), "reason": state.halt_reason})
+            Record({"kind": "slurm_not_requeued", "phase": str(phase), "reason": state.halt_reason})
         )
     actions.append(Exit(code))
 

@@ -177,7 +177,12 @@ class ControlServer:
         journal = self.daemon.journal
         if journal is not None:
             journal.append(
-                "client_dropped", {"uid": conn.uid, "reason": reason, "queued_bytes": queued_bytes}
+                {
+                    "kind": "client_dropped",
+                    "uid": conn.uid,
+                    "reason": reason,
+                    "queued_bytes": queued_bytes,
+                }
             )
 
     # -------------------------------------------------------------- broadcast

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import Command, Reply
 from trainwarden.supervisor.protocol import CheckpointsView, StateView, StatusResult
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import StackDumpFacts
 
 
 class Supervised(Protocol):
@@ -50,7 +53,7 @@ class Supervised(Protocol):
         """Runs to overlay on this one: ancestors, then run directories beside it."""
         ...
 
-    async def dump_stacks(self) -> dict[str, Any] | None:
+    async def dump_stacks(self) -> StackDumpFacts | None:
         """Dump the live trainer's stacks now, without stopping it (None: no trainer)."""
         ...
 

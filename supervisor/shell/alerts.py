@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -33,6 +33,9 @@ from trainwarden.supervisor.core import alerts as core
 from trainwarden.supervisor.shell.alert_send import RESULT, STARTUP_S
 from trainwarden.supervisor.shell.helpers import KEEP_BYTES, Ran, run_helper
 from trainwarden.supervisor.store.journal import Journal
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import AlertFacts
 
 QUEUE_MAX = 100
 """Alerts waiting to be sent to one target, at most; past it the newest are dropped (and
@@ -288,7 +291,7 @@ class Alerter:
     def _journal_done(self) -> None:
         while self.done and not self.closed:
             alert, outcome, dropped = self.done.popleft()
-            fields: dict[str, Any] = {
+            fields: AlertFacts = {
                 "event": alert.event,
                 "target": outcome.target,
                 "attempts": outcome.attempts,
@@ -296,9 +299,9 @@ class Alerter:
             if dropped:
                 fields["dropped_before"] = dropped
             if outcome.error is None:
-                self.journal.append("alert_sent", fields)
+                self.journal.append({"kind": "alert_sent", **fields})
             else:
-                self.journal.append("alert_failed", {**fields, "error": outcome.error})
+                self.journal.append({"kind": "alert_failed", **fields, "error": outcome.error})
 
     def drain(self, grace: float = CLOSE_GRACE_S) -> None:
         """Stop taking alerts and wait up to `grace` s for those queued (any thread)."""

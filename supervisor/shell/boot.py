@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
@@ -20,6 +20,7 @@ from trainwarden.supervisor.store.journal import Journal, read_records
 from trainwarden.supervisor.store.repeats import spawned_seg_of, state_of
 
 if TYPE_CHECKING:
+    from trainwarden.supervisor.core.records import MovedLinkFacts, ResolvedLinkFacts
     from trainwarden.supervisor.serve.metrics import MetricsServer
 
 log = logging.getLogger("trainwarden.daemon")
@@ -167,10 +168,14 @@ def start_metrics(
     except OSError as exc:
         # Supervision matters more than the figures: carry on without them.
         journal.append(
-            "metrics_failed", {"listen": cfg.metrics.listen, "error": exc.strerror or str(exc)}
+            {
+                "kind": "metrics_failed",
+                "listen": cfg.metrics.listen,
+                "error": exc.strerror or str(exc),
+            }
         )
         return None
-    journal.append("metrics_listening", {"url": server.url})
+    journal.append({"kind": "metrics_listening", "url": server.url})
     return server
 
 
@@ -180,8 +185,8 @@ def start_metrics(
 class WatchedPath(NamedTuple):
     """A path the daemon watches, as configured and as resolved once at start."""
 
-    kind: str
-    """Its journal record's kind: "checkpoint_dir" or "log_path"."""
+    kind: Literal["checkpoint_dir", "log_path"]
+    """Its journal record's kind."""
     configured: Path
     resolved: Path
 
@@ -208,9 +213,14 @@ def journal_links(journal: Journal, watched: list[WatchedPath]) -> None:
     """One record per watched path that a link sends elsewhere, with where it went."""
     for path in watched:
         if path.configured != path.resolved:
-            journal.append(
-                path.kind, {"configured": str(path.configured), "resolved": str(path.resolved)}
-            )
+            link: ResolvedLinkFacts = {
+                "configured": str(path.configured),
+                "resolved": str(path.resolved),
+            }
+            if path.kind == "checkpoint_dir":
+                journal.append({"kind": "checkpoint_dir", **link})
+            else:
+                journal.append({"kind": "log_path", **link})
 
 
 def _resolve_all(watched: list[WatchedPath]) -> list[Path]:
@@ -237,15 +247,16 @@ async def report_moved_links(
         for i, (path, target) in enumerate(zip(watched, now, strict=True)):
             if target == seen[i]:
                 continue
-            journal.append(
-                f"{path.kind}_moved",
-                {
-                    "configured": str(path.configured),
-                    "was": str(seen[i]),
-                    "now": str(target),
-                    "watching": str(path.resolved),
-                },
-            )
+            moved: MovedLinkFacts = {
+                "configured": str(path.configured),
+                "was": str(seen[i]),
+                "now": str(target),
+                "watching": str(path.resolved),
+            }
+            if path.kind == "checkpoint_dir":
+                journal.append({"kind": "checkpoint_dir_moved", **moved})
+            else:
+                journal.append({"kind": "log_path_moved", **moved})
             log.warning(
                 "%s now resolves to %s (was %s); still watching %s until the daemon restarts",
                 path.configured,

@@ -45,8 +45,13 @@ class CheckpointView:
         would (journaled once per name by the watcher's own bookkeeping)."""
         hint = unrecognised_hint(name, is_dir, self.fmt)
         self.journal.append(
-            "checkpoint_unrecognised",
-            {"name": name, "folder": is_dir, "format": self.fmt, "hint": hint},
+            {
+                "kind": "checkpoint_unrecognised",
+                "name": name,
+                "folder": is_dir,
+                "format": self.fmt,
+                "hint": hint,
+            },
         )
         log.warning("%s", hint)
         self.unrecognised[name] = {"name": name, "hint": hint}

@@ -104,7 +104,11 @@ async def watch(
         if changed and not journaled:
             journaled = True
             journal.append(
-                "config_changed",
-                {"path": str(config.path), "read_at": config.read_at, "notice": config.notice()},
+                {
+                    "kind": "config_changed",
+                    "path": str(config.path),
+                    "read_at": config.read_at,
+                    "notice": config.notice(),
+                },
             )
         told()

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -43,6 +43,9 @@ from trainwarden.supervisor.shell.cgroups import StartCgroups
 from trainwarden.supervisor.shell.process import TrainerIdentity
 from trainwarden.supervisor.shell.spare import spare_pids
 from trainwarden.supervisor.store.journal import Journal
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import Containment, StoppedProcess
 
 log = logging.getLogger("trainwarden.daemon")
 
@@ -93,11 +96,11 @@ def _reap(pid: int) -> str | None:
     return f"exited {os.WEXITSTATUS(status)}"
 
 
-def stop_processes(find: Callable[[], list[int]], timeout_s: float) -> list[dict[str, Any]]:
+def stop_processes(find: Callable[[], list[int]], timeout_s: float) -> list[StoppedProcess]:
     """SIGTERM every process `find` names (again each round: newcomers too), SIGKILL those
     left after `timeout_s`; blocking. One record per process: pid, cmdline, the last signal
     sent and how it ended (its exit status where it was our child)."""
-    records: dict[int, dict[str, Any]] = {}
+    records: dict[int, StoppedProcess] = {}
     handles: dict[int, psutil.Process] = {}
     sig = signal.SIGTERM
     term_deadline = time.monotonic() + timeout_s
@@ -226,13 +229,15 @@ async def stop_leftovers(
                 await asyncio.to_thread(cgroups.end, marker)
         return False
     pid = main.pid if main is not None else None
-    journal.append("leftover_trainer", {"pid": pid, "processes": leftovers, "action": "stopping"})
+    journal.append(
+        {"kind": "leftover_trainer", "pid": pid, "processes": leftovers, "action": "stopping"}
+    )
     ended = await asyncio.to_thread(stop_processes, find, stop_timeout_s)
     if cgroups is not None:
         for marker in old_starts:
             killed = await asyncio.to_thread(cgroups.end, marker)
             ended += [{"pid": p, "ended": "cgroup.kill"} for p in killed if p not in spares]
-    journal.append("leftover_trainer_stopped", {"pid": pid, "processes": ended})
+    journal.append({"kind": "leftover_trainer_stopped", "pid": pid, "processes": ended})
     return True
 
 
@@ -250,7 +255,8 @@ def contain(run_dir: Path, journal: Journal) -> StartCgroups | None:
     cgroups here); journal what could be had (`containment`)."""
     not_subreaper = become_subreaper()
     cgroups, no_cgroups = StartCgroups.find(run_dir)
-    containment: dict[str, Any] = {
+    containment: Containment = {
+        "kind": "containment",
         "subreaper": not_subreaper is None,
         "cgroups": str(cgroups.base) if cgroups is not None else None,
     }
@@ -260,5 +266,5 @@ def contain(run_dir: Path, journal: Journal) -> StartCgroups | None:
         log.warning("not a child subreaper: %s", not_subreaper)
     if cgroups is None:
         containment["cgroups_error"] = no_cgroups
-    journal.append("containment", containment)
+    journal.append(containment)
     return cgroups

@@ -76,6 +76,7 @@ CONFIG_CHECK_S = 2.0
 is pushed when the answer changes)."""
 
 if TYPE_CHECKING:
+    from trainwarden.supervisor.core.records import PersistedState, StackDumpFacts
     from trainwarden.supervisor.serve.metrics import MetricsServer
 
 
@@ -104,7 +105,7 @@ class Daemon:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.ticks = Ticks(self.queue.put_nowait)
         self.state = core.State()
-        self.persisted: dict[str, Any] | None = None
+        self.persisted: PersistedState | None = None
         self.journal: Journal | None = None
         self.lock_fd: int | None = None
         self.notifier = notifier
@@ -262,8 +263,12 @@ class Daemon:
                 self.cfg, journal, loop, lambda: self.hub.last_step if self.hub else None
             )
         journal.append(
-            "daemon_start",
-            {"pid": os.getpid(), "version": __version__, "previous_exit_clean": clean},
+            {
+                "kind": "daemon_start",
+                "pid": os.getpid(),
+                "version": __version__,
+                "previous_exit_clean": clean,
+            },
         )
         journal_links(journal, self.watched)
         return journal
@@ -329,7 +334,7 @@ class Daemon:
         self.store.ensure()
         stale = self.store.remove_stale_in_flight()
         if stale:
-            journal.append("stale_tmp_removed", {"names": stale})
+            journal.append({"kind": "stale_tmp_removed", "names": stale})
         if self.snapshots is not None:
             # What the trainer last wrote there, before the scan: resumed from if it verifies.
             await self.snapshots.boot()
@@ -413,8 +418,8 @@ class Daemon:
             # processes at once. The next segment's restart_count says it happened.
             by = "scontrol" if executor.requeue.scontrol else "the batch script"
             job_id = self.slurm_job.job_id if self.slurm_job is not None else None
-            journal.append("slurm_requeue", {"job_id": job_id, "by": by})
-        journal.append("daemon_exit", {"code": self.exit_code})
+            journal.append({"kind": "slurm_requeue", "job_id": job_id, "by": by})
+        journal.append({"kind": "daemon_exit", "code": self.exit_code})
         journal.close()
         with contextlib.suppress(FileNotFoundError):
             self.files.daemon_pid.unlink()
@@ -476,9 +481,10 @@ class Daemon:
         now_persisted = core.persisted(self.state)
         if now_persisted != self.persisted:
             # A pivot's stage must survive a power cut before the stage's effects start.
-            pivot_moved = now_persisted.get("pivot") != (self.persisted or {}).get("pivot")
+            was = self.persisted.get("pivot") if self.persisted is not None else None
+            pivot_moved = now_persisted.get("pivot") != was
             self.persisted = now_persisted
-            self.journal.append("state", {"state": now_persisted}, sync=pivot_moved)
+            self.journal.append({"kind": "state", "state": now_persisted}, sync=pivot_moved)
         if self.state.shutdown and not before.shutdown and self.notifier is not None:
             self.notifier.stopping(f"stopping: {self.state.phase}")
         return actions
@@ -595,7 +601,7 @@ class Daemon:
         assert self.hub is not None
         return await self.hub.runs.related_runs()
 
-    async def dump_stacks(self) -> dict[str, Any] | None:
+    async def dump_stacks(self) -> StackDumpFacts | None:
         pid = self.state.trainer_pid
         if pid is None or self.journal is None:
             return None

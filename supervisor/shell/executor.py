@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core import policy as core
@@ -28,6 +28,10 @@ from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.mirror import Mirror
 from trainwarden.supervisor.store.quarantine import note_of
 from trainwarden.supervisor.store.rundir import RunFiles
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import FileOpFailure
+    from trainwarden.supervisor.core.records import Quarantine as QuarantineRecord
 
 log = logging.getLogger("trainwarden.daemon")
 
@@ -72,13 +76,15 @@ class Executor:
     async def execute(self, action: core.Action) -> None:
         journal = self.journal
         if isinstance(action, core.Record):
-            journal.append(action.kind, action.fields)
+            journal.append(action.entry)
         elif isinstance(action, core.Spawn):
             await self.starts.spawn(action)
         elif isinstance(action, core.SignalTrainer):
             proc = self.starts.proc
             pid = self.trainer_pid() or (proc.pid if proc else None)
-            journal.append("signal", {"signal": action.signal, "pid": pid, "reason": action.reason})
+            journal.append(
+                {"kind": "signal", "signal": action.signal, "pid": pid, "reason": action.reason}
+            )
             self.hub.cadence.signalled(action.signal)
             if pid is not None:
                 send_signal(pid, SIGNALS[action.signal], self.cfg.trainer.signal_target)
@@ -86,20 +92,26 @@ class Executor:
             self.in_background(self._dump_stacks(action))
         elif isinstance(action, core.Delete):
             journal.append(
-                "delete", {"step": action.step, "name": action.name, "reason": action.reason}
+                {
+                    "kind": "delete",
+                    "step": action.step,
+                    "name": action.name,
+                    "reason": action.reason,
+                }
             )
             await self._file_op(self.store.delete, action.name, "delete_failed")
             self.forget_commit(action.name)
         elif isinstance(action, core.Quarantine):
-            fields = {
+            quarantine: QuarantineRecord = {
+                "kind": "quarantine",
                 "step": action.step,
                 "name": action.name,
                 "reason": action.reason,
                 "cause": action.cause,
                 "cause_step": action.cause_step,
             }
-            journal.append("quarantine", fields)
-            self.store.quarantine_notes[action.name] = note_of(fields)
+            journal.append(quarantine)
+            self.store.quarantine_notes[action.name] = note_of(quarantine)
             await self._file_op(self.store.quarantine, action.name, "quarantine_failed")
             self.forget_commit(action.name)
             if action.retract_mirror and self.mirror is not None and action.step is not None:
@@ -140,7 +152,7 @@ class Executor:
         self.report(core.GpuIdle(time.monotonic(), action.gpu, holders, waited))
 
     async def _reset_gpu(self, action: core.ResetGpu) -> None:
-        self.journal.append("gpu_resetting", {"gpu": action.gpu})
+        self.journal.append({"kind": "gpu_resetting", "gpu": action.gpu})
         error = await asyncio.to_thread(gpu_recovery.reset_gpu, action.gpu)
         self.report(core.GpuResetDone(time.monotonic(), action.gpu, error is None, error))
 
@@ -155,13 +167,22 @@ class Executor:
         if self._background:
             await asyncio.wait(set(self._background), timeout=timeout_s)
 
-    async def _file_op(self, operation: Any, name: str, failure_kind: str) -> None:
+    async def _file_op(
+        self,
+        operation: Any,
+        name: str,
+        failure_kind: Literal["delete_failed", "quarantine_failed"],
+    ) -> None:
         """Move or delete checkpoint files; a failure is journaled, never fatal to the loop."""
         try:
             await asyncio.to_thread(operation, name)
         except (OSError, ValueError) as exc:
             reason = f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
-            self.journal.append(failure_kind, {"name": name, "error": reason})
+            failure: FileOpFailure = {"name": name, "error": reason}
+            if failure_kind == "delete_failed":
+                self.journal.append({"kind": "delete_failed", **failure})
+            else:
+                self.journal.append({"kind": "quarantine_failed", **failure})
             log.error("%s %s: %s", failure_kind, name, reason)
 
     # ------------------------------------------------------------------ stacks
@@ -180,7 +201,9 @@ class Executor:
                 "hang",
             )
         except Exception as exc:  # never fatal to the loop, never holding up the stop
-            self.journal.append("hang_dump", {"path": None, "top_frames": [], "error": repr(exc)})
+            self.journal.append(
+                {"kind": "hang_dump", "path": None, "top_frames": [], "error": repr(exc)}
+            )
             log.exception("could not dump the trainer's stacks")
         self.report(core.StacksDumped(time.monotonic(), action.pid))
 
@@ -223,4 +246,4 @@ class Executor:
         if step not in await asyncio.to_thread(mirror.steps):
             return
         latest = await mirror.retract(step)
-        self.journal.append("mirror_retracted", {"step": step, "latest": latest})
+        self.journal.append({"kind": "mirror_retracted", "step": step, "latest": latest})

@@ -35,6 +35,8 @@ def watch_gpus(
         await asyncio.to_thread(watcher.ready.wait, READY_WAIT_S)
         if watcher.watching or watcher.without_events:
             without = {str(i): why for i, why in watcher.without_events.items()}
-            journal.append("gpu_events", {"watching": watcher.watching, "without_events": without})
+            journal.append(
+                {"kind": "gpu_events", "watching": watcher.watching, "without_events": without}
+            )
 
     return watcher, loop.create_task(journal_watching())

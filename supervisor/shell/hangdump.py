@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.inputs.proctree import descendants
@@ -14,6 +14,9 @@ from trainwarden.supervisor.inputs.stacks import StackDump, capture, find_py_spy
 from trainwarden.supervisor.store.hangs import dump_path, write_dump
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import StackDumpFacts
 
 MARGIN_S = 0.5
 """Of the policy's dump time, left for writing the file and reporting back."""
@@ -27,18 +30,18 @@ async def dump_stacks(
     step: int | None,
     timeout_s: float,
     reason: str,
-) -> dict[str, Any]:
+) -> StackDumpFacts:
     """Dump the stacks of `pid` and every process below it within `timeout_s` (in a thread:
     py-spy and /proc reads block), write them and journal `hang_dump`; its fields returned."""
     budget = max(0.1, timeout_s - min(MARGIN_S, timeout_s / 4))
     fields = await asyncio.to_thread(_dump, cfg, files, pid, step, budget, reason)
-    journal.append("hang_dump", fields)
+    journal.append({"kind": "hang_dump", **fields})
     return fields
 
 
 def _dump(
     cfg: Config, files: RunFiles, pid: int, step: int | None, budget: float, reason: str
-) -> dict[str, Any]:
+) -> StackDumpFacts:
     started = time.monotonic()
     utc = time.time()
     pids = [pid, *descendants(pid)]
@@ -50,7 +53,7 @@ def _dump(
     )
     dump = capture(pids, py_spy, budget, missing)
     path = dump_path(files, utc, step)
-    fields: dict[str, Any] = {
+    fields: StackDumpFacts = {
         "reason": reason,
         "step": step,
         "path": str(path),

@@ -274,7 +274,7 @@ class TelemetryHub:
         self.parser_watch.end()
 
     def _parser_matches_nothing(self, notice: ParserNoMatch) -> None:
-        self.journal.append("parser_no_match", notice)
+        self.journal.append({"kind": "parser_no_match", **notice})
         log.warning("%s", notice["hint"])
         self.on_no_match(dict(notice))  # the daemon's handler takes a plain dict
         self._schedule_publish()

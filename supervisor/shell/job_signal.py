@@ -73,8 +73,12 @@ class JobSignal:
         log.warning("%s ignored (%d): this daemon is not in a Slurm job", name, count)
         if self.journal is not None:
             self.journal.append(
-                "signal_ignored",
-                {"signal": name, "count": count, "reason": "not in a Slurm job ([slurm] signal)"},
+                {
+                    "kind": "signal_ignored",
+                    "signal": name,
+                    "count": count,
+                    "reason": "not in a Slurm job ([slurm] signal)",
+                },
             )
         self._said = asyncio.get_running_loop().call_later(
             IGNORED_SIGNAL_S, self._say_ignored, name

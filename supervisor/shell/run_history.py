@@ -128,7 +128,7 @@ class RunHistory:
             writer.take_lost, time.time(),
         )  # fmt: skip
         if change is not None:
-            self.journal.append(*change)
+            self.journal.append(change)
 
     # -------------------------------------------------------------- the cache
 

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -26,6 +26,9 @@ from trainwarden.supervisor.protocol import (
 from trainwarden.supervisor.shell.telemetry import Monitor, no_gpu_reason
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import DiskRoomFacts
 
 log = logging.getLogger("trainwarden.telemetry")
 
@@ -110,10 +113,14 @@ class Samplers:
             low = disk_low(host.disk_free_bytes, newest.bytes)
             if low != self.disk_low:
                 self.disk_low = low
-                self.journal.append(
-                    "disk_low" if low else "disk_ok",
-                    {"free_bytes": host.disk_free_bytes, "checkpoint_bytes": newest.bytes},
-                )
+                room: DiskRoomFacts = {
+                    "free_bytes": host.disk_free_bytes,
+                    "checkpoint_bytes": newest.bytes,
+                }
+                if low:
+                    self.journal.append({"kind": "disk_low", **room})
+                else:
+                    self.journal.append({"kind": "disk_ok", **room})
         for topic, data in sidecars.items():
             if data is not None:
                 self._publish(topic, data)
@@ -142,7 +149,7 @@ class Samplers:
             self.throttle, time.monotonic(), alarming, mfu, self.cfg.gpu.throttle_after_s
         )
         if record is not None:
-            self.journal.append("gpu_throttle", {"gpu": index, **record})
+            self.journal.append({"kind": "gpu_throttle", "gpu": index, **record})
 
     def _read_if_changed(self, topic: str, path: Path) -> Any:
         try:

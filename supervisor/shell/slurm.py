@@ -69,10 +69,10 @@ class JobWatch:
         the segment (`slurm_job`), show it, and arm the end-time timer. Whatever scontrol
         does, the limit is at worst unknown."""
         self.limit = await asyncio.to_thread(slurm_job.read_limit, self.job.job_id)
-        journal.append("slurm_job", dict(self.record()), sync=True)
+        journal.append({"kind": "slurm_job", **self.record()}, sync=True)
         if self.cfg.requeue and self.limit.requeue is False:
             # Said now: at the limit the save is made, and the job then ends for good.
-            journal.append("slurm_not_requeueable", {"job_id": self.job.job_id})
+            journal.append({"kind": "slurm_not_requeueable", "job_id": self.job.job_id})
             log.warning(
                 "Slurm will refuse to requeue job %s (scontrol shows Requeue=0: submitted with"
                 " --no-requeue, or the cluster's JobRequeue=0): at its time limit the trainer"
@@ -82,7 +82,7 @@ class JobWatch:
         truncated = slurm_job.output_truncated(os.environ)
         if truncated is not None:
             # Said now, while there is time to fix the script before the next segment.
-            journal.append("slurm_output_truncates", {"path": truncated})
+            journal.append({"kind": "slurm_output_truncates", "path": truncated})
             log.warning(
                 "the job's output %s is truncated when the job starts again: add"
                 " `#SBATCH --open-mode=append` to the batch script so a requeue keeps it",
@@ -165,6 +165,6 @@ async def requeue_last(files: RunFiles, space: DiskSpace, job_id: str, code: int
         return
     log.error("Slurm did not requeue job %s: %s", job_id, error)
     journal = Journal(files.journal, space)
-    journal.append("slurm_requeue_failed", {"job_id": job_id, "error": error})
-    journal.append("daemon_exit", {"code": code})
+    journal.append({"kind": "slurm_requeue_failed", "job_id": job_id, "error": error})
+    journal.append({"kind": "daemon_exit", "code": code})
     journal.close()

@@ -169,9 +169,10 @@ class Snapshots:
         if taken.outcome in ("taken", "known"):
             self._succeeded()
         if taken.outcome == "taken":
+            assert taken.step is not None  # a new snapshot always has its step
             self.journal.append(
-                "snapshot_taken",
                 {
+                    "kind": "snapshot_taken",
                     "fixed": self.fixed.fixed,
                     "step": taken.step,
                     "name": taken.name,
@@ -181,7 +182,7 @@ class Snapshots:
             )
         elif taken.outcome == "rejected":
             self.journal.append(
-                "fixed_write_rejected", {"fixed": self.fixed.fixed, "reason": taken.reason}
+                {"kind": "fixed_write_rejected", "fixed": self.fixed.fixed, "reason": taken.reason}
             )
         return taken
 
@@ -198,7 +199,7 @@ class Snapshots:
             "count": (self.failing["count"] if self.failing else 0) + 1,
         }
         self.journal.append(
-            "snapshot_failed", {"fixed": self.fixed.fixed, "error": reason, "first": first}
+            {"kind": "snapshot_failed", "fixed": self.fixed.fixed, "error": reason, "first": first}
         )
         log.error("snapshot of %s failed: %s", self.fixed.path, reason)
         if isinstance(exc, OSError) and no_space(exc):
@@ -217,7 +218,11 @@ class Snapshots:
     def _succeeded(self) -> None:
         if self.failing is not None:
             self.journal.append(
-                "snapshot_recovered", {"fixed": self.fixed.fixed, "failed": self.failing["count"]}
+                {
+                    "kind": "snapshot_recovered",
+                    "fixed": self.fixed.fixed,
+                    "failed": self.failing["count"],
+                }
             )
             self.failing = None
         self.journal.space.emptied(self.fixed.path, "its snapshot was taken")
@@ -259,7 +264,9 @@ class Snapshots:
             reason = f"cannot restore {resume.name} to {self.fixed.fixed}: " + (
                 f"{getattr(exc, 'strerror', None) or exc}"
             )
-            self.journal.append("snapshot_restore_failed", {"name": resume.name, "error": reason})
+            self.journal.append(
+                {"kind": "snapshot_restore_failed", "name": resume.name, "error": reason}
+            )
             return reason
         finally:
             self._restoring = False
@@ -267,8 +274,13 @@ class Snapshots:
                 self._again = False
                 self.written()
         self.journal.append(
-            "snapshot_restored",
-            {"fixed": self.fixed.fixed, "step": resume.step, "name": resume.name, "how": how},
+            {
+                "kind": "snapshot_restored",
+                "fixed": self.fixed.fixed,
+                "step": resume.step,
+                "name": resume.name,
+                "how": how,
+            },
         )
         return None
 
@@ -283,11 +295,13 @@ class Snapshots:
             reason = f"cannot move {leftover.name} to quarantine/: " + (
                 f"{getattr(exc, 'strerror', None) or exc}"
             )
-            self.journal.append("quarantine_failed", {"name": leftover.name, "error": reason})
+            self.journal.append(
+                {"kind": "quarantine_failed", "name": leftover.name, "error": reason}
+            )
             return reason
         self.journal.append(
-            "quarantine",
             {
+                "kind": "quarantine",
                 "step": leftover.step,
                 "name": leftover.name,
                 "moved": moved,

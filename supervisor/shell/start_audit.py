@@ -71,10 +71,12 @@ class StartAudit:
         self.current = None
         fields = audit_result(result)
         self.result = fields
-        kind = {"verified": "resume_verified", "drift": "resume_drift"}.get(
-            fields["status"], "resume_unverified"
-        )
-        self.journal.append(kind, fields)
+        if fields["status"] == "verified":
+            self.journal.append({"kind": "resume_verified", **fields})
+        elif fields["status"] == "drift":
+            self.journal.append({"kind": "resume_drift", **fields})
+        else:
+            self.journal.append({"kind": "resume_unverified", **fields})
 
 
 def audit_result(result: resume_audit.AuditResult) -> AuditResult:

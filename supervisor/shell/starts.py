@@ -19,7 +19,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -43,6 +43,10 @@ from trainwarden.supervisor.store.checkpoints import CheckpointStore
 from trainwarden.supervisor.store.digest import digest_checkpoint
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import Spawn as SpawnRecord
+    from trainwarden.supervisor.core.records import StartCgroup
 
 NO_SPACE_WORDS = ("No space left on device", "ENOSPC", "Disk quota exceeded")
 """What a trainer's last line says when it died on a full disk (strerror, errno names)."""
@@ -149,7 +153,7 @@ class Starts:
         env = trainer_env(self.cfg, self.store.dir, action, marker)
         # The intent, durable before the fork: a daemon killed at any instant after it finds
         # this start's processes by the marker even if it never learned the trainer's pid.
-        self.journal.append("spawn", spawn_intent(action, argv, marker), sync=True)
+        self.journal.append(spawn_intent(action, argv, marker), sync=True)
         resume_file = resume_path(self.cfg, self.store.dir, action)
         self.hub.begin_segment(
             action.seg,
@@ -174,8 +178,15 @@ class Starts:
             self.outcomes.append(core.SpawnFailed(time.monotonic(), failure))
             return
         self.proc = proc
-        started = {"pid": proc.pid, "seg": action.seg, "marker": marker, **in_cgroup}
-        self.journal.append("trainer_started", started)
+        self.journal.append(
+            {
+                "kind": "trainer_started",
+                "pid": proc.pid,
+                "seg": action.seg,
+                "marker": marker,
+                **in_cgroup,
+            }
+        )
         if self.spares is not None:
             self.spares.plan(action.seg + 1, proc)
         self.outcomes.append(core.TrainerSpawned(time.monotonic(), proc.pid))
@@ -184,7 +195,7 @@ class Starts:
 
     async def _start_process(
         self, argv: list[str], env: dict[str, str], marker: str, spare: Spare | None
-    ) -> tuple[asyncio.subprocess.Process, dict[str, Any]]:
+    ) -> tuple[asyncio.subprocess.Process, StartCgroup]:
         """The trainer's process, run in the spare or spawned into its cgroup, and what its
         `trainer_started` record says of its cgroup. OSError as a spawn raises it."""
         cwd, log_path = self.cfg.trainer_cwd, self.cfg.log_path
@@ -340,11 +351,15 @@ class Starts:
                 killed = await asyncio.to_thread(cgroups.end, marker)
                 ended += [{"pid": pid, "ended": "cgroup.kill"} for pid in killed]
         except Exception as exc:  # never fatal to the loop: the next daemon looks again
-            self.journal.append("containment_failed", {"marker": marker, "error": repr(exc)})
+            self.journal.append(
+                {"kind": "containment_failed", "marker": marker, "error": repr(exc)}
+            )
             log.exception("could not stop the processes of start %s", marker)
             return
         if ended:
-            self.journal.append("leftover_processes", {"marker": marker, "processes": ended})
+            self.journal.append(
+                {"kind": "leftover_processes", "marker": marker, "processes": ended}
+            )
             log.warning("stopped %d leftover processes of start %s", len(ended), marker)
 
     def live_pids(self) -> set[int]:
@@ -358,9 +373,10 @@ class Starts:
             self.containing = None
 
 
-def spawn_intent(action: core.Spawn, argv: list[str], marker: str) -> dict[str, Any]:
+def spawn_intent(action: core.Spawn, argv: list[str], marker: str) -> SpawnRecord:
     """The `spawn` record: what a start is to be, journaled before its fork."""
-    intent: dict[str, Any] = {
+    intent: SpawnRecord = {
+        "kind": "spawn",
         "seg": action.seg,
         "resume": core.ckpt_json(action.resume),
         "pivot": action.pivot,

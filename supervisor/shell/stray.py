@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.store.journal import Journal
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import StrayOutput
 
 log = logging.getLogger("trainwarden.telemetry")
 
@@ -28,7 +31,7 @@ class StrayLines:
         self.loop = loop
         self.is_step = is_step
         """Whether a line is a step line to the configured parser (counted apart)."""
-        self._counted: dict[str, Any] | None = None
+        self._counted: StrayOutput | None = None
         self._handle: asyncio.TimerHandle | None = None
 
     def note(self, seg: int, lines: list[str]) -> None:
@@ -38,6 +41,7 @@ class StrayLines:
             return
         if self._counted is None:
             self._counted = {
+                "kind": "stray_output",
                 "seg": seg,
                 "lines": 0,
                 "step_lines": 0,
@@ -54,5 +58,5 @@ class StrayLines:
             self._handle = None
         counted, self._counted = self._counted, None
         if counted is not None:
-            self.journal.append("stray_output", counted)
+            self.journal.append(counted)
             log.warning("%d stray log lines after seg %s ended", counted["lines"], counted["seg"])

@@ -63,7 +63,7 @@ class Validation:
             rows.append((point.step, point.loss, point.t, point.seg, point.extras))
             if math.isnan(record.loss) and self._nan_seg != seg:
                 self._nan_seg = seg
-                self.journal.append("val_nan", {"step": record.step, "seg": seg})
+                self.journal.append({"kind": "val_nan", "step": record.step, "seg": seg})
                 log.warning(
                     "validation loss nan at step %d: reported only, training goes on",
                     record.step,
@@ -97,7 +97,7 @@ class Validation:
             "evaluation", writer.file.take_lost, now,
         )  # fmt: skip
         if change is not None:
-            self.journal.append(*change)
+            self.journal.append(change)
 
     def status(self, now: float) -> protocol.Validation | None:
         """The newest evaluation for `status` (None before the first)."""

@@ -18,9 +18,12 @@ import os
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.store.rundir import open_for_append
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import DiskFull, DiskRecovered
 
 log = logging.getLogger("trainwarden.disk")
 
@@ -75,19 +78,19 @@ class DiskSpace:
         unit: str,
         take_lost: Callable[[], int],
         now: float,
-    ) -> tuple[str, dict[str, Any]] | None:
+    ) -> DiskFull | DiskRecovered | None:
         """The journal record a file's change between full (`error`) and written again
         calls for, if it changed: `disk_full`, or `disk_recovered` with the `unit`s lost."""
         path = str(path)
         if error is not None and path not in self._since:
             self._since[path] = now
             self.filled(path, error, what)
-            return "disk_full", {"file": path, "error": error.strerror}
+            return {"kind": "disk_full", "file": path, "error": error.strerror}
         if error is None and path in self._since:
             lost = take_lost()
             full_s = round(now - self._since.pop(path), 3)
             self.emptied(path, f"{lost} {unit}s lost" if lost else f"no {unit} lost")
-            return "disk_recovered", {"file": path, "full_s": full_s, "lost_records": lost}
+            return {"kind": "disk_recovered", "file": path, "full_s": full_s, "lost_records": lost}
         return None
 
     def forget(self, path: Path | str) -> None:

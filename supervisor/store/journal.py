@@ -18,12 +18,15 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from trainwarden.supervisor.store.appendfile import AppendFile, DiskSpace
 from trainwarden.supervisor.store.repeats import RepeatFold
+
+if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
+    from trainwarden.supervisor.core.records import JournalEntry
 
 RECENT = 1000
 HOLD_BYTES = 16 << 20
@@ -111,17 +114,16 @@ class Journal:
         self.fold = RepeatFold(quiet, lambda kind, fields, t: self._write(kind, fields, t))
 
     def append(
-        self,
-        kind: str,
-        fields: Mapping[str, Any] | None = None,
-        *,
-        t: float | None = None,
-        sync: bool = False,
+        self, entry: JournalEntry, *, t: float | None = None, sync: bool = False
     ) -> dict[str, Any]:
+        """Write one record (`entry`: its kind and fields, typed by core.records) stamped
+        with `ts` and `t`; `sync`: fsync it before returning."""
         now = time.time() if t is None else t
+        kind = entry["kind"]
+        fields = {key: value for key, value in entry.items() if key != "kind"}
         self.retry(now)
-        if self.fold is not None and self.fold.takes(kind, fields or {}, now, sync):
-            return {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **(fields or {})}
+        if self.fold is not None and self.fold.takes(kind, fields, now, sync):
+            return {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **fields}
         record = self._write(kind, fields, now)
         if sync and not self.file.full:
             self.file.fsync()
@@ -168,7 +170,8 @@ class Journal:
             self.file.take_lost, now,
         )  # fmt: skip
         if change is not None:
-            kind, fields = change
+            kind = change["kind"]
+            fields = {key: value for key, value in change.items() if key != "kind"}
             self._write(kind, fields, now, keep=kind == "disk_full")  # never dropped past the bound
 
     def close(self) -> None:

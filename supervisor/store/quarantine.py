@@ -10,6 +10,7 @@ line reads it when no daemon runs.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from trainwarden.supervisor.contract import MAX_STEP
@@ -21,7 +22,7 @@ _PIVOT_TEXT = re.compile(r"written under the old policy after pivot step (\d+)")
 _DIVERGENCE_TEXT = re.compile(r"written at or after divergence at step (\d+)")
 
 
-def note_of(record: dict[str, Any]) -> Note:
+def note_of(record: Mapping[str, Any]) -> Note:
     """A quarantine record's note; records from before `cause` was journaled get theirs
     from the reason's words."""
     reason = str(record.get("reason") or "")

@@ -261,7 +261,7 @@ def test_a_record_no_alert_expected_is_journaled_all_the_same(tmp_path: Path):
         journal_file, loop, lambda: None,
     )  # fmt: skip
     try:
-        journal_file.append("crash", {"t": "soon"})  # the time an alert is stamped with
+        journal_file.append({"kind": "crash", "t": "soon"})  # the time an alert is stamped with
     finally:
         alerter.close(grace=1.0)
         loop.close()
@@ -566,7 +566,7 @@ def test_a_trickling_endpoint_is_given_up_at_timeout_s_and_delays_no_other_targe
     alerter = Alerter(load_config(run_dir, check_plugins=False), journal_file, loop, lambda: 7)
     try:
         started = time.monotonic()
-        journal_file.append("halt", {"state": "crash_loop", "reason": "exit 3"})
+        journal_file.append({"kind": "halt", "state": "crash_loop", "reason": "exit 3"})
         deadline = TRICKLE_TIMEOUT_S - 0.5
         wait_for(lambda: inbox.received and marker.exists(), deadline, what="the good targets")
         assert time.monotonic() - started < deadline  # before the slow one's deadline

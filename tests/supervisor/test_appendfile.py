@@ -153,15 +153,15 @@ def test_the_journal_records_the_full_disk_and_the_recovery_in_order(tmp_path, m
     journal = Journal(path, space)
     seen: list[str] = []
     journal.listeners.append(lambda record: seen.append(record["kind"]))
-    journal.append("daemon_start", t=1.0)
+    journal.append({"kind": "daemon_start"}, t=1.0)
     disk.room = 10
-    journal.append("state", {"state": {"seg": 1}}, t=2.0)
+    journal.append({"kind": "state", "state": {"seg": 1}}, t=2.0)
     assert space.full and str(path) in space.full_files
-    journal.append("trainer_started", {"pid": 1}, t=3.0, sync=True)
+    journal.append({"kind": "trainer_started", "pid": 1}, t=3.0, sync=True)
     assert not journal.retry(4.0)
     disk.room = None
     assert journal.retry(5.0) and not space.full
-    journal.append("daemon_exit", t=6.0)
+    journal.append({"kind": "daemon_exit"}, t=6.0)
     journal.close()
     kinds = [r["kind"] for r in whole_lines(path)]
     assert kinds == [
@@ -183,9 +183,9 @@ def test_the_journal_counts_records_lost_past_its_bound(tmp_path, monkeypatch):
     disk = FillingDisk(monkeypatch, room=0)
     journal = Journal(path)
     for n in range(200):
-        journal.append("step_event", {"n": n}, t=float(n))
+        journal.append({"kind": "step_event", "n": n}, t=float(n))
     disk.room = None
-    journal.append("daemon_exit", t=300.0)
+    journal.append({"kind": "daemon_exit"}, t=300.0)
     journal.close()
     records = whole_lines(path)
     recovered = [r for r in records if r["kind"] == "disk_recovered"]
@@ -253,10 +253,10 @@ def test_the_journal_tail_shows_records_held_in_memory_once_each(tmp_path, monke
     path = tmp_path / "journal.jsonl"
     disk = FillingDisk(monkeypatch)
     journal = Journal(path)
-    journal.append("daemon_start", t=1.0)
+    journal.append({"kind": "daemon_start"}, t=1.0)
     disk.room = 12  # the next record is cut short: its start on disk reads as a torn line
-    journal.append("state", t=2.0)
-    journal.append("trainer_started", t=3.0)
+    journal.append({"kind": "state"}, t=2.0)
+    journal.append({"kind": "trainer_started"}, t=3.0)
     kinds = ["daemon_start", "state", "disk_full", "trainer_started"]
     assert [r["kind"] for r in journal.tail(10)] == kinds
     assert [r["kind"] for r in journal.tail(2)] == kinds[-2:]

@@ -36,7 +36,7 @@ def journaled(run_dir: Path, *records: tuple[str, dict]) -> None:
     RunFiles(run_dir).state_dir.mkdir(exist_ok=True)
     journal = Journal(RunFiles(run_dir).journal)
     for kind, fields in records:
-        journal.append(kind, fields)
+        journal.append({"kind": kind, **fields})
     journal.close()
 
 

@@ -23,12 +23,12 @@ def crash(cause: str = "exit status 3", line: str = "boom") -> dict[str, Any]:
 def cycle(j: Journal, seg: int, t: float, **crashed: Any) -> None:
     """One turn of a crash loop, as the daemon journals it."""
     state = {"phase": "starting", "seg": seg, "restarts": seg - 1}
-    j.append("state", {"state": state}, t=t)
-    j.append("spawn", {"seg": seg, "resume": None, "marker": f"{seg}-x"}, t=t, sync=True)
-    j.append("trainer_started", {"pid": 100 + seg, "seg": seg}, t=t)
-    j.append("state", {"state": {**state, "restarts": seg}}, t=t)
-    j.append("crash", crash(**crashed), t=t)
-    j.append("restart_scheduled", {"backoff_s": 0.0, "attempt": seg}, t=t)
+    j.append({"kind": "state", "state": state}, t=t)
+    j.append({"kind": "spawn", "seg": seg, "resume": None, "marker": f"{seg}-x"}, t=t, sync=True)
+    j.append({"kind": "trainer_started", "pid": 100 + seg, "seg": seg}, t=t)
+    j.append({"kind": "state", "state": {**state, "restarts": seg}}, t=t)
+    j.append({"kind": "crash", **crash(**crashed)}, t=t)
+    j.append({"kind": "restart_scheduled", "backoff_s": 0.0, "attempt": seg}, t=t)
 
 
 def test_identical_quiet_crashes_are_counted_after_the_first_few(tmp_path: Path):
@@ -37,7 +37,7 @@ def test_identical_quiet_crashes_are_counted_after_the_first_few(tmp_path: Path)
     j.fold_repeats(quiet=lambda: True)
     for seg in range(1, 101):
         cycle(j, seg, t=1000.0 + seg)
-    j.append("halt", {"state": "crash_loop"}, t=1200.0)
+    j.append({"kind": "halt", "state": "crash_loop"}, t=1200.0)
     records = journal(tmp_path)
     assert [r["kind"] for r in records].count("crash") == FOLD_AFTER
     repeated = [r for r in records if r["kind"] == "repeated"]
@@ -74,7 +74,7 @@ def test_a_different_crash_a_start_that_logged_steps_or_another_record_ends_the_
     logged[0] = False
     for seg in range(20, 28):
         cycle(j, seg, t=t)
-    j.append("operator", {"cmd": "stop"}, t=t)  # anything else ends it
+    j.append({"kind": "operator", "cmd": "stop"}, t=t)  # anything else ends it
     for seg in range(28, 31):
         cycle(j, seg, t=t)
     crashes = [r for r in journal(tmp_path) if r["kind"] == "crash"]
@@ -93,7 +93,7 @@ def test_a_last_line_that_names_a_pid_or_a_time_is_still_the_same_crash(tmp_path
     j.fold_repeats(quiet=lambda: True)
     for seg in range(1, 41):
         cycle(j, seg, t=1000.0 + seg, line=f"boom in pid {4000 + seg} at 12:{seg:02d}:07")
-    j.append("halt", {"state": "crash_loop"}, t=1100.0)
+    j.append({"kind": "halt", "state": "crash_loop"}, t=1100.0)
     records = journal(tmp_path)
     assert sum(r["kind"] == "crash" for r in records) == FOLD_AFTER
     (final,) = [r for r in records if r["kind"] == "repeated" and not r["ongoing"]]
@@ -113,7 +113,9 @@ def test_a_durable_record_is_never_folded_and_a_long_fold_reports_every_few_minu
     for seg in range(1, 7):
         cycle(j, seg, t=1000.0 + seg)
     # A state that must survive a power cut (a pivot's stage) is written, ending the fold.
-    j.append("state", {"state": {"seg": 6, "pivot": {"stage": "archived"}}}, t=1010.0, sync=True)
+    j.append(
+        {"kind": "state", "state": {"seg": 6, "pivot": {"stage": "archived"}}}, t=1010.0, sync=True
+    )
     states = [r for r in journal(tmp_path) if r["kind"] == "state"]
     assert states[-1]["state"].get("pivot") == {"stage": "archived"}
     j.fold = None

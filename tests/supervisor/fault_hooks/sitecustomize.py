@@ -52,16 +52,17 @@ def _at(point: str) -> None:
 def _wrap_journal(module: Any) -> None:
     original = module.Journal.append
 
-    def append(self: Any, kind: str, fields: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def append(self: Any, entry: Any, *args: Any, **kwargs: Any) -> Any:
+        kind = entry["kind"]
         _at(f"journal:{kind}:before")
-        result = original(self, kind, fields, *args, **kwargs)
+        result = original(self, entry, *args, **kwargs)
         _at(f"journal:{kind}:after")
         if kind == "spawn" and POINT and POINT.startswith("delay:"):
             timer = threading.Timer(float(POINT.split(":", 1)[1]), _die)
             timer.daemon = True
             timer.start()
-        if STAGE and kind == "state" and isinstance(fields, dict):
-            pivot = (fields.get("state") or {}).get("pivot") or {}
+        if STAGE and kind == "state":
+            pivot = (entry.get("state") or {}).get("pivot") or {}
             if pivot.get("stage") == STAGE:
                 _die()
         return result
