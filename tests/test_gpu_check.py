@@ -136,6 +136,7 @@ def test_table_and_budgets():
     assert min(budgets.values()) > 0
 
 
+@pytest.mark.slow  # two resumes of the real trainer, about 20 s: run by .ci/run
 def test_the_resume_part_finds_cpu_resume_exact(tmp_path):
     # The part's own orchestration (SIGTERM, resume, SIGKILL, resume, compare) against the
     # real trainer, on the CPU where resume is promised bit-exact.

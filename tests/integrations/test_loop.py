@@ -311,6 +311,7 @@ def test_save_then_stop_under_the_daemon_lose_nothing(tmp_path: Path):
         assert not [r for r in journal(run_dir) if r["kind"] == "crash"]
 
 
+@pytest.mark.slow  # three kills, one mid-save, 35-58 s: run by .ci/run (docs/testing.md)
 def test_sigkills_one_mid_save_end_bit_identical_to_an_uninterrupted_run(
     tmp_path: Path, straight: Path
 ):
