@@ -319,6 +319,7 @@ def test_three_sigkills_one_mid_write_end_bit_identical_with_every_step_once(
     assert_same_training_state(final_checkpoint(run_dir), final_checkpoint(straight_dir))
 
 
+@pytest.mark.slow  # an uninterrupted Lightning run to compare with: 60-90 s; run by .ci/run
 def test_a_daemon_sigkill_and_restart_keep_the_loss_history_steps_right(
     tmp_path: Path, straight_run: tuple[Path, dict[int, float]]
 ):
