@@ -54,6 +54,11 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _fields_of(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's own fields: the entry less its kind (the journal writes the kind itself)."""
+    return {key: value for key, value in entry.items() if key != "kind"}
+
+
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
     """Every well-formed record; a torn last line (power cut mid-write) is skipped."""
     try:
@@ -120,7 +125,7 @@ class Journal:
         with `ts` and `t`; `sync`: fsync it before returning."""
         now = time.time() if t is None else t
         kind = entry["kind"]
-        fields = {key: value for key, value in entry.items() if key != "kind"}
+        fields = _fields_of(entry)
         self.retry(now)
         if self.fold is not None and self.fold.takes(kind, fields, now, sync):
             return {"ts": utc_now(now), "t": round(now, 6), "kind": kind, **fields}
@@ -171,7 +176,7 @@ class Journal:
         )  # fmt: skip
         if change is not None:
             kind = change["kind"]
-            fields = {key: value for key, value in change.items() if key != "kind"}
+            fields = _fields_of(change)
             self._write(kind, fields, now, keep=kind == "disk_full")  # never dropped past the bound
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import (
     Any,
@@ -65,15 +66,21 @@ def problems(path: Path) -> list[str]:
     return found
 
 
-def mismatches(value: dict[str, Any], cls: type) -> Iterator[str]:
-    # Required keys from the hints themselves: under `from __future__ import annotations`
-    # Python 3.11's __required_keys__ cannot see NotRequired in a string annotation.
+@cache
+def declared(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """A class's keys with their types, and which are required (resolved once a class).
+    Required from the hints themselves: under `from __future__ import annotations` Python
+    3.11's __required_keys__ cannot see NotRequired in a string annotation."""
     extras = get_type_hints(cls, include_extras=True)
-    hints = {key: unwrapped(hint) for key, hint in extras.items()}
     total = getattr(cls, "__total__", True)
-    required = {
-        key for key, hint in extras.items() if total and get_origin(hint) is not NotRequired
-    }
+    return (
+        {key: unwrapped(hint) for key, hint in extras.items()},
+        frozenset(k for k, hint in extras.items() if total and get_origin(hint) is not NotRequired),
+    )
+
+
+def mismatches(value: dict[str, Any], cls: type) -> Iterator[str]:
+    hints, required = declared(cls)
     for key in sorted(required - value.keys()):
         yield f"required key {key!r} missing"
     for key, item in value.items():
