@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -306,9 +306,15 @@ class MirrorCopied:
     t: float
     step: int
     ok: bool
-    fields: dict[str, Any] = field(default_factory=dict)
-    """The copy's figures for the journal (seconds, files, bytes, or the error)."""
-    superseded: bool = False
+    seconds: float = 0.0
+    """How long the copy took, rounded to the millisecond."""
+    files: int = 0
+    bytes: int = 0
+    """What a copy that succeeded wrote."""
+    error: str = ""
+    """Why a copy failed or was refused."""
+    superseded_by: int | None = None
+    """The newer checkpoint whose copy this one gave way to, without copying."""
     mirrored: tuple[int, ...] = ()
     """Steps with a complete copy in the mirror afterwards, oldest first."""
     changed: bool = False

@@ -192,7 +192,7 @@ class RollbackSupport(TypedDict):
 
 
 class MirrorCopyFacts(TypedDict):
-    """One mirror copy's step and duration (store.mirror.MirrorResult.journal_fields)."""
+    """One mirror copy's step and duration (core.events.MirrorCopied)."""
 
     step: int
     seconds: float

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from trainwarden.supervisor.core.actions import Action, Delete, PruneMirror, Quarantine, Record
 from trainwarden.supervisor.core.events import MirrorCopied
@@ -115,23 +115,38 @@ def abandon_changed(
 
 
 def on_mirror_copied(state: State, ev: MirrorCopied, rules: Rules, actions: list[Action]) -> State:
-    # ev.fields comes untyped from the store (MirrorResult.journal_fields), shaped by the
-    # copy's outcome: each cast names the record that outcome's fields make.
-    if ev.changed:
-        actions.append(Record(cast("MirrorFailed", {"kind": "mirror_failed", **ev.fields})))
+    if ev.superseded_by is not None:
+        superseded: MirrorSuperseded = {
+            "kind": "mirror_superseded",
+            "step": ev.step,
+            "seconds": ev.seconds,
+            "superseded_by": ev.superseded_by,
+        }
+        actions.append(Record(superseded))
+        return state
+    if ev.changed or not ev.ok:
+        failed: MirrorFailed = {
+            "kind": "mirror_failed",
+            "step": ev.step,
+            "seconds": ev.seconds,
+            "error": ev.error,
+        }
+        actions.append(Record(failed))
+        if not ev.changed:
+            return state
         name = ev.name or next((c.name for c in state.checkpoints if c.step == ev.step), "")
-        return abandon_changed(state, ev.step, name, ev.fields.get("error", ""), actions)
-    if ev.superseded:
-        superseded = {"kind": "mirror_superseded", **ev.fields}
-        actions.append(Record(cast("MirrorSuperseded", superseded)))
-        return state
-    if not ev.ok:
-        actions.append(Record(cast("MirrorFailed", {"kind": "mirror_failed", **ev.fields})))
-        return state
+        return abandon_changed(state, ev.step, name, ev.error, actions)
     # A successful copy moved latest.json to its own step.
     doomed = mirror_deletions(ev.mirrored, ev.step, rules.mirror_keep_last)
-    mirrored = {"kind": "mirrored", **ev.fields, "removed": doomed}
-    actions.append(Record(cast("Mirrored", mirrored)))
+    mirrored: Mirrored = {
+        "kind": "mirrored",
+        "step": ev.step,
+        "seconds": ev.seconds,
+        "files": ev.files,
+        "bytes": ev.bytes,
+        "removed": doomed,
+    }
+    actions.append(Record(mirrored))
     if doomed:
         actions.append(PruneMirror(tuple(doomed)))
     return state

@@ -35,7 +35,6 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainwarden.supervisor.store.digest import Digest
 from trainwarden.supervisor.store.mirror_files import (
@@ -80,16 +79,6 @@ class MirrorResult:
     """Steps with a complete copy in the mirror once this one is in place, oldest first."""
     changed: bool = False
     """Refused: what was read does not match the checkpoint's digest at commit."""
-
-    def journal_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"step": self.step, "seconds": round(self.seconds, 3)}
-        if self.ok:
-            fields.update(files=len(self.files), bytes=self.bytes)
-        elif self.superseded_by is not None:
-            fields["superseded_by"] = self.superseded_by
-        else:
-            fields["error"] = self.error
-        return fields
 
 
 # ----------------------------------------------------------------------------- checks

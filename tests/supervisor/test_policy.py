@@ -741,18 +741,34 @@ def test_each_new_checkpoint_is_mirrored_and_the_mirror_is_pruned_after_the_copy
     assert not kinds(actions, p.MirrorCopy)
     _, actions = run([commit(20, 2.0)], state, RULES)  # no mirror configured
     assert not kinds(actions, p.MirrorCopy)
-    copied = p.MirrorCopied(3.0, 30, True, {"step": 30}, mirrored=(10, 20, 30))
+    copied = p.MirrorCopied(3.0, 30, True, mirrored=(10, 20, 30))
     _, actions = run([copied], state, MIRRORED)
     (record,) = kinds(actions, p.Record)
     assert record.kind == "mirrored" and record.fields["removed"] == [10]
     assert kinds(actions, p.PruneMirror) == [p.PruneMirror((10,))]
     # After a rollback the copy is older than the mirror's newest: latest.json names it.
-    copied = p.MirrorCopied(4.0, 25, True, {"step": 25}, mirrored=(20, 25, 30))
+    copied = p.MirrorCopied(4.0, 25, True, mirrored=(20, 25, 30))
     _, actions = run([copied], state, replace(MIRRORED, mirror_keep_last=1))
     assert kinds(actions, p.PruneMirror) == [p.PruneMirror((20,))]
-    failed = p.MirrorCopied(5.0, 40, False, {"step": 40, "error": "disk full"})
+    failed = p.MirrorCopied(5.0, 40, False, seconds=0.25, error="disk full")
     _, actions = run([failed], state, MIRRORED)
-    assert [r.kind for r in kinds(actions, p.Record)] == ["mirror_failed"]
+    (record,) = kinds(actions, p.Record)
+    assert record.entry == {
+        "kind": "mirror_failed",
+        "step": 40,
+        "seconds": 0.25,
+        "error": "disk full",
+    }
+    assert not kinds(actions, p.PruneMirror)
+    waiting = p.MirrorCopied(6.0, 50, False, seconds=0.0, superseded_by=60)
+    _, actions = run([waiting], state, MIRRORED)
+    (record,) = kinds(actions, p.Record)
+    assert record.entry == {
+        "kind": "mirror_superseded",
+        "step": 50,
+        "seconds": 0.0,
+        "superseded_by": 60,
+    }
     assert not kinds(actions, p.PruneMirror)
 
 
