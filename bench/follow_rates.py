@@ -16,6 +16,9 @@ in a stamps file outside the run directory. For each rate, after a settling paus
 - watchdog floor: bench/programs/watchdog_follower.py, the same loop handed each line's
   event by watchdog's inotify observer: what following through watchdog would cost the
   daemon before any work of its own (the daemon keeps its own binding; docs/benchmarks.md).
+- Both floors' latency: each line's write time to the end of the follower's first read
+  that reached it (the followers keep those times in memory and write them when stopped),
+  beside the daemon's.
 
 Parse throughput is the configured parser (step-line) on the lines this trainer writes,
 in process, best of 3.
@@ -23,6 +26,7 @@ in process, best of 3.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from pathlib import Path
@@ -58,7 +62,7 @@ WATCHDOG = "watchdog_follower.py"
 
 def read_stamps(path: Path) -> dict[int, float]:
     """step -> write time (time.time()) from the trainer's stamps file."""
-    stamps = {}
+    stamps: dict[int, float] = {}
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -74,7 +78,7 @@ def read_stamps(path: Path) -> dict[int, float]:
 
 def read_seen(path: Path) -> dict[int, float]:
     """step -> the daemon's `t` for it in .loss.json."""
-    seen = {}
+    seen: dict[int, float] = {}
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -135,34 +139,82 @@ def follow_daemon(
     return figures, ""
 
 
+def read_follower_seen(seen_path: Path, log: Path) -> dict[int, float]:
+    """step -> the time a floor follower had read that step's line: the first of its reads
+    (`OFFSET TIME`, the log's length after the read) that reached the line's end."""
+    offsets: list[int] = []
+    times: list[float] = []
+    try:
+        text = seen_path.read_text()
+    except FileNotFoundError:
+        return {}
+    for line in text.splitlines():
+        offset, _, t = line.partition(" ")
+        offsets.append(int(offset))
+        times.append(float(t))
+    seen: dict[int, float] = {}
+    end = 0
+    for logged in log.read_bytes().splitlines(keepends=True):
+        end += len(logged)
+        read = bisect.bisect_left(offsets, end)
+        if logged.startswith(b"step: ") and read < len(offsets):
+            seen[int(logged[6:].partition(b",")[0])] = times[read]
+    return seen
+
+
 def follow_floor(
     ctx: Context, window: dict[int, float], settle: float, argv: list[str] | None = None
 ) -> dict[int, dict[str, Any]]:
-    """A floor follower's CPU at each rate: floor_follower.py, or `argv` + the log."""
+    """A floor follower's CPU and write -> read latency at each rate: floor_follower.py,
+    or `argv` + the log."""
     name = "floor" if argv is None else "watchdog"
     directory = ctx.work.dir("follow", name)
     rate_file, events, log = directory / "rate", directory / "events", directory / "training.log"
+    stamps, seen = directory / "stamps", directory / "seen"
     rate_file.write_text(str(RATES[0]))
     log.write_bytes(b"")
     trainer = ctx.work.popen(
-        program("rate_trainer.py", "--rate-file", rate_file, "--events", events),
+        program(
+            "rate_trainer.py", "--rate-file", rate_file, "--events", events, "--stamps", stamps
+        ),
         cwd=directory,
         stdout=log,
     )
-    argv = program("floor_follower.py", log) if argv is None else [*argv, str(log)]
+    argv = program("floor_follower.py", log, seen) if argv is None else [*argv, str(log), str(seen)]
     follower = ctx.work.popen(argv, cwd=directory)
     figures: dict[int, dict[str, Any]] = {}
+    windows: dict[int, range] = {}
     try:
         if not poll(lambda: read_events(events), 60.0):
             return figures
         for rate in RATES:
             rate_file.write_text(str(rate))
             time.sleep(settle)
+            first = last_step(stamps) + 1
             figures[rate] = dict(measure(follower.pid, log, window[rate]))
+            windows[rate] = range(first, last_step(stamps) + 1)
+        time.sleep(0.5)  # the window's last lines read before the follower is stopped
     finally:
         ctx.work.stop(follower)
         ctx.work.stop(trainer)
+    written, read = read_stamps(stamps), read_follower_seen(seen, log)
+    for rate, steps in windows.items():
+        ms = latencies_ms(written, read, steps)
+        figures[rate]["latency"] = latency_summary(ms)
+        figures[rate]["latency_samples_ms"] = ms
     return figures
+
+
+def without_samples(figures: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {
+        rate: {k: v for k, v in f.items() if k != "latency_samples_ms"}
+        for rate, f in figures.items()
+    }
+
+
+def fmt_p99(figures: dict[str, Any]) -> str:
+    latency = figures.get("latency")
+    return fmt_ms(latency["p99_ms"]) if latency and latency["n"] else "-"
 
 
 def parse_throughput(n_lines: int) -> float:
@@ -198,7 +250,8 @@ def run(ctx: Context) -> Section:
             "bench/programs/floor_follower.py, an asyncio loop woken by inotify that only "
             "reads and counts the lines, at the same rates; watchdog floor: "
             "bench/programs/watchdog_follower.py, that loop handed each event by watchdog's "
-            "inotify observer."
+            "inotify observer. The floors' latency: each line's write time to the end of "
+            "the follower's read that reached it."
         ),
         header=[
             "lines/s (asked)",
@@ -214,13 +267,15 @@ def run(ctx: Context) -> Section:
             "p99 ms",
             "max ms",
             "lines",
+            "floor p99 ms",
+            "watchdog floor p99 ms",
         ],  # fmt: skip
         plots=["follow_latency.png", "follow_cpu.png"],
     )
     for rate in RATES:
         f, fl, wd = figures.get(rate), floor.get(rate, {}), through_watchdog.get(rate, {})
         if f is None:
-            section.rows.append([f"{rate:,}", *["-"] * 12])
+            section.rows.append([f"{rate:,}", *["-"] * 14])
             continue
         lat = f["latency"]
         section.rows.append(
@@ -238,6 +293,8 @@ def run(ctx: Context) -> Section:
                 fmt_ms(lat["p99_ms"]),
                 fmt_ms(lat["max_ms"]),
                 f"{lat['n']:,}",
+                fmt_p99(fl),
+                fmt_p99(wd),
             ]  # fmt: skip
         )
     if problem:
@@ -257,7 +314,8 @@ def run(ctx: Context) -> Section:
         "that wake-up alone; the difference is the daemon's work per line (parse, policy, "
         "`.loss.json` append, telemetry). The watchdog floor is the same wake-up reached "
         "through watchdog's observer (four threads take each event in turn): its excess "
-        "over the floor is what following through watchdog would add to every line.",
+        "over the floor is what following through watchdog would add to every line, in "
+        "CPU and in latency.",
         f"Resolution: CPU is counted in 10 ms ticks, so over {window[10]:g} s the 10 lines/s "
         f"figure is known to about {100 * 0.01 / window[10]:.2f} % of a core.",
     ]
@@ -283,11 +341,9 @@ def run(ctx: Context) -> Section:
         hlines={0: (CPU_TARGET_PCT, f"{CPU_TARGET_PCT} % target")},
     )
     section.raw = {
-        "figures": {
-            r: {k: v for k, v in f.items() if k != "latency_samples_ms"} for r, f in figures.items()
-        },
-        "floor": floor,
-        "watchdog_floor": through_watchdog,
+        "figures": without_samples(figures),
+        "floor": without_samples(floor),
+        "watchdog_floor": without_samples(through_watchdog),
         "parse_lines_per_s": parsed_per_s,
         "window_s": window,
         "problem": problem,

@@ -23,13 +23,7 @@ from trainwarden.supervisor.inputs import inotify
 from trainwarden.supervisor.shell import containment
 
 ROOT = Path(__file__).resolve().parent.parent
-CTYPES_ALLOWED = frozenset(
-    {
-        Path("trainwarden/libc.py"),
-        # A peer's way of following a file, reproduced for the benchmark as that peer wrote it.
-        Path("bench/programs/floor_follower.py"),
-    }
-)
+CTYPES_ALLOWED = frozenset({Path("trainwarden/libc.py")})
 NOT_SCANNED = frozenset({".venv", "tests"})
 """The environment, and the tests."""
 PACKAGES = ("supervisor", "tui", "trainer", "integrations", "plugins")
