@@ -47,6 +47,7 @@ from trainwarden.supervisor.core.phases import HALTED as HALTED
 from trainwarden.supervisor.core.phases import STEPPING as STEPPING
 from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
 from trainwarden.supervisor.core.phases import Phase as Phase
+from trainwarden.supervisor.core.shapes import ResumeAuditFacts as AuditResult
 from trainwarden.supervisor.wire import MAX_LINE as MAX_LINE
 from trainwarden.supervisor.wire import connect_path as connect_path
 from trainwarden.supervisor.wire import decode as decode
@@ -341,21 +342,6 @@ class StateView(TypedDict):
     """When config_changed: one line saying so, when the daemon read it and what to do."""
     slurm: SlurmJobView | None
     """The Slurm job the daemon runs in (None: not in a Slurm job)."""
-
-
-class AuditResult(TypedDict):
-    """How the losses a resumed trainer replayed compare with the ones they supersede."""
-
-    status: Literal["verified", "drift", "unverified"]
-    checkpoint_step: int
-    checked: int
-    expected: int
-    seg: int | None
-    step: int | None
-    """The first step that differed (drift only)."""
-    old_loss: float | str | None
-    new_loss: float | str | None
-    """Non-finite losses as "nan", "inf", "-inf"."""
 
 
 class ParserNoMatch(TypedDict):

@@ -3,13 +3,14 @@
 No clocks, files, processes or signals in here: time arrives as `event.t`, the outside
 world arrives as events, and what should happen leaves as actions for the executor.
 That is what lets the retention and restart rules be checked by property tests. This
-package imports only the standard library and itself. Importing it (or `phases` and
-`kinds`, which the protocol and the TUI use) loads nothing else: the rest comes with
-`core.policy`.
+package imports only the standard library and itself. Importing it (or `phases`, `kinds`
+and `shapes`, which the protocol and the TUI use) loads nothing else: the rest comes
+with `core.policy`.
 
 - `phases`: the run's phases and their transition diagram
 - `kinds`: the vocabularies: journal record kinds, loss chart marker kinds, error codes
 - `records`: each journal record kind's fields, one TypedDict per kind (the journal's schema)
+- `shapes`: the shapes a journal record and a reply both carry (the resume audit's outcome)
 - `state`: Rules and State
 - `persist`: what of the state survives a daemon restart: written, and restored
 - `requests`: the operator's commands, typed, and their parser

@@ -20,6 +20,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal, NotRequired, TypedDict, get_args, get_type_hints
 
+from trainwarden.supervisor.core.shapes import ResumeAuditFacts
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -142,25 +144,6 @@ class FileOpFailure(TypedDict):
     name: str
     error: str
     """The exception's class and strerror."""
-
-
-class ResumeAuditFacts(TypedDict):
-    """A resume audit's outcome (shell.start_audit.audit_result; the same keys as
-    protocol.AuditResult, which status shows)."""
-
-    status: Literal["verified", "drift", "unverified"]
-    checkpoint_step: int
-    """The step the trainer resumed from."""
-    checked: int
-    """Replayed steps compared."""
-    expected: int
-    """Steps there were to compare."""
-    seg: int | None
-    step: int | None
-    """The first step whose loss differed (drift only)."""
-    old_loss: float | str | None
-    """Non-finite losses as "nan", "inf", "-inf"."""
-    new_loss: float | str | None
 
 
 class SpikeFacts(TypedDict):
