@@ -47,7 +47,12 @@ from trainwarden.supervisor.core.phases import HALTED as HALTED
 from trainwarden.supervisor.core.phases import STEPPING as STEPPING
 from trainwarden.supervisor.core.phases import TRAINER_UP as TRAINER_UP
 from trainwarden.supervisor.core.phases import Phase as Phase
+from trainwarden.supervisor.core.shapes import BranchAncestor as BranchAncestor
+from trainwarden.supervisor.core.shapes import HistoryBuckets as HistoryBuckets
+from trainwarden.supervisor.core.shapes import HistoryOfResult as HistoryOfResult
+from trainwarden.supervisor.core.shapes import RelatedRun as RelatedRun
 from trainwarden.supervisor.core.shapes import ResumeAuditFacts as AuditResult
+from trainwarden.supervisor.core.shapes import ValidationSeries as ValidationSeries
 from trainwarden.supervisor.wire import MAX_LINE as MAX_LINE
 from trainwarden.supervisor.wire import connect_path as connect_path
 from trainwarden.supervisor.wire import decode as decode
@@ -381,14 +386,6 @@ class Validation(TypedDict):
     age_s: float | None
 
 
-class ValidationSeries(TypedDict):
-    """A history's evaluations in its step range (at most 2,000, evenly spaced)."""
-
-    step: list[int]
-    loss: list[float | None]
-    """None for a non-finite loss."""
-
-
 class StepFigures(TypedDict):
     """The monitor's figures of the newest step (all None before the first): the first
     fields of Telemetry."""
@@ -648,30 +645,6 @@ class SubscribeResult(TypedDict):
     snapshot: Snapshot
 
 
-class BranchAncestor(TypedDict):
-    run: str
-    """The ancestor run's directory."""
-    through_step: int
-    """Its steps up to this one are part of the reply."""
-
-
-class HistoryBuckets(TypedDict):
-    """A step range decimated to buckets of equal width; lists are per bucket."""
-
-    step: list[int]
-    """Each bucket's first step."""
-    min: list[float | None]
-    mean: list[float | None]
-    max: list[float | None]
-    """Over the bucket's finite losses (None: it has none)."""
-    nonfinite: list[int]
-    """nan/inf losses in the bucket."""
-    first_step: int | None
-    last_step: int | None
-    count: int
-    val: ValidationSeries
-
-
 class HistoryResult(HistoryBuckets):
     """This run's history (`history`)."""
 
@@ -681,22 +654,6 @@ class HistoryResult(HistoryBuckets):
     """For a branch run (`trainwarden branch`), the step it was branched at: steps up to
     it come from its ancestors' histories (`ancestors`), the later ones are its own."""
     ancestors: list[BranchAncestor]
-
-
-class HistoryOfResult(HistoryBuckets):
-    """Another run's history read from its files, over its lineage (its parent's steps up
-    to the branch step, then its own), bucketed as `history` (no markers)."""
-
-    run: str
-    """The run's resolved path."""
-    lineage: list[list[Any]]
-    """[path, last step taken from it (None: the run itself)], oldest first."""
-
-
-class RelatedRun(TypedDict):
-    path: str
-    name: str
-    relation: Literal["parent", "ancestor", "branch", "sibling"]
 
 
 class RelatedRunsResult(TypedDict):

@@ -10,7 +10,7 @@ with `core.policy`.
 - `phases`: the run's phases and their transition diagram
 - `kinds`: the vocabularies: journal record kinds, loss chart marker kinds, error codes
 - `records`: each journal record kind's fields, one TypedDict per kind (the journal's schema)
-- `shapes`: the shapes a journal record and a reply both carry (the resume audit's outcome)
+- `shapes`: the shapes the store or the shell builds and a reply or a record carries
 - `state`: Rules and State
 - `persist`: what of the state survives a daemon restart: written, and restored
 - `requests`: the operator's commands, typed, and their parser

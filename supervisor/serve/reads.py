@@ -20,11 +20,15 @@ from trainwarden.supervisor.protocol import (
     RUN_NAME_MAX,
     TOPICS,
     CheckpointsView,
+    DumpResult,
     ErrorCode,
     EventsResult,
     HelloResult,
+    HistoryOfResult,
+    HistoryResult,
     JournalRecord,
     ReadCommand,
+    RelatedRunsResult,
     Snapshot,
     StatusResult,
     SubscribeResult,
@@ -75,14 +79,14 @@ class ReadCommands:
         # (ts, t, kind and the kind's own fields), as the journal wrote it.
         return fit_events(cast(list[JournalRecord], records))
 
-    async def cmd_history(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_history(self, conn: Connection, args: dict[str, Any]) -> HistoryResult:
         start = _int_arg(args, "start", None, 0, MAX_STEP)
         end = _int_arg(args, "end", None, 0, MAX_STEP)
         points = _int_arg(args, "points", 200, 1, 100_000)
         # More buckets than fit one line are not sent: the reply says how many it holds.
         return await self.daemon.history_query(start, end, min(points, HISTORY_MAX_POINTS))
 
-    async def cmd_history_of(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_history_of(self, conn: Connection, args: dict[str, Any]) -> HistoryOfResult:
         run = args.get("run")
         if not isinstance(run, str) or not run or len(run) > RUN_PATH_MAX:
             raise CommandError("bad_argument", "'run' must name a run directory (a path)")
@@ -102,13 +106,13 @@ class ReadCommands:
         except OthersBusy as exc:
             raise CommandError("busy", str(exc)) from None
 
-    async def cmd_related_runs(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_related_runs(self, conn: Connection, args: dict[str, Any]) -> RelatedRunsResult:
         try:
             return {"runs": await self.daemon.related_runs()}
         except OthersBusy as exc:
             raise CommandError("busy", str(exc)) from None
 
-    async def cmd_dump(self, conn: Connection, args: dict[str, Any]) -> Any:
+    async def cmd_dump(self, conn: Connection, args: dict[str, Any]) -> DumpResult:
         result = await self.daemon.dump_stacks()
         if result is None:
             raise CommandError("wrong_state", "no trainer is running: there are no stacks to dump")

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from trainwarden.supervisor.config import Config
 from trainwarden.supervisor.core.policy import Command, Reply
-from trainwarden.supervisor.protocol import CheckpointsView, StateView, StatusResult
+from trainwarden.supervisor.protocol import (
+    CheckpointsView,
+    DumpResult,
+    HistoryOfResult,
+    HistoryResult,
+    RelatedRun,
+    StateView,
+    StatusResult,
+)
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
-
-if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
-    from trainwarden.supervisor.core.records import StackDumpFacts
 
 
 class Supervised(Protocol):
@@ -37,23 +42,23 @@ class Supervised(Protocol):
 
     def state_view(self) -> StateView: ...
 
-    async def history_query(self, start: int | None, end: int | None, points: int) -> Any:
+    async def history_query(self, start: int | None, end: int | None, points: int) -> HistoryResult:
         """The decimated loss history (computed off the event loop)."""
         ...
 
     async def history_of_query(
         self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
-    ) -> Any:
+    ) -> HistoryOfResult:
         """Another run's history from its files (off the event loop); NotARun for a path
         that is no run directory, or for `peer` (a client of another user) one that is not
         related to this run or that user may not read."""
         ...
 
-    async def related_runs(self) -> list[dict[str, Any]]:
+    async def related_runs(self) -> list[RelatedRun]:
         """Runs to overlay on this one: ancestors, then run directories beside it."""
         ...
 
-    async def dump_stacks(self) -> StackDumpFacts | None:
+    async def dump_stacks(self) -> DumpResult | None:
         """Dump the live trainer's stacks now, without stopping it (None: no trainer)."""
         ...
 

@@ -27,7 +27,15 @@ from trainwarden.supervisor.core import policy as core
 from trainwarden.supervisor.inputs import signals, slurm_job
 from trainwarden.supervisor.inputs.checkpoint_watch import CheckpointWatcher
 from trainwarden.supervisor.inputs.gpu_events import GpuEventWatcher
-from trainwarden.supervisor.protocol import CheckpointsView, StateView, StatusResult
+from trainwarden.supervisor.protocol import (
+    CheckpointsView,
+    DumpResult,
+    HistoryOfResult,
+    HistoryResult,
+    RelatedRun,
+    StateView,
+    StatusResult,
+)
 from trainwarden.supervisor.serve.notify import watchdog_pings
 from trainwarden.supervisor.shell import config_watch, views
 from trainwarden.supervisor.shell.alerts import Alerter
@@ -76,7 +84,7 @@ CONFIG_CHECK_S = 2.0
 is pushed when the answer changes)."""
 
 if TYPE_CHECKING:
-    from trainwarden.supervisor.core.records import PersistedState, StackDumpFacts
+    from trainwarden.supervisor.core.records import PersistedState
     from trainwarden.supervisor.serve.metrics import MetricsServer
 
 
@@ -587,21 +595,21 @@ class Daemon:
         assert self.journal is not None
         self.journal.listeners.append(listener)
 
-    async def history_query(self, start: int | None, end: int | None, points: int) -> Any:
+    async def history_query(self, start: int | None, end: int | None, points: int) -> HistoryResult:
         assert self.hub is not None
         return await self.hub.history_query(start, end, points)
 
     async def history_of_query(
         self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
-    ) -> Any:
+    ) -> HistoryOfResult:
         assert self.hub is not None
         return await self.hub.runs.query_other(run, start, end, points, peer)
 
-    async def related_runs(self) -> list[dict[str, Any]]:
+    async def related_runs(self) -> list[RelatedRun]:
         assert self.hub is not None
         return await self.hub.runs.related_runs()
 
-    async def dump_stacks(self) -> StackDumpFacts | None:
+    async def dump_stacks(self) -> DumpResult | None:
         pid = self.state.trainer_pid
         if pid is None or self.journal is None:
             return None

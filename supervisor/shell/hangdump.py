@@ -15,8 +15,8 @@ from trainwarden.supervisor.store.hangs import dump_path, write_dump
 from trainwarden.supervisor.store.journal import Journal
 from trainwarden.supervisor.store.rundir import RunFiles
 
-if TYPE_CHECKING:  # the classes are for the checker: the daemon never builds them
-    from trainwarden.supervisor.core.records import StackDumpFacts
+if TYPE_CHECKING:
+    from trainwarden.supervisor.protocol import DumpResult
 
 MARGIN_S = 0.5
 """Of the policy's dump time, left for writing the file and reporting back."""
@@ -30,7 +30,7 @@ async def dump_stacks(
     step: int | None,
     timeout_s: float,
     reason: str,
-) -> StackDumpFacts:
+) -> DumpResult:
     """Dump the stacks of `pid` and every process below it within `timeout_s` (in a thread:
     py-spy and /proc reads block), write them and journal `hang_dump`; its fields returned."""
     budget = max(0.1, timeout_s - min(MARGIN_S, timeout_s / 4))
@@ -41,7 +41,7 @@ async def dump_stacks(
 
 def _dump(
     cfg: Config, files: RunFiles, pid: int, step: int | None, budget: float, reason: str
-) -> StackDumpFacts:
+) -> DumpResult:
     started = time.monotonic()
     utc = time.time()
     pids = [pid, *descendants(pid)]
@@ -53,20 +53,23 @@ def _dump(
     )
     dump = capture(pids, py_spy, budget, missing)
     path = dump_path(files, utc, step)
-    fields: StackDumpFacts = {
-        "reason": reason,
-        "step": step,
-        "path": str(path),
-        "top_frames": dump.top_frames,
-        "error": dump.error,
-        "pids": dump.pids,
-    }
+    written: str | None = str(path)
+    write_error = None
     try:
         write_dump(path, render(cfg, dump, utc, step, reason))
     except OSError as exc:
-        fields["path"] = None
-        fields["write_error"] = f"{path}: {exc.strerror or exc}"
-    fields["seconds"] = round(time.monotonic() - started, 3)
+        written, write_error = None, f"{path}: {exc.strerror or exc}"
+    fields: DumpResult = {
+        "reason": reason,
+        "step": step,
+        "path": written,
+        "top_frames": dump.top_frames,
+        "error": dump.error,
+        "pids": dump.pids,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if write_error is not None:
+        fields["write_error"] = write_error
     return fields
 
 

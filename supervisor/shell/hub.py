@@ -25,6 +25,7 @@ from trainwarden.supervisor.core.phases import STEPPING, Phase
 from trainwarden.supervisor.core.progress import is_divergent
 from trainwarden.supervisor.inputs.logfollow import LogFollower
 from trainwarden.supervisor.protocol import (
+    HistoryResult,
     ParserNoMatch,
     StateView,
     Telemetry,
@@ -302,9 +303,7 @@ class TelemetryHub:
         self._resume_names = tuple(name for name in resume_names if name)
         line_count.begin_at(self.parser, resume_step)
 
-    async def history_query(
-        self, start: int | None, end: int | None, points: int
-    ) -> dict[str, Any]:
+    async def history_query(self, start: int | None, end: int | None, points: int) -> HistoryResult:
         result = await self.runs.query(start, end, points, self.validation.snapshot())
         result["collapse_loss"] = self.monitor.snapshot().get("collapse_loss")
         return result

@@ -12,10 +12,15 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from trainwarden.supervisor.config import Config
-from trainwarden.supervisor.protocol import Marker, MarkerKind
+from trainwarden.supervisor.protocol import (
+    HistoryOfResult,
+    HistoryResult,
+    Marker,
+    MarkerKind,
+    RelatedRun,
+)
 from trainwarden.supervisor.shell.other_runs import OtherRuns
 from trainwarden.supervisor.store import evaldb, runseries
 from trainwarden.supervisor.store.branch_history import (
@@ -180,15 +185,16 @@ class RunHistory:
         end: int | None,
         points: int,
         validation: tuple[Sequence[int], Sequence[float]],
-    ) -> dict[str, Any]:
+    ) -> HistoryResult:
         """Decimated in the history thread over a snapshot, so the loop keeps deciding on
         steps however long the run (and however many clients ask). `validation`: the
-        held-out evaluations' steps and losses, snapshotted on the loop."""
+        held-out evaluations' steps and losses, snapshotted on the loop. Its
+        `collapse_loss` is the monitor's, which the hub fills in on the loop."""
         view = self.history.snapshot()
         own_first = self.history.first_step
         val_steps, val_losses = validation
 
-        def answer() -> dict[str, Any]:
+        def answer() -> HistoryResult:
             ancestry = self._ancestry(own_first)
             whole = HistoryView([*ancestry.parts, *view.parts]) if ancestry.parts else view
             steps = [p.step for p in ancestry.evals] + list(val_steps)
@@ -199,20 +205,21 @@ class RunHistory:
                 "branch_step": ancestry.branch_step,
                 "ancestors": ancestry.ancestors,
                 "val": evaldb.series(steps, losses, start, end, points),
+                "collapse_loss": None,
             }
 
         return await self.loop.run_in_executor(self._history_thread, answer)
 
     async def query_other(
         self, run: str, start: int | None, end: int | None, points: int, peer: int | None = None
-    ) -> dict[str, Any]:
+    ) -> HistoryOfResult:
         """Another run's history, read from its files (read only: its own daemon, if any,
         owns them) in the other runs' thread, never this run's history thread. For `peer`,
         a client of another user than the daemon's (or root), only a related run that user
         may read (resolve_for_peer)."""
         run_dir = self.files.run_dir
 
-        def answer() -> dict[str, Any]:
+        def answer() -> HistoryOfResult:
             if peer is None:
                 path = runseries.resolve_run(run_dir, run)
             else:
@@ -221,7 +228,7 @@ class RunHistory:
 
         return await self._others.run(self.loop, answer)
 
-    async def related_runs(self) -> list[dict[str, Any]]:
+    async def related_runs(self) -> list[RelatedRun]:
         return await self._others.run(
             self.loop, functools.partial(runseries.related_runs, self.files.run_dir)
         )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from trainwarden.supervisor.core.shapes import BranchAncestor
 from trainwarden.supervisor.store.branches import BranchFileInvalid, lineage, read_branch
 from trainwarden.supervisor.store.evaldb import EvalPoint, read_evals
 from trainwarden.supervisor.store.losshistory import LossHistory
@@ -30,7 +30,7 @@ class Inherited:
     """The run's own branch step (None: the run is no branch)."""
     parts: list[Part] = field(default_factory=list)
     """The ancestors' steps and losses, oldest first, all below the run's own first step."""
-    ancestors: list[dict[str, Any]] = field(default_factory=list)
+    ancestors: list[BranchAncestor] = field(default_factory=list)
     """{"run", "through_step"} of each ancestor taken from, oldest first; a parent that is
     not reachable (and every one before it) is missing."""
     evals: list[EvalPoint] = field(default_factory=list)
@@ -61,7 +61,7 @@ def inherited(run_dir: Path, own_first_step: int | None) -> Inherited:
     if info is None:
         return Inherited(None)
     parts: list[Part] = []
-    ancestors: list[dict[str, Any]] = []
+    ancestors: list[BranchAncestor] = []
     evals: list[EvalPoint] = []
     limit = None if own_first_step is None else own_first_step - 1
     for parent, through in reversed(lineage(run_dir)[:-1]):

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from trainwarden.supervisor.core.shapes import ValidationSeries
 from trainwarden.supervisor.store.appendfile import AppendFile
 from trainwarden.supervisor.store.lossdb import decode_loss, encode_loss
 
@@ -130,7 +131,7 @@ def read_evals(path: Path | str, upto: int | None = None) -> list[EvalPoint]:
 
 def series(
     steps: Sequence[int], losses: Sequence[float], start: int | None, end: int | None, points: int
-) -> dict[str, list[Any]]:
+) -> ValidationSeries:
     """The evaluations of steps start..end (inclusive; `steps` increasing) for a history
     reply: at most min(points, SERIES_POINTS_MAX), evenly spaced, the newest always among
     them; a non-finite loss is None (as a bucket's)."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from trainwarden.supervisor.core.shapes import LossBuckets
 from trainwarden.supervisor.store import losscache
 from trainwarden.supervisor.store.lossdb import decode_loss
 from trainwarden.supervisor.store.lossquery import HistoryView
@@ -421,7 +422,7 @@ class LossHistory:
 
     def query(
         self, start: int | None = None, end: int | None = None, points: int = 1000
-    ) -> dict[str, Any]:
+    ) -> LossBuckets:
         """See HistoryView.query."""
         return self.snapshot().query(start, end, points)
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from trainwarden.supervisor.core.shapes import LossBuckets
+
 QUERY_CHUNK_ROWS = 1 << 20
 """Rows a query reduces at a time: its temporaries stay a few MB however long the range."""
 
@@ -23,7 +25,7 @@ class HistoryView:
 
     def query(
         self, start: int | None = None, end: int | None = None, points: int = 1000
-    ) -> dict[str, Any]:
+    ) -> LossBuckets:
         """Steps start..end (inclusive) decimated to at most `points` buckets of equal step width.
 
         Per bucket: its first step and the min, mean and max of its finite losses (None
@@ -40,15 +42,9 @@ class HistoryView:
                 ranges.append((steps, losses, i0, i1))
         count = sum(i1 - i0 for _, _, i0, i1 in ranges)
         if not count:
-            return {
-                **_buckets([], [], [], [], []),
-                "first_step": None,
-                "last_step": None,
-                "count": 0,
-            }
+            return _buckets([], [], [], [], [], None, None, 0)
         first = int(ranges[0][0][ranges[0][2]])
         last = int(ranges[-1][0][ranges[-1][3] - 1])
-        summary = {"first_step": first, "last_step": last, "count": count}
         if count <= points:  # nothing to decimate: each step is its own bucket
             steps_out = [s for steps, _, i0, i1 in ranges for s in steps[i0:i1].tolist()]
             values = [
@@ -57,7 +53,7 @@ class HistoryView:
                 for x in losses[i0:i1].tolist()
             ]
             nonfinite = [int(x is None) for x in values]
-            return {**_buckets(steps_out, values, values, values, nonfinite), **summary}
+            return _buckets(steps_out, values, values, values, nonfinite, first, last, count)
         span = last - first + 1
         # Python ints for the edges: span * k may not fit in 64 bits.
         edges = np.array([first + span * k // points for k in range(points)], dtype=np.int64)
@@ -85,16 +81,16 @@ class HistoryView:
                 for v, ok in zip(values.tolist(), has_finite.tolist(), strict=True)
             ]
 
-        return {
-            **_buckets(
-                first_of[used].tolist(),
-                finite_or_none(low[used]),
-                finite_or_none(mean),
-                finite_or_none(high[used]),
-                (rows_n[used] - finite_n[used]).tolist(),
-            ),
-            **summary,
-        }
+        return _buckets(
+            first_of[used].tolist(),
+            finite_or_none(low[used]),
+            finite_or_none(mean),
+            finite_or_none(high[used]),
+            (rows_n[used] - finite_n[used]).tolist(),
+            first,
+            last,
+            count,
+        )
 
 
 def _release(column: np.ndarray) -> None:
@@ -115,8 +111,20 @@ def _buckets(
     mean: list[float | None],
     high: list[float | None],
     nonfinite: list[int],
-) -> dict[str, Any]:
-    return {"step": step, "min": low, "mean": mean, "max": high, "nonfinite": nonfinite}
+    first: int | None,
+    last: int | None,
+    count: int,
+) -> LossBuckets:
+    return {
+        "step": step,
+        "min": low,
+        "mean": mean,
+        "max": high,
+        "nonfinite": nonfinite,
+        "first_step": first,
+        "last_step": last,
+        "count": count,
+    }
 
 
 def _reduce(

@@ -10,11 +10,12 @@ import os
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
 from trainwarden.supervisor.config import CONFIG_NAME
+from trainwarden.supervisor.core.shapes import HistoryOfResult, RelatedRun
 from trainwarden.supervisor.store import evaldb
 from trainwarden.supervisor.store.branch_history import inherited
 from trainwarden.supervisor.store.branches import BranchFileInvalid, lineage, read_branch
@@ -188,27 +189,31 @@ def readable_by(path: Path, uid: int) -> bool:
         return False
 
 
-def decimated(series: RunSeries, start: int | None, end: int | None, points: int) -> dict[str, Any]:
+def decimated(
+    series: RunSeries, start: int | None, end: int | None, points: int
+) -> HistoryOfResult:
     """The run's train series decimated like the daemon's `history` (min/mean/max per
     bucket), its validation points in the range (at most `points`, spread evenly; a
     non-finite loss as None) and its lineage."""
-    reply = series.history_view().query(start, end, points)
-    reply["val"] = evaldb.series(
-        series.val.steps.tolist(), series.val.losses.tolist(), start, end, points
-    )
-    reply["run"] = str(series.run)
-    reply["lineage"] = [[str(path), step] for path, step in series.lineage]
-    return reply
+    return {
+        **series.history_view().query(start, end, points),
+        "val": evaldb.series(
+            series.val.steps.tolist(), series.val.losses.tolist(), start, end, points
+        ),
+        "run": str(series.run),
+        "lineage": [[str(path), step] for path, step in series.lineage],
+    }
 
 
-def related_runs(run_dir: Path) -> list[dict[str, Any]]:
+def related_runs(run_dir: Path) -> list[RelatedRun]:
     """Runs worth overlaying on `run_dir`'s: its ancestors, then the run directories
     beside it (its branches among them), by name; at most RELATED_MAX."""
     me = run_dir.resolve()
     chain = lineage(me)
-    found: list[dict[str, Any]] = []
+    found: list[RelatedRun] = []
     for i, (path, _) in enumerate(reversed(chain[:-1])):
-        found.append({"path": str(path), "relation": "parent" if i == 0 else "ancestor"})
+        relation: Literal["parent", "ancestor"] = "parent" if i == 0 else "ancestor"
+        found.append({"path": str(path), "relation": relation, "name": path.name})
     known = {Path(f["path"]) for f in found} | {me}
     try:
         with os.scandir(me.parent) as entries:
@@ -226,7 +231,11 @@ def related_runs(run_dir: Path) -> list[dict[str, Any]]:
         except BranchFileInvalid:
             info = None
         is_branch = info is not None and info.parent.resolve() == me
-        found.append({"path": str(path), "relation": "branch" if is_branch else "sibling"})
-    for entry in found:
-        entry["name"] = Path(entry["path"]).name
+        found.append(
+            {
+                "path": str(path),
+                "relation": "branch" if is_branch else "sibling",
+                "name": path.name,
+            }
+        )
     return found
